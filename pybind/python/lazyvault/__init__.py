@@ -1,0 +1,58 @@
+"""lazyvault: store Python objects made of small metadata and large numpy
+arrays. Metadata goes to a JSON record indexed in sled; arrays go to standard
+``.npy`` payload files, memory-mapped read-only on first access.
+
+>>> import lazyvault as lv
+>>> store = lv.Store.open("runs.lv")                       # doctest: +SKIP
+>>> store["run-001"] = {"temperature": 300.0, "positions": positions}  # doctest: +SKIP
+>>> store.find("temperature > 250")                        # doctest: +SKIP
+"""
+
+from ._lazyvault import FORMAT_VERSION, __version__
+from .errors import (
+    ClosedError,
+    CorruptError,
+    ForkedStoreError,
+    FormatVersionError,
+    InvalidArrayError,
+    InvalidKeyError,
+    KeyTypeError,
+    LazyvaultError,
+    MissingKeyError,
+    NotAStoreError,
+    PickleNotAllowedError,
+    QueryError,
+    ReadOnlyError,
+    StorageError,
+    StoreExistsError,
+    StoreLockedError,
+    StoreNotFoundError,
+)
+from .record import ArrayInfo, Record
+from .store import Results, Store
+
+__all__ = [
+    "FORMAT_VERSION",
+    "__version__",
+    "Store",
+    "Record",
+    "Results",
+    "ArrayInfo",
+    "LazyvaultError",
+    "StorageError",
+    "StoreLockedError",
+    "StoreExistsError",
+    "StoreNotFoundError",
+    "NotAStoreError",
+    "FormatVersionError",
+    "CorruptError",
+    "ReadOnlyError",
+    "ClosedError",
+    "ForkedStoreError",
+    "InvalidKeyError",
+    "KeyTypeError",
+    "MissingKeyError",
+    "QueryError",
+    "InvalidArrayError",
+    "PickleNotAllowedError",
+]

@@ -1,0 +1,83 @@
+"""numpy arrays to and from ``.npy`` payloads: the only module that knows
+how an ndarray is laid out for the Rust core."""
+
+from __future__ import annotations
+
+import ast
+import functools
+import math
+import pickle
+from typing import Any
+
+import numpy as np
+
+from .errors import InvalidArrayError
+
+# What numpy's own writer uses for object arrays (numpy/lib/format.py).
+_OBJECT_PICKLE_PROTOCOL = 4
+
+
+def descr_of(dtype: np.dtype) -> str:
+    """The ``.npy`` header's descr of ``dtype`` as Python-literal text (NEP 1)."""
+    return repr(np.lib.format.dtype_to_descr(dtype))
+
+
+@functools.lru_cache(maxsize=1024)
+def dtype_from_descr(descr: str) -> np.dtype:
+    """The dtype that a ``.npy`` descr text describes (no payload needed)."""
+    return np.lib.format.descr_to_dtype(ast.literal_eval(descr))
+
+
+def payload_args(name: str, array: np.ndarray) -> tuple[Any, ...]:
+    """The tuple the core's ``put`` takes for one array:
+    ``(name, descr, dtype_name, shape, fortran_order, data, pickled)``.
+
+    ``data`` is a C-contiguous ``uint8`` view of the array's bytes (no copy
+    for C- or Fortran-contiguous input; other layouts are copied to C order,
+    as ``np.save`` does), or the pickle of an ``object`` array.
+    """
+    array = np.asarray(array)  # np.memmap and other subclasses: their data
+    dtype = array.dtype
+    shape = tuple(int(d) for d in array.shape)
+    if dtype.hasobject:
+        fortran = bool(array.flags.f_contiguous and not array.flags.c_contiguous)
+        data = pickle.dumps(array, protocol=_OBJECT_PICKLE_PROTOCOL)
+        return (name, descr_of(dtype), dtype.name, shape, fortran, data, True)
+    if dtype.itemsize == 0 and dtype.kind in "SUV":
+        raise InvalidArrayError(f"array {name!r}: dtype {dtype} has no bytes per item")
+    if array.flags.c_contiguous:
+        fortran, flat = False, array.reshape(-1)
+    elif array.flags.f_contiguous:
+        fortran, flat = True, array.T.reshape(-1)
+    else:
+        fortran, flat = False, np.ascontiguousarray(array).reshape(-1)
+    try:
+        data = flat.view(np.uint8)
+    except (TypeError, ValueError) as e:
+        raise InvalidArrayError(f"array {name!r}: cannot store dtype {dtype}: {e}") from e
+    return (name, descr_of(dtype), dtype.name, shape, fortran, data, False)
+
+
+def array_from_buffer(
+    buffer: Any, descr: str, shape: tuple[int, ...], fortran_order: bool
+) -> np.ndarray:
+    """A read-only ndarray viewing ``buffer`` (a mapped payload) with no copy.
+
+    ``buffer`` is ``None`` for a zero-size array (nothing is mapped).
+    """
+    dtype = dtype_from_descr(descr)
+    order = "F" if fortran_order else "C"
+    if buffer is None:
+        array = np.empty(shape, dtype=dtype, order=order)
+        array.flags.writeable = False
+        return array
+    flat = np.frombuffer(buffer, dtype=dtype, count=math.prod(shape))
+    return flat.reshape(shape, order=order)
+
+
+def load_pickled(data: bytes) -> np.ndarray:
+    """An ``object`` array from its payload pickle (caller checked allow_pickle)."""
+    array = pickle.loads(data)
+    if not isinstance(array, np.ndarray):
+        raise InvalidArrayError("pickled payload is not an ndarray")
+    return array

@@ -1,0 +1,288 @@
+"""Splitting an object into metadata, array payloads and a remainder, and
+joining them back.
+
+An object becomes:
+
+- ``meta``: the JSON-able fields (what queries see), nested as in the object;
+- ``arrays``: every numpy array anywhere in it, by path name
+  (``"positions"``, ``"frames/0"``, ``"params/w"``); one array referenced
+  twice is stored once and comes back as one object;
+- ``layout``: a JSON tree that says how to rebuild the object (see
+  ``schema/FORMAT.md``, "Layout");
+- ``leftovers``: values JSON cannot hold (sets, complex numbers, custom
+  objects with their own pickling), pickled apart from the JSON so scans
+  never parse them. Arrays inside them still become payloads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import io
+import json
+import math
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .errors import PickleNotAllowedError
+
+_MISSING = object()
+_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1  # what serde_json holds exactly
+_PICKLE_PROTOCOL = 5
+
+
+@dataclasses.dataclass
+class Split:
+    """An object taken apart for storing."""
+
+    meta: dict[str, Any]
+    layout: Any
+    arrays: dict[str, np.ndarray]
+    leftovers: list[Any]
+
+    def meta_json(self) -> str:
+        return json.dumps(self.meta, ensure_ascii=False, allow_nan=False)
+
+    def layout_json(self) -> str:
+        return json.dumps(self.layout, ensure_ascii=False, allow_nan=False)
+
+
+def _join_path(path: str, name: str) -> str:
+    return f"{path}/{name}" if path else name
+
+
+def _plain_state_class(value: Any) -> bool:
+    """Whether ``value`` is an instance whose state is just its ``__dict__``
+    (dataclasses and ordinary classes without custom pickling)."""
+    cls = type(value)
+    if not hasattr(value, "__dict__") or isinstance(value, type):
+        return False
+    if "<locals>" in cls.__qualname__ or cls.__module__ in (None, "builtins"):
+        return False
+    if getattr(cls, "__slots__", None):
+        return False
+    return (
+        cls.__reduce_ex__ is object.__reduce_ex__
+        and cls.__reduce__ is object.__reduce__
+        and getattr(cls, "__getstate__", object.__getstate__) is object.__getstate__
+        and not hasattr(cls, "__setstate__")
+        and all(type(k) is str for k in vars(value))
+    )
+
+
+class _Splitter:
+    def __init__(self) -> None:
+        self.arrays: dict[str, np.ndarray] = {}
+        self._path_of_id: dict[int, str] = {}
+
+    def array_path(self, array: np.ndarray, path: str) -> str:
+        known = self._path_of_id.get(id(array))
+        if known is not None:
+            return known
+        name = path or "data"
+        if name in self.arrays:
+            n = 2
+            while f"{name}~{n}" in self.arrays:
+                n += 1
+            name = f"{name}~{n}"
+        self.arrays[name] = array  # keeps it alive, so ids stay unique
+        self._path_of_id[id(array)] = name
+        return name
+
+    def walk(self, value: Any, path: str, leftovers: list[Any]) -> tuple[Any, Any]:
+        """Returns ``(layout node, meta value or _MISSING)``."""
+        t = type(value)
+        if value is None or t is bool or t is str:
+            return value, value
+        if t is int:
+            if _INT_MIN <= value <= _INT_MAX:
+                return value, value
+        elif t is float:
+            if math.isfinite(value):
+                return value, value
+            return {"float": repr(value)}, _MISSING
+        elif isinstance(value, np.ndarray):
+            return {"array": self.array_path(value, path)}, _MISSING
+        elif isinstance(value, np.generic) and value.dtype.kind in "biuf" and (
+            value.dtype.kind != "f" or (value.dtype.itemsize <= 8 and np.isfinite(value))
+        ):
+            item = value.item()
+            return {"scalar": [value.dtype.str, item]}, item
+        elif t is dict and all(type(k) is str for k in value):
+            nodes: dict[str, Any] = {}
+            meta: dict[str, Any] = {}
+            for k, v in value.items():
+                node, m = self.walk(v, _join_path(path, k), leftovers)
+                nodes[k] = node
+                if m is not _MISSING:
+                    meta[k] = m
+            return {"dict": nodes}, meta
+        elif t is list or t is tuple:
+            nodes_l, metas, complete = [], [], True
+            for i, v in enumerate(value):
+                node, m = self.walk(v, _join_path(path, str(i)), leftovers)
+                nodes_l.append(node)
+                if m is _MISSING:
+                    complete = False
+                else:
+                    metas.append(m)
+            return {("list" if t is list else "tuple"): nodes_l}, (
+                metas if complete else _MISSING
+            )
+        elif _plain_state_class(value):
+            node, meta = self.walk(dict(vars(value)), path, leftovers)
+            cls = type(value)
+            return {
+                "object": {
+                    "class": f"{cls.__module__}:{cls.__qualname__}",
+                    "state": node["dict"],
+                }
+            }, meta
+        leftovers.append((value, path))
+        return {"pickle": len(leftovers) - 1}, _MISSING
+
+    def pickle_leftovers(self, leftovers: list[tuple[Any, str]]) -> bytes:
+        """Pickles the leftover values one after the other with one pickler
+        (its memo persists across ``dump`` calls, so values shared between
+        leftovers stay shared). Arrays inside them become payloads named
+        ``<path>/<n>`` (persistent ids), so the pickle holds no array data."""
+        splitter = self
+        buf = io.BytesIO()
+
+        class _Pickler(pickle.Pickler):
+            base = ""
+            count = 0
+
+            def persistent_id(self, obj: Any) -> Any:
+                if isinstance(obj, np.ndarray):
+                    self.count += 1
+                    return ("array", splitter.array_path(obj, f"{self.base}/{self.count}"))
+                return None
+
+        pickler = _Pickler(buf, protocol=_PICKLE_PROTOCOL)
+        for value, path in leftovers:
+            pickler.base, pickler.count = path or "data", 0
+            pickler.dump(value)
+        return buf.getvalue()
+
+
+def split(obj: Any) -> tuple[Split, _Splitter]:
+    """Takes ``obj`` apart (see the module docstring)."""
+    splitter = _Splitter()
+    leftovers: list[Any] = []
+    layout, meta = splitter.walk(obj, "", leftovers)
+    if not isinstance(meta, dict):
+        meta = {}
+    result = Split(meta=meta, layout=layout, arrays={}, leftovers=leftovers)
+    return result, splitter
+
+
+def needs_pickle(layout: Any) -> str | None:
+    """Why rebuilding ``layout`` needs unpickling (a class import or a
+    pickled remainder), or ``None``."""
+    stack = [layout]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if "object" in node:
+                return f"it rebuilds an instance of {node['object']['class']}"
+            if "pickle" in node:
+                return "part of it is a pickled remainder"
+            for v in node.values():
+                if isinstance(v, (dict, list)):
+                    stack.append(v)
+        elif isinstance(node, list):
+            stack.extend(v for v in node if isinstance(v, (dict, list)))
+    return None
+
+
+def _find_class(spec: str) -> type:
+    module_name, _, qualname = spec.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    if not isinstance(obj, type):
+        raise TypeError(f"{spec} is not a class")
+    return obj
+
+
+def join(
+    layout: Any,
+    get_array: Callable[[str], np.ndarray],
+    get_pickle: Callable[[], bytes | None],
+    allow_pickle: bool,
+    what: str,
+) -> Any:
+    """Rebuilds the object described by ``layout``.
+
+    ``get_array(path)`` returns the (memory-mapped) array of a path;
+    ``get_pickle()`` the pickled remainder. Raises
+    :class:`PickleNotAllowedError` if rebuilding needs unpickling and
+    ``allow_pickle`` is false.
+    """
+    if not allow_pickle:
+        reason = needs_pickle(layout)
+        if reason is not None:
+            raise PickleNotAllowedError(
+                f"{what}: loading it needs unpickling ({reason}), which can run arbitrary "
+                "code; open the store with allow_pickle=True if you trust it. Its metadata "
+                "and arrays stay readable without it (.meta, .arrays)."
+            )
+    arrays: dict[str, np.ndarray] = {}
+    leftovers: list[Any] | None = None
+
+    def array(path: str) -> np.ndarray:
+        if path not in arrays:
+            arrays[path] = get_array(path)
+        return arrays[path]
+
+    def leftover(i: int) -> Any:
+        nonlocal leftovers
+        if leftovers is None:
+            data = get_pickle()
+            if data is None:
+                raise PickleNotAllowedError(f"{what}: its pickled remainder is missing")
+
+            class _Unpickler(pickle.Unpickler):
+                def persistent_load(self, pid: Any) -> Any:
+                    kind, path = pid
+                    if kind != "array":
+                        raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
+                    return array(path)
+
+            stream = io.BytesIO(data)
+            unpickler = _Unpickler(stream)
+            leftovers = []
+            while stream.tell() < len(data):
+                leftovers.append(unpickler.load())
+        return leftovers[i]
+
+    def build(node: Any) -> Any:
+        if not isinstance(node, dict):
+            return node
+        (kind, body), = node.items()
+        if kind == "dict":
+            return {k: build(v) for k, v in body.items()}
+        if kind == "list":
+            return [build(v) for v in body]
+        if kind == "tuple":
+            return tuple(build(v) for v in body)
+        if kind == "array":
+            return array(body)
+        if kind == "float":
+            return float(body)
+        if kind == "scalar":
+            return np.dtype(body[0]).type(body[1])
+        if kind == "pickle":
+            return leftover(body)
+        if kind == "object":
+            cls = _find_class(body["class"])
+            obj = cls.__new__(cls)
+            obj.__dict__.update(build({"dict": body["state"]}))
+            return obj
+        raise ValueError(f"{what}: unknown layout node {kind!r}")
+
+    return build(layout)

@@ -1,0 +1,249 @@
+"""``Store``: a ``MutableMapping`` from string keys to stored objects."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import weakref
+from collections.abc import Callable, Iterator, KeysView, MutableMapping, Sequence
+from typing import Any, Literal, overload
+
+from . import _arrays, _lazyvault, _split
+from .errors import KeyTypeError, MissingKeyError
+from .record import Record
+
+_open_stores: weakref.WeakSet[Store] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_stores() -> None:
+    # sled flushes on its own only every 500 ms: close what is still open so
+    # that a script that forgot close() loses nothing at interpreter exit.
+    for store in list(_open_stores):
+        try:
+            store.close()
+        except Exception:
+            pass
+
+
+def _check_key(key: object) -> str:
+    if type(key) is not str:
+        if isinstance(key, str):
+            return str(key)
+        raise KeyTypeError(f"keys are str, not {type(key).__name__}")
+    return key
+
+
+class Store(MutableMapping[str, Record]):
+    """A store of objects made of metadata and numpy arrays (see DESIGN.md).
+
+    Open with :meth:`Store.open`. ``store[key] = obj`` splits ``obj`` into a
+    JSON metadata record and ``.npy`` payloads; ``store[key]`` returns a lazy
+    :class:`Record`. Keys are any non-empty ``str`` (never turned into paths).
+    """
+
+    def __init__(self, core: _lazyvault.StoreCore, allow_pickle: bool = False) -> None:
+        self._core = core
+        self._path = core.root
+        self._allow_pickle = bool(allow_pickle)
+        _open_stores.add(self)
+
+    # A Store is a handle, like a file object: equal only to itself (the
+    # Mapping default would compare every record, loading everything).
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    __hash__ = object.__hash__
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        mode: Literal["r", "a", "w"] = "a",
+        *,
+        allow_pickle: bool = False,
+    ) -> Store:
+        """Opens the store at ``path``.
+
+        ``mode``: ``"a"`` read/write, create if missing (default); ``"r"``
+        read-only, must exist; ``"w"`` create, must not exist.
+        ``allow_pickle``: allow loading parts that need unpickling (object
+        arrays, class instances, pickled remainders); off by default because
+        unpickling can run arbitrary code (as ``np.load``).
+
+        Raises :class:`StoreLockedError` if another ``Store`` holds it (one
+        writer process at a time; the message names the holder's PID),
+        :class:`StoreExistsError` / :class:`StoreNotFoundError` by mode,
+        :class:`NotAStoreError`, :class:`FormatVersionError` for a store of a
+        newer major format version, ``ValueError`` for a bad mode.
+        """
+        if mode not in ("r", "a", "w"):
+            raise ValueError(f"mode must be 'r', 'a' or 'w', not {mode!r}")
+        return cls(_lazyvault.StoreCore(os.fspath(path), mode), allow_pickle)
+
+    @property
+    def path(self) -> str:
+        """The store's directory."""
+        return self._path
+
+    @property
+    def mode(self) -> str:
+        """``"r"``, ``"a"`` or ``"w"``."""
+        return self._core.mode
+
+    @property
+    def allow_pickle(self) -> bool:
+        """Whether parts that need unpickling may be loaded."""
+        return self._allow_pickle
+
+    @property
+    def closed(self) -> bool:
+        return self._core.closed
+
+    # -- mapping ---------------------------------------------------------
+
+    def __getitem__(self, key: str) -> Record:
+        """The lazy record of ``key``; reads only the index.
+
+        Raises :class:`MissingKeyError` (a ``KeyError``) if absent,
+        :class:`KeyTypeError` for a non-``str`` key, :class:`InvalidKeyError`
+        for ``""``.
+        """
+        key = _check_key(key)
+        raw = self._core.get(key)
+        if raw is None:
+            raise MissingKeyError(key)
+        return Record(self, key, json.loads(raw))
+
+    def __setitem__(self, key: str, obj: Any) -> None:
+        """Stores ``obj`` under ``key``, replacing what was there.
+
+        Arrays anywhere in ``obj`` (attributes, nested dict/list/tuple) are
+        written as ``.npy`` payloads first, then the record (metadata, layout,
+        pickled remainder) goes into the index. Durable after :meth:`flush`
+        or :meth:`close`.
+        """
+        key = _check_key(key)
+        parts, splitter = _split.split(obj)
+        pickled = splitter.pickle_leftovers(parts.leftovers) if parts.leftovers else None
+        arrays = [_arrays.payload_args(name, a) for name, a in splitter.arrays.items()]
+        self._core.put(key, parts.meta_json(), parts.layout_json(), arrays, pickled)
+
+    def __delitem__(self, key: str) -> None:
+        key = _check_key(key)
+        if not self._core.delete(key):
+            raise MissingKeyError(key)
+
+    def __contains__(self, key: object) -> bool:
+        return self._core.contains(_check_key(key))
+
+    def __iter__(self) -> Iterator[str]:
+        """Keys in Unicode code point order (a snapshot taken now)."""
+        return iter(self._core.keys())
+
+    def __len__(self) -> int:
+        return len(self._core)
+
+    @overload
+    def keys(self) -> KeysView[str]: ...
+    @overload
+    def keys(self, expr: str) -> list[str]: ...
+    def keys(self, expr: str | None = None) -> KeysView[str] | list[str]:
+        """All keys, or with ``expr`` the keys of the matching records."""
+        if expr is None:
+            return KeysView(self)
+        return self._core.find(expr)
+
+    # -- queries -----------------------------------------------------------
+
+    def find(self, expr: str | Callable[[Record], bool]) -> Results:
+        """Records whose metadata match ``expr``, in key order.
+
+        ``expr`` is a query (``"temperature > 250 and material == 'Si'"``,
+        grammar in store/QUERY.md) evaluated in Rust over the index, opening
+        no payload; or a Python callable taking a :class:`Record` (slower:
+        each record crosses into Python). Raises :class:`QueryError` (a
+        ``ValueError`` with ``.column``) for a malformed query.
+        """
+        if callable(expr):
+            return Results(self, [k for k in self._core.keys() if expr(self[k])])
+        if not isinstance(expr, str):
+            raise TypeError(f"find() takes a query string or a callable, not {type(expr).__name__}")
+        return Results(self, self._core.find(expr))
+
+    def count(self, expr: str | None = None) -> int:
+        """Number of records matching ``expr`` (all records without one)."""
+        if expr is None:
+            return len(self)
+        return self._core.count(expr)
+
+    # -- durability and maintenance ---------------------------------------
+
+    def flush(self) -> None:
+        """Makes every change so far durable (survives a process crash), then
+        removes the payloads of overwritten or deleted records."""
+        self._core.flush()
+
+    def close(self) -> None:
+        """Flushes and releases the index and the writer lock. Idempotent."""
+        self._core.close()
+        _open_stores.discard(self)
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def verify(self) -> dict[str, Any]:
+        """Checks every record against its payloads without mapping them.
+
+        Returns ``{"ok": bool, "records": int, "arrays": int, "problems":
+        [str], "orphans": [path]}``.
+        """
+        return self._core.verify()
+
+    def gc(self) -> dict[str, int]:
+        """Removes payload files no record references (left by a crash or an
+        overwrite). Returns ``{"removed_files": n, "removed_bytes": n}``."""
+        return self._core.gc()
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return f"<lazyvault.Store {self._path!r} (closed)>"
+        return f"<lazyvault.Store {self._path!r} mode={self.mode!r} records={len(self)}>"
+
+
+class Results(Sequence[Record]):
+    """The records a query matched: a sequence that builds each
+    :class:`Record` only when asked (``len`` and ``keys()`` cost nothing)."""
+
+    def __init__(self, store: Store, keys: list[str]) -> None:
+        self._store = store
+        self._keys = keys
+
+    def keys(self) -> list[str]:
+        """The matching keys, in key order."""
+        return list(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    @overload
+    def __getitem__(self, i: int) -> Record: ...
+    @overload
+    def __getitem__(self, i: slice) -> Results: ...
+    def __getitem__(self, i: int | slice) -> Record | Results:
+        if isinstance(i, slice):
+            return Results(self._store, self._keys[i])
+        return self._store[self._keys[i]]
+
+    def __iter__(self) -> Iterator[Record]:
+        for key in self._keys:
+            yield self._store[key]
+
+    def __repr__(self) -> str:
+        shown = ", ".join(repr(k) for k in self._keys[:5])
+        more = ", ..." if len(self._keys) > 5 else ""
+        return f"<lazyvault.Results {len(self._keys)} records [{shown}{more}]>"

@@ -1,0 +1,110 @@
+//! Zero-copy array payloads: a read-only buffer over a memory map.
+//!
+//! `MappedBuffer` owns the map and exports it through the buffer protocol,
+//! read-only: `numpy.frombuffer` builds a plain `ndarray` on it whose `base`
+//! keeps the map alive, and numpy refuses to make it writeable because the
+//! exporter refuses `PyBUF_WRITABLE` (a write into a read-only map would be a
+//! segfault, not an exception).
+
+use std::ffi::{c_int, c_void};
+use std::path::Path;
+
+use lazyvault_store::MappedPayload;
+use pyo3::exceptions::PyBufferError;
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::convert;
+use crate::errors::IntoPy;
+
+/// The data of one `.npy` payload, memory-mapped read-only.
+#[pyclass(module = "lazyvault._lazyvault", frozen)]
+pub struct MappedBuffer {
+    payload: MappedPayload,
+}
+
+#[pymethods]
+impl MappedBuffer {
+    fn __len__(&self) -> usize {
+        self.payload.as_bytes().len()
+    }
+
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        if view.is_null() {
+            return Err(PyBufferError::new_err("Py_buffer must not be null"));
+        }
+        if flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE {
+            return Err(PyBufferError::new_err(
+                "lazyvault arrays are read-only memory maps; copy the array to modify it",
+            ));
+        }
+        let bytes = slf.get().payload.as_bytes();
+        // PyBuffer_FillInfo sets obj (with a new reference), len, readonly,
+        // format "B" and the 1-d shape/strides as the flags ask.
+        let rc = ffi::PyBuffer_FillInfo(
+            view,
+            slf.as_ptr(),
+            bytes.as_ptr() as *mut c_void,
+            bytes.len() as ffi::Py_ssize_t,
+            1,
+            flags,
+        );
+        if rc == -1 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        Ok(())
+    }
+
+    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
+}
+
+/// Maps the payload `id` of the store at `root` after checking it against the
+/// record (header, size). Returns `None` for a zero-size array (nothing to map).
+///
+/// Raises `CorruptError` for a missing, short or mismatched file.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn map_array(
+    py: Python<'_>,
+    root: &str,
+    id: String,
+    descr: String,
+    shape: Vec<u64>,
+    fortran_order: bool,
+    nbytes: u64,
+    data_offset: u64,
+) -> PyResult<Option<MappedBuffer>> {
+    let entry = convert::entry(id, descr, shape, fortran_order, nbytes, data_offset, false);
+    let payload = py
+        .detach(|| lazyvault_store::map_payload(Path::new(root), &entry))
+        .py_err()?;
+    if payload.as_bytes().is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(MappedBuffer { payload }))
+}
+
+/// Reads the data of a payload (the pickle of an `object` array) as bytes.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn read_array_bytes<'py>(
+    py: Python<'py>,
+    root: &str,
+    id: String,
+    descr: String,
+    shape: Vec<u64>,
+    fortran_order: bool,
+    nbytes: u64,
+    data_offset: u64,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let entry = convert::entry(id, descr, shape, fortran_order, nbytes, data_offset, true);
+    let data = py
+        .detach(|| lazyvault_store::read_payload(Path::new(root), &entry))
+        .py_err()?;
+    Ok(PyBytes::new(py, &data))
+}

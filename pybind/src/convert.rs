@@ -1,0 +1,135 @@
+//! Conversions between Python values and the engine's types, in one place.
+
+use lazyvault_store::schema::ArrayEntry;
+use lazyvault_store::{ArraySource, GcReport, VerifyReport};
+use pyo3::buffer::PyBuffer;
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+use serde_json::{Map, Value};
+
+/// One array handed over by the Python layer for writing:
+/// `(name, descr, dtype_name, shape, fortran_order, data, pickled)` where
+/// `data` is a C-contiguous byte buffer (a `uint8` view of the array, or the
+/// pickle of an `object` array).
+pub struct ArrayArg {
+    name: String,
+    descr: String,
+    dtype: String,
+    shape: Vec<u64>,
+    fortran_order: bool,
+    data: PyBuffer<u8>,
+    pickled: bool,
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for ArrayArg {
+    type Error = PyErr;
+    fn extract(ob: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let t = ob.cast::<PyTuple>()?;
+        let (name, descr, dtype, shape, fortran_order, data, pickled): (
+            String,
+            String,
+            String,
+            Vec<u64>,
+            bool,
+            Bound<'py, PyAny>,
+            bool,
+        ) = t.extract()?;
+        let data = PyBuffer::<u8>::get(&data)?;
+        if !data.is_c_contiguous() {
+            return Err(PyValueError::new_err(format!(
+                "array {name:?}: data buffer must be C-contiguous bytes"
+            )));
+        }
+        Ok(ArrayArg {
+            name,
+            descr,
+            dtype,
+            shape,
+            fortran_order,
+            data,
+            pickled,
+        })
+    }
+}
+
+impl ArrayArg {
+    /// Borrows the buffer as an engine `ArraySource`. The buffer stays
+    /// exported (and its owner alive) for as long as `self` lives.
+    pub fn as_source(&self) -> ArraySource<'_> {
+        // SAFETY: a C-contiguous buffer of len_bytes() bytes, held by self.
+        let data = unsafe {
+            std::slice::from_raw_parts(self.data.buf_ptr() as *const u8, self.data.len_bytes())
+        };
+        ArraySource {
+            name: self.name.clone(),
+            descr: self.descr.clone(),
+            dtype: self.dtype.clone(),
+            shape: self.shape.clone(),
+            fortran_order: self.fortran_order,
+            data,
+            pickled: self.pickled,
+        }
+    }
+}
+
+/// Parses the JSON object of a record's metadata.
+pub fn meta_from_json(text: &str) -> PyResult<Map<String, Value>> {
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(PyTypeError::new_err("metadata must be a JSON object")),
+        Err(e) => Err(PyValueError::new_err(format!("metadata is not JSON: {e}"))),
+    }
+}
+
+/// Parses the layout JSON.
+pub fn layout_from_json(text: &str) -> PyResult<Value> {
+    serde_json::from_str(text).map_err(|e| PyValueError::new_err(format!("layout is not JSON: {e}")))
+}
+
+/// The array entry described by the Python layer's record dict fields.
+#[allow(clippy::too_many_arguments)]
+pub fn entry(
+    id: String,
+    descr: String,
+    shape: Vec<u64>,
+    fortran_order: bool,
+    nbytes: u64,
+    data_offset: u64,
+    pickled: bool,
+) -> ArrayEntry {
+    ArrayEntry {
+        id,
+        descr,
+        dtype: String::new(),
+        shape,
+        fortran_order,
+        nbytes,
+        data_offset,
+        pickled,
+    }
+}
+
+/// `gc()` report as a dict.
+pub fn gc_report<'py>(py: Python<'py>, r: &GcReport) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("removed_files", r.removed_files)?;
+    d.set_item("removed_bytes", r.removed_bytes)?;
+    Ok(d)
+}
+
+/// `verify()` report as a dict.
+pub fn verify_report<'py>(py: Python<'py>, r: &VerifyReport) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("ok", r.is_ok())?;
+    d.set_item("records", r.records)?;
+    d.set_item("arrays", r.arrays)?;
+    d.set_item("problems", &r.problems)?;
+    let orphans: Vec<String> = r
+        .orphans
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    d.set_item("orphans", orphans)?;
+    Ok(d)
+}

@@ -1,0 +1,98 @@
+//! One mapping from the engine's `Error` to the exception classes of
+//! `lazyvault.errors` (defined in Python so they can subclass two builtins,
+//! e.g. `QueryError(LazyvaultError, ValueError)`). Unknown variants fall back
+//! to the root class.
+
+use lazyvault_store::Error;
+use pyo3::call::PyCallArgs;
+use pyo3::prelude::*;
+
+/// Builds `lazyvault.errors.<class_name>(*args)` with extra attributes.
+fn raise<'py, A: PyCallArgs<'py>>(
+    py: Python<'py>,
+    class_name: &str,
+    args: A,
+    attrs: &[(&str, Py<PyAny>)],
+) -> PyErr {
+    let build = || -> PyResult<PyErr> {
+        let class = py.import("lazyvault.errors")?.getattr(class_name)?;
+        let exc = class.call1(args)?;
+        for (name, value) in attrs {
+            exc.setattr(*name, value)?;
+        }
+        Ok(PyErr::from_value(exc))
+    };
+    build().unwrap_or_else(|e| e)
+}
+
+/// Converts an engine error into the matching Python exception.
+pub fn to_pyerr(err: Error) -> PyErr {
+    Python::attach(|py| {
+        let msg = err.to_string();
+        match &err {
+            Error::Io { path, source } => {
+                let errno = source.raw_os_error().unwrap_or(0);
+                raise(
+                    py,
+                    "StorageError",
+                    (errno, source.to_string(), path.to_string_lossy().into_owned()),
+                    &[],
+                )
+            }
+            Error::Locked { pid, .. } => raise(
+                py,
+                "StoreLockedError",
+                (msg,),
+                &[("pid", pid.into_pyobject(py).map(|p| p.unbind()).unwrap_or_else(|_| py.None()))],
+            ),
+            Error::Exists(_) => raise(py, "StoreExistsError", (msg,), &[]),
+            Error::NotFound(_) => raise(py, "StoreNotFoundError", (msg,), &[]),
+            Error::NotAStore(_) => raise(py, "NotAStoreError", (msg,), &[]),
+            Error::Format { source, .. } => {
+                let class = match source {
+                    lazyvault_store::schema::SchemaError::UnsupportedVersion { .. } => {
+                        "FormatVersionError"
+                    }
+                    _ => "NotAStoreError",
+                };
+                raise(py, class, (msg,), &[])
+            }
+            Error::Corrupt { .. } => raise(py, "CorruptError", (msg,), &[]),
+            Error::ReadOnly => raise(py, "ReadOnlyError", (msg,), &[]),
+            Error::Closed => raise(py, "ClosedError", (msg,), &[]),
+            Error::Forked { .. } => raise(py, "ForkedStoreError", (msg,), &[]),
+            Error::EmptyKey => raise(py, "InvalidKeyError", (msg,), &[]),
+            Error::InvalidArray { .. } => raise(py, "InvalidArrayError", (msg,), &[]),
+            Error::Query(q) => {
+                raise(
+                    py,
+                    "QueryError",
+                    (msg.clone(),),
+                    &[
+                        ("column", q.column.into_pyobject(py).unwrap().into_any().unbind()),
+                        (
+                            "expression",
+                            q.expression.clone().into_pyobject(py).unwrap().into_any().unbind(),
+                        ),
+                        (
+                            "reason",
+                            q.message.clone().into_pyobject(py).unwrap().into_any().unbind(),
+                        ),
+                    ],
+                )
+            }
+            _ => raise(py, "LazyvaultError", (msg,), &[]),
+        }
+    })
+}
+
+/// `Result` of the engine into `PyResult`.
+pub trait IntoPy<T> {
+    fn py_err(self) -> PyResult<T>;
+}
+
+impl<T> IntoPy<T> for Result<T, Error> {
+    fn py_err(self) -> PyResult<T> {
+        self.map_err(to_pyerr)
+    }
+}

@@ -1,0 +1,137 @@
+//! `StoreCore`: the engine's `Store` as a Python object. The Python class
+//! `lazyvault.Store` wraps it with the mapping API and the object splitting.
+
+use lazyvault_store::query::Query;
+use lazyvault_store::{Mode, Store};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+
+use crate::convert::{self, ArrayArg};
+use crate::errors::IntoPy;
+
+/// Parses `expr` and raises `QueryError` if it is not a valid query.
+#[pyfunction]
+pub fn check_query(expr: &str) -> PyResult<()> {
+    Query::parse(expr).map_err(lazyvault_store::Error::from).py_err()?;
+    Ok(())
+}
+
+/// An open store (the sled index and the writer lock).
+#[pyclass(module = "lazyvault._lazyvault", frozen)]
+pub struct StoreCore {
+    inner: Store,
+}
+
+#[pymethods]
+impl StoreCore {
+    /// Opens the store at `path` with `mode` "r", "a" or "w".
+    #[new]
+    fn new(py: Python<'_>, path: std::path::PathBuf, mode: &str) -> PyResult<Self> {
+        let mode: Mode = mode.parse().map_err(PyValueError::new_err)?;
+        let inner = py.detach(|| Store::open(&path, mode)).py_err()?;
+        Ok(StoreCore { inner })
+    }
+
+    /// The store's directory.
+    #[getter]
+    fn root(&self) -> String {
+        self.inner.root().to_string_lossy().into_owned()
+    }
+
+    /// The open mode: "r", "a" or "w".
+    #[getter]
+    fn mode(&self) -> &'static str {
+        match self.inner.mode() {
+            Mode::ReadOnly => "r",
+            Mode::Append => "a",
+            Mode::Create => "w",
+        }
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.inner.is_closed()
+    }
+
+    /// Writes the arrays, then the record (see `Store::put` in the engine).
+    #[pyo3(signature = (key, meta_json, layout_json, arrays, pickle=None))]
+    fn put(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        meta_json: &str,
+        layout_json: &str,
+        arrays: Vec<ArrayArg>,
+        pickle: Option<&[u8]>,
+    ) -> PyResult<()> {
+        let meta = convert::meta_from_json(meta_json)?;
+        let layout = convert::layout_from_json(layout_json)?;
+        let sources: Vec<_> = arrays.iter().map(ArrayArg::as_source).collect();
+        py.detach(|| self.inner.put(key, meta, layout, &sources, pickle))
+            .py_err()
+    }
+
+    /// The record JSON of `key`, or None.
+    fn get<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let json = self.inner.get_json(key).py_err()?;
+        Ok(json.map(|j| PyBytes::new(py, &j)))
+    }
+
+    /// The pickled remainder of `key`, or None.
+    fn get_pickle<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let p = self.inner.get_pickle(key).py_err()?;
+        Ok(p.map(|p| PyBytes::new(py, &p)))
+    }
+
+    fn contains(&self, key: &str) -> PyResult<bool> {
+        self.inner.contains(key).py_err()
+    }
+
+    fn delete(&self, key: &str) -> PyResult<bool> {
+        self.inner.delete(key).py_err()
+    }
+
+    fn __len__(&self) -> PyResult<usize> {
+        Ok(self.inner.len().py_err()? as usize)
+    }
+
+    /// All keys in Unicode code point order.
+    fn keys(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        py.detach(|| self.inner.keys()).py_err()
+    }
+
+    /// Keys of the records matching the query `expr` (evaluated in Rust).
+    fn find(&self, py: Python<'_>, expr: &str) -> PyResult<Vec<String>> {
+        let query = Query::parse(expr)
+            .map_err(lazyvault_store::Error::from)
+            .py_err()?;
+        py.detach(|| self.inner.find(&query)).py_err()
+    }
+
+    /// Number of records matching the query `expr`.
+    fn count(&self, py: Python<'_>, expr: &str) -> PyResult<u64> {
+        let query = Query::parse(expr)
+            .map_err(lazyvault_store::Error::from)
+            .py_err()?;
+        py.detach(|| self.inner.count(&query)).py_err()
+    }
+
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.inner.flush()).py_err()
+    }
+
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.inner.close()).py_err()
+    }
+
+    fn gc<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let report = py.detach(|| self.inner.gc()).py_err()?;
+        convert::gc_report(py, &report)
+    }
+
+    fn verify<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let report = py.detach(|| self.inner.verify()).py_err()?;
+        convert::verify_report(py, &report)
+    }
+}

@@ -1,0 +1,37 @@
+//! The on-disk format of a lazyvault store: the manifest, the record that the
+//! index keeps for each key, and the rules that make them valid.
+//!
+//! `FORMAT.md` beside this crate is the prose specification; this crate is its
+//! executable half. Everything that decides where a file lives or whether a
+//! record may be trusted goes through here, so that a hostile record can never
+//! name a path outside the store (DESIGN.md invariant 4).
+
+mod manifest;
+mod record;
+
+pub use manifest::{FormatVersion, Manifest, FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE};
+pub use record::{payload_relpath, ArrayEntry, Record, PAYLOAD_DIR, PAYLOAD_ID_LEN};
+
+/// A manifest or record that does not follow the format.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SchemaError {
+    /// The manifest names another format (this directory is not a lazyvault store).
+    #[error("not a lazyvault store: manifest format is {found:?}, expected {FORMAT_NAME:?}")]
+    WrongFormat { found: String },
+    /// The store was written by a newer, incompatible major version.
+    #[error(
+        "store format version {found} is newer than this lazyvault supports ({supported}); \
+         upgrade lazyvault to open it"
+    )]
+    UnsupportedVersion { found: String, supported: String },
+    /// A version string that is not `MAJOR.MINOR`.
+    #[error("malformed format version {0:?} (expected MAJOR.MINOR)")]
+    MalformedVersion(String),
+    /// JSON that does not decode as the expected document.
+    #[error("malformed {what}: {detail}")]
+    Malformed { what: &'static str, detail: String },
+    /// A record that decodes but breaks a rule of the format.
+    #[error("invalid record: {0}")]
+    InvalidRecord(String),
+}

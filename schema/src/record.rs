@@ -1,0 +1,209 @@
+//! The record: what the index stores for one key.
+
+use indexmap::IndexMap;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::SchemaError;
+
+/// Directory (relative to the store root) holding the payload files.
+pub const PAYLOAD_DIR: &str = "arrays";
+/// Length of a payload id: 128 random bits as lowercase hex.
+pub const PAYLOAD_ID_LEN: usize = 32;
+
+/// One array payload of a record: a standard `.npy` file named by `id`.
+///
+/// `descr`, `shape` and `fortran_order` repeat the file's `.npy` header so
+/// that queries and `ArrayInfo` never open the file; a reader must check that
+/// the header agrees before trusting the data (a mismatch means corruption).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArrayEntry {
+    /// Payload id: 32 lowercase hex digits. The file is
+    /// `arrays/<id[0..2]>/<id>.npy`.
+    pub id: String,
+    /// The dtype as numpy's `.npy` header writes it: Python-literal text of
+    /// `numpy.lib.format.dtype_to_descr(dtype)` (e.g. `'<f8'`,
+    /// `[('x', '<i4'), ('y', '>f8', (2,))]`).
+    pub descr: String,
+    /// numpy's name of the dtype (`dtype.name`: `"float64"`, `"uint8"`,
+    /// `"datetime64[ns]"`, `"void96"`), for queries.
+    pub dtype: String,
+    /// Shape, one entry per axis; empty for a 0-d array.
+    pub shape: Vec<u64>,
+    /// Whether the data is in Fortran (column-major) order.
+    pub fortran_order: bool,
+    /// Size of the data in bytes (elements x itemsize); for a pickled
+    /// (`object` dtype) payload, the length of the pickle.
+    pub nbytes: u64,
+    /// Offset of the data in the file; a multiple of 64.
+    pub data_offset: u64,
+    /// An `object` array, stored as numpy stores it: a pickle after the
+    /// header. Loading it needs `allow_pickle=True`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pickled: bool,
+}
+
+/// The record of one key.
+/// Unknown fields are ignored (a newer minor version may add optional ones);
+/// a change an older reader must not ignore bumps the major version.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    /// The JSON-able fields of the object: what queries see.
+    pub meta: Map<String, Value>,
+    /// Array payloads by path name (`"positions"`, `"frames/0"`,
+    /// `"params/w"`), in the order they were found.
+    pub arrays: IndexMap<String, ArrayEntry>,
+    /// How to rebuild the original object from `meta`, `arrays` and the
+    /// pickled remainder; opaque to the engine (see FORMAT.md).
+    pub layout: Value,
+    /// Whether a pickle of the remainder is stored beside the record.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pickle: bool,
+}
+
+/// Path of a payload file relative to the store root. The id must have been
+/// validated (see [`ArrayEntry::validate`]); only hex digits ever reach a path.
+pub fn payload_relpath(id: &str) -> String {
+    format!("{PAYLOAD_DIR}/{}/{id}.npy", &id[..2])
+}
+
+impl ArrayEntry {
+    /// Checks the rules that protect the file system and the mapping: the id
+    /// is exactly 32 lowercase hex digits and the data offset is 64-aligned.
+    pub fn validate(&self, name: &str) -> Result<(), SchemaError> {
+        let id_ok = self.id.len() == PAYLOAD_ID_LEN
+            && self
+                .id
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        if !id_ok {
+            return Err(SchemaError::InvalidRecord(format!(
+                "array {name:?}: payload id {:?} is not {PAYLOAD_ID_LEN} lowercase hex digits",
+                self.id
+            )));
+        }
+        if self.data_offset % 64 != 0 {
+            return Err(SchemaError::InvalidRecord(format!(
+                "array {name:?}: data offset {} is not 64-byte aligned",
+                self.data_offset
+            )));
+        }
+        if name.is_empty() {
+            return Err(SchemaError::InvalidRecord("empty array name".into()));
+        }
+        Ok(())
+    }
+
+    /// The file of this payload, relative to the store root.
+    pub fn relpath(&self) -> String {
+        payload_relpath(&self.id)
+    }
+
+    /// Number of elements (1 for a 0-d array); `None` on overflow.
+    pub fn len(&self) -> Option<u64> {
+        self.shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d))
+    }
+
+    /// Whether the array has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == Some(0)
+    }
+}
+
+impl Record {
+    /// Decodes and validates a record from its JSON bytes.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, SchemaError> {
+        let record: Record =
+            serde_json::from_slice(bytes).map_err(|e| SchemaError::Malformed {
+                what: "record",
+                detail: e.to_string(),
+            })?;
+        record.validate()?;
+        Ok(record)
+    }
+
+    /// Checks every array entry.
+    pub fn validate(&self) -> Result<(), SchemaError> {
+        for (name, entry) in &self.arrays {
+            entry.validate(name)?;
+        }
+        Ok(())
+    }
+
+    /// Compact JSON, as stored in the index.
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("record serializes")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(id: &str) -> ArrayEntry {
+        ArrayEntry {
+            id: id.to_owned(),
+            descr: "'<f8'".into(),
+            dtype: "float64".into(),
+            shape: vec![3, 4],
+            fortran_order: false,
+            nbytes: 96,
+            data_offset: 128,
+            pickled: false,
+        }
+    }
+
+    #[test]
+    fn record_round_trips_through_json() {
+        let mut arrays = IndexMap::new();
+        arrays.insert("b".to_owned(), entry("00112233445566778899aabbccddeeff"));
+        arrays.insert("a".to_owned(), entry("ffeeddccbbaa99887766554433221100"));
+        let record = Record {
+            meta: serde_json::from_str(r#"{"z": 1, "a": {"b": [1, 2.5, "x"]}}"#).unwrap(),
+            arrays,
+            layout: serde_json::json!({"dict": {"z": 1}}),
+            pickle: false,
+        };
+        let json = record.to_json();
+        let back = Record::from_json(&json).unwrap();
+        assert_eq!(back, record);
+        // insertion order survives (preserve_order), so the layout rebuilds
+        // dicts in their original order
+        assert_eq!(back.arrays.keys().collect::<Vec<_>>(), ["b", "a"]);
+        assert_eq!(back.meta.keys().collect::<Vec<_>>(), ["z", "a"]);
+        assert!(!String::from_utf8(json).unwrap().contains("pickle"));
+    }
+
+    #[test]
+    fn hostile_payload_ids_are_rejected() {
+        for id in [
+            "../../../../etc/passwd",
+            "00112233445566778899AABBCCDDEEFF",
+            "0011223344556677889",
+            "00112233445566778899aabbccddeef/",
+            "00112233445566778899aabbccddeeff0",
+            "",
+        ] {
+            let e = entry(id);
+            assert!(e.validate("x").is_err(), "{id:?} accepted");
+        }
+        assert!(entry("00112233445566778899aabbccddeeff").validate("x").is_ok());
+    }
+
+    #[test]
+    fn unaligned_offset_is_rejected_and_unknown_fields_ignored() {
+        let mut e = entry("00112233445566778899aabbccddeeff");
+        e.data_offset = 80;
+        assert!(e.validate("x").is_err());
+        let json = br#"{"meta":{},"arrays":{},"layout":null,"from_a_newer_minor":1}"#;
+        assert!(Record::from_json(json).is_ok());
+        assert!(Record::from_json(br#"{"meta":[],"arrays":{},"layout":null}"#).is_err());
+    }
+
+    #[test]
+    fn relpath_uses_the_id_only() {
+        let e = entry("abcdef00112233445566778899aabbcc");
+        assert_eq!(e.relpath(), "arrays/ab/abcdef00112233445566778899aabbcc.npy");
+        assert_eq!(e.len(), Some(12));
+    }
+}

@@ -1,0 +1,83 @@
+//! The engine's error type: one enum, each variant a distinct situation a
+//! caller may want to handle (the Python binding maps each to an exception
+//! class).
+
+use std::io;
+use std::path::PathBuf;
+
+use lazyvault_schema::SchemaError;
+
+use crate::npy::NpyError;
+use crate::query::QueryError;
+
+/// Result alias of the engine.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in the engine.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An I/O error on a named file, with its `io::ErrorKind` kept.
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    /// Another `Store` (in this or another process) holds the store.
+    #[error("store {path} is locked by {holder}; one writer process at a time (pass records or export a .lvz to share data)")]
+    Locked { path: PathBuf, holder: String, pid: Option<u32> },
+    /// Mode `"w"` on a path that exists.
+    #[error("{0}: already exists (mode 'w' creates a new store)")]
+    Exists(PathBuf),
+    /// Mode `"r"` on a path that is not there.
+    #[error("{0}: no such store")]
+    NotFound(PathBuf),
+    /// A directory that is neither empty nor a store.
+    #[error("{0}: not a lazyvault store (no lazyvault.json) and not empty")]
+    NotAStore(PathBuf),
+    /// The manifest is from an unknown newer major version, or malformed.
+    #[error("{path}: {source}")]
+    Format { path: PathBuf, source: SchemaError },
+    /// A record, manifest or payload that is damaged.
+    #[error("{what}: {detail}")]
+    Corrupt { what: String, detail: String },
+    /// A write on a store opened with mode `"r"`.
+    #[error("store is read-only (opened with mode 'r')")]
+    ReadOnly,
+    /// Any use after `close()`.
+    #[error("store is closed")]
+    Closed,
+    /// The store was opened in a parent process and used after `fork()`.
+    #[error("this Store was opened in process {opener} and used in forked child {current}; sled cannot be used across fork(): open the store in the child, or pass records (they pickle by reference)")]
+    Forked { opener: u32, current: u32 },
+    /// The empty string is not a key.
+    #[error("keys must be non-empty strings")]
+    EmptyKey,
+    /// A bad query expression.
+    #[error(transparent)]
+    Query(#[from] QueryError),
+    /// A payload the caller asked to write that does not describe itself
+    /// consistently (wrong byte count for its dtype and shape, bad descr).
+    #[error("array {name:?}: {detail}")]
+    InvalidArray { name: String, detail: String },
+    /// The index (sled) failed.
+    #[error("index: {0}")]
+    Index(String),
+}
+
+impl Error {
+    pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> Error {
+        let path = path.into();
+        move |source| Error::Io { path, source }
+    }
+
+    pub(crate) fn corrupt(what: impl Into<String>, detail: impl ToString) -> Error {
+        Error::Corrupt {
+            what: what.into(),
+            detail: detail.to_string(),
+        }
+    }
+}
+
+impl From<NpyError> for Error {
+    fn from(e: NpyError) -> Self {
+        Error::corrupt("npy header", e)
+    }
+}

@@ -1,0 +1,31 @@
+//! lazyvault's engine: a store of records (JSON metadata indexed in sled)
+//! whose numpy arrays live in standard `.npy` payload files, memory-mapped on
+//! first access.
+//!
+//! ```no_run
+//! use lazyvault_store::{ArraySource, Mode, Store, query::Query};
+//! let store = Store::open("runs.lv", Mode::Append)?;
+//! let data: Vec<u8> = (0..24u8).collect();
+//! let meta = serde_json::json!({"temperature": 300.0}).as_object().unwrap().clone();
+//! store.put("run-1", meta, serde_json::Value::Null, &[ArraySource {
+//!     name: "positions".into(), descr: "'|u1'".into(), dtype: "uint8".into(),
+//!     shape: vec![8, 3], fortran_order: false, data: &data, pickled: false,
+//! }], None)?;
+//! let hits = store.find(&Query::parse("temperature > 250")?)?;
+//! let record = store.get("run-1")?.unwrap();
+//! let mapped = lazyvault_store::map_payload(store.root(), &record.arrays["positions"])?;
+//! assert_eq!(mapped.as_bytes(), &data[..]);
+//! # Ok::<(), lazyvault_store::Error>(())
+//! ```
+
+mod error;
+mod index;
+pub mod npy;
+mod payload;
+pub mod query;
+mod store;
+
+pub use error::{Error, Result};
+pub use lazyvault_schema as schema;
+pub use payload::{map_payload, open_payload, read_payload, ArraySource, MappedPayload};
+pub use store::{GcReport, Mode, Store, VerifyReport, INDEX_DIR, LOCK_FILE};

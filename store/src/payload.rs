@@ -1,0 +1,231 @@
+//! Payload files: writing a `.npy` file crash-safely, and mapping one back
+//! after checking that it is what its record says (DESIGN.md invariants 2, 3, 5).
+
+use std::fs::{self, File};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use lazyvault_schema::{ArrayEntry, PAYLOAD_DIR};
+use memmap2::{Mmap, MmapOptions};
+
+use crate::error::{Error, Result};
+use crate::npy;
+
+/// An array to be written as a payload: its description and its bytes.
+#[derive(Debug, Clone)]
+pub struct ArraySource<'a> {
+    /// Path name in the record (`"image"`, `"frames/0"`).
+    pub name: String,
+    /// Python-literal descr, as `repr(numpy.lib.format.dtype_to_descr(dt))`.
+    pub descr: String,
+    /// numpy's `dtype.name`.
+    pub dtype: String,
+    pub shape: Vec<u64>,
+    pub fortran_order: bool,
+    /// The array's bytes in `fortran_order` (or C) order; for a pickled
+    /// (`object`) array, the pickle of the array.
+    pub data: &'a [u8],
+    /// Whether `data` is a pickle of an `object` array.
+    pub pickled: bool,
+}
+
+/// Suffix of a payload being written; such files are orphans after a crash.
+pub(crate) const TMP_SUFFIX: &str = ".tmp";
+
+/// Writes `src` as a new payload file and returns its entry and the
+/// directory that holds it (which the caller fsyncs once per batch).
+///
+/// Order (invariant 3): write to `<id>.npy.tmp`, fsync the file, rename to
+/// `<id>.npy`. The file is never written again after the rename.
+pub(crate) fn write_payload(root: &Path, src: &ArraySource<'_>) -> Result<(ArrayEntry, PathBuf)> {
+    let invalid = |detail: String| Error::InvalidArray {
+        name: src.name.clone(),
+        detail,
+    };
+    if src.name.is_empty() {
+        return Err(invalid("array names must be non-empty".into()));
+    }
+    let header = npy::write_header(&src.descr, src.fortran_order, &src.shape)
+        .map_err(|e| invalid(e.to_string()))?;
+    let len = src
+        .shape
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| invalid("shape overflows".into()))?;
+    if !src.pickled {
+        let itemsize = npy::descr_itemsize(&src.descr)
+            .ok_or_else(|| invalid(format!("unsupported descr {}", src.descr)))?;
+        let expected = itemsize.checked_mul(len);
+        if expected != Some(src.data.len() as u64) {
+            return Err(invalid(format!(
+                "{} data bytes given, dtype {} and shape {:?} need {}",
+                src.data.len(),
+                src.descr,
+                src.shape,
+                expected.map_or("more than 2^64".to_owned(), |n| n.to_string())
+            )));
+        }
+    }
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let dir = root.join(PAYLOAD_DIR).join(&id[..2]);
+    fs::create_dir_all(&dir).map_err(Error::io(&dir))?;
+    let path = dir.join(format!("{id}.npy"));
+    let tmp = dir.join(format!("{id}.npy{TMP_SUFFIX}"));
+    let write = || -> std::io::Result<()> {
+        let mut f = File::options().write(true).create_new(true).open(&tmp)?;
+        f.write_all(&header)?;
+        f.write_all(src.data)?;
+        f.sync_all()
+    };
+    if let Err(e) = write() {
+        let _ = fs::remove_file(&tmp);
+        return Err(Error::Io {
+            path: tmp,
+            source: e,
+        });
+    }
+    fs::rename(&tmp, &path).map_err(Error::io(&path))?;
+    let entry = ArrayEntry {
+        id,
+        descr: npy::parse_header(&header, header.len())?.descr,
+        dtype: src.dtype.clone(),
+        shape: src.shape.clone(),
+        fortran_order: src.fortran_order,
+        nbytes: src.data.len() as u64,
+        data_offset: header.len() as u64,
+        pickled: src.pickled,
+    };
+    Ok((entry, dir))
+}
+
+/// fsyncs a directory so that the renames and creations in it are durable.
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(Error::io(dir))
+}
+
+/// The data bytes of one payload, memory-mapped read-only. Zero-size arrays
+/// have no mapping (POSIX cannot map 0 bytes).
+#[derive(Debug)]
+pub struct MappedPayload {
+    map: Option<Mmap>,
+    offset: usize,
+    len: usize,
+}
+
+impl MappedPayload {
+    /// The array's bytes: `nbytes` of them, starting 64-byte aligned.
+    pub fn as_bytes(&self) -> &[u8] {
+        match &self.map {
+            Some(m) => &m[self.offset..self.offset + self.len],
+            None => &[],
+        }
+    }
+}
+
+/// Opens the payload of `entry` under `root` and checks it before any
+/// mapping: the id is well-formed, the `.npy` header agrees with the record,
+/// and the file holds all the data (a short file is an error, never SIGBUS).
+pub fn open_payload(root: &Path, entry: &ArrayEntry) -> Result<(File, PathBuf)> {
+    entry
+        .validate("payload")
+        .map_err(|e| Error::corrupt("record", e))?;
+    let path = root.join(entry.relpath());
+    let mut file = File::open(&path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            Error::corrupt(
+                format!("payload {}", path.display()),
+                "file is missing (deleted, or the record was overwritten since it was read)",
+            )
+        } else {
+            Error::Io {
+                path: path.clone(),
+                source: e,
+            }
+        }
+    })?;
+    let what = || format!("payload {}", path.display());
+    let header = npy::read_header(&mut file, npy::NUMPY_MAX_HEADER_LEN)
+        .map_err(|e| Error::corrupt(what(), e))?;
+    if header.descr != entry.descr
+        || header.shape != entry.shape
+        || header.fortran_order != entry.fortran_order
+        || header.data_offset != entry.data_offset
+    {
+        return Err(Error::corrupt(
+            what(),
+            format!(
+                "header (descr {}, shape {:?}, fortran_order {}, data at {}) does not match \
+                 the record (descr {}, shape {:?}, fortran_order {}, data at {})",
+                header.descr,
+                header.shape,
+                header.fortran_order,
+                header.data_offset,
+                entry.descr,
+                entry.shape,
+                entry.fortran_order,
+                entry.data_offset
+            ),
+        ));
+    }
+    if !entry.pickled && header.nbytes() != Some(entry.nbytes) {
+        return Err(Error::corrupt(
+            what(),
+            format!(
+                "record says {} bytes, header implies {:?}",
+                entry.nbytes,
+                header.nbytes()
+            ),
+        ));
+    }
+    let file_len = file.metadata().map_err(Error::io(&path))?.len();
+    let end = entry
+        .data_offset
+        .checked_add(entry.nbytes)
+        .ok_or_else(|| Error::corrupt(what(), "size overflows"))?;
+    if file_len < end {
+        return Err(Error::corrupt(
+            what(),
+            format!("file is truncated: {file_len} bytes, the array needs {end}"),
+        ));
+    }
+    Ok((file, path))
+}
+
+/// Maps the data of `entry` read-only after [`open_payload`]'s checks.
+pub fn map_payload(root: &Path, entry: &ArrayEntry) -> Result<MappedPayload> {
+    let (file, path) = open_payload(root, entry)?;
+    if entry.nbytes == 0 {
+        return Ok(MappedPayload {
+            map: None,
+            offset: 0,
+            len: 0,
+        });
+    }
+    let too_big = || Error::corrupt(format!("payload {}", path.display()), "too large to map");
+    let offset = usize::try_from(entry.data_offset).map_err(|_| too_big())?;
+    let len = usize::try_from(entry.nbytes).map_err(|_| too_big())?;
+    // SAFETY: payload files are immutable once renamed into place and never
+    // truncated by lazyvault (invariant 2); the length was checked above.
+    let map = unsafe { MmapOptions::new().len(offset + len).map(&file) }
+        .map_err(Error::io(&path))?;
+    Ok(MappedPayload {
+        map: Some(map),
+        offset,
+        len,
+    })
+}
+
+/// Reads the data of a payload into memory (used for pickled payloads,
+/// which are unpickled anyway, so mapping them gains nothing).
+pub fn read_payload(root: &Path, entry: &ArrayEntry) -> Result<Vec<u8>> {
+    let (mut file, path) = open_payload(root, entry)?;
+    let len = usize::try_from(entry.nbytes)
+        .map_err(|_| Error::corrupt(format!("payload {}", path.display()), "too large"))?;
+    let mut data = vec![0u8; len];
+    file.seek(SeekFrom::Start(entry.data_offset))
+        .and_then(|_| file.read_exact(&mut data))
+        .map_err(Error::io(&path))?;
+    Ok(data)
+}
