@@ -106,8 +106,10 @@ class _Splitter:
             return {"float": repr(value)}, _MISSING
         elif isinstance(value, np.ndarray):
             return {"array": self.array_path(value, path)}, _MISSING
-        elif isinstance(value, np.generic) and value.dtype.kind in "biuf" and (
-            value.dtype.kind != "f" or (value.dtype.itemsize <= 8 and np.isfinite(value))
+        elif (
+            isinstance(value, np.generic)
+            and value.dtype.kind in "biuf"
+            and (value.dtype.kind != "f" or (value.dtype.itemsize <= 8 and np.isfinite(value)))
         ):
             item = value.item()
             return {"scalar": [value.dtype.str, item]}, item
@@ -129,9 +131,7 @@ class _Splitter:
                     complete = False
                 else:
                     metas.append(m)
-            return {("list" if t is list else "tuple"): nodes_l}, (
-                metas if complete else _MISSING
-            )
+            return {("list" if t is list else "tuple"): nodes_l}, (metas if complete else _MISSING)
         elif _plain_state_class(value):
             node, meta = self.walk(dict(vars(value)), path, leftovers)
             cls = type(value)
@@ -263,7 +263,7 @@ def join(
     def build(node: Any) -> Any:
         if not isinstance(node, dict):
             return node
-        (kind, body), = node.items()
+        ((kind, body),) = node.items()
         if kind == "dict":
             return {k: build(v) for k, v in body.items()}
         if kind == "list":

@@ -9,23 +9,23 @@ builtin too, so ``except KeyError`` / ``except ValueError`` keep working
 from __future__ import annotations
 
 __all__ = [
-    "LazyvaultError",
-    "StorageError",
-    "StoreLockedError",
-    "StoreExistsError",
-    "StoreNotFoundError",
-    "NotAStoreError",
-    "FormatVersionError",
-    "CorruptError",
-    "ReadOnlyError",
     "ClosedError",
+    "CorruptError",
     "ForkedStoreError",
+    "FormatVersionError",
+    "InvalidArrayError",
     "InvalidKeyError",
     "KeyTypeError",
+    "LazyvaultError",
     "MissingKeyError",
-    "QueryError",
-    "InvalidArrayError",
+    "NotAStoreError",
     "PickleNotAllowedError",
+    "QueryError",
+    "ReadOnlyError",
+    "StorageError",
+    "StoreExistsError",
+    "StoreLockedError",
+    "StoreNotFoundError",
 ]
 
 

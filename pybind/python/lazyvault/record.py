@@ -54,7 +54,7 @@ class Record:
     copy), cached on the proxy. ``load()`` rebuilds the original object.
     """
 
-    __slots__ = ("_store", "_key", "_record", "_cache", "__weakref__")
+    __slots__ = ("__weakref__", "_cache", "_key", "_record", "_store")
 
     def __init__(self, store: Store, key: str, record: dict[str, Any]) -> None:
         self._store = store
@@ -177,7 +177,8 @@ class Record:
 
     def __dir__(self) -> list[str]:
         fields = [
-            n for n in (*self._record["meta"], *self._record["arrays"])
+            n
+            for n in (*self._record["meta"], *self._record["arrays"])
             if n.isidentifier() and n not in _OWN
         ]
         return sorted(set(super().__dir__()) | set(fields))

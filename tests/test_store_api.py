@@ -1,0 +1,251 @@
+"""The MutableMapping API, open modes, keys, errors, locking, format version."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import MutableMapping
+from pathlib import Path
+
+import lazyvault as lv
+import numpy as np
+import pytest
+
+
+def test_mapping_api(store: lv.Store) -> None:
+    assert isinstance(store, MutableMapping)
+    assert len(store) == 0 and list(store) == []
+    store["b"] = {"x": 1, "a": np.arange(3)}
+    store["a"] = {"x": 2}
+    assert len(store) == 2
+    assert list(store) == ["a", "b"]  # code point order
+    assert list(store.keys()) == ["a", "b"]
+    assert "a" in store and "zz" not in store
+    assert store.get("zz") is None and store.get("zz", 5) == 5
+    assert [k for k, _ in store.items()] == ["a", "b"]
+    assert store["a"].x == 2
+    store["a"] = {"x": 3}  # overwrite keeps the count
+    assert len(store) == 2 and store["a"].x == 3
+    del store["a"]
+    assert len(store) == 1 and "a" not in store
+    with pytest.raises(KeyError):
+        del store["a"]
+    with pytest.raises(KeyError) as info:
+        store["a"]
+    assert isinstance(info.value, lv.MissingKeyError)
+    assert isinstance(info.value, lv.LazyvaultError)
+    store.update({"c": {"y": 1}, "d": {"y": 2}})
+    assert store.count() == 3
+
+
+HOSTILE_KEYS = [
+    "../x",
+    "../../../../../../tmp/escape",
+    "/etc/passwd",
+    "a/b",
+    "a\\b",
+    "\x00",
+    "nul\x00inside",
+    ".",
+    "..",
+    "🦀 crab",
+    "é" * 300,
+    " ",
+    "arrays",
+    "lazyvault.json",
+]
+
+
+def test_any_nonempty_string_is_a_key_and_none_reaches_a_path(
+    store: lv.Store, store_path: Path, tmp_path: Path
+) -> None:
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for i, key in enumerate(HOSTILE_KEYS):
+        store[key] = {"i": i, "a": np.full(4, i)}
+    store.flush()
+    for i, key in enumerate(HOSTILE_KEYS):
+        rec = store[key]
+        assert rec.key == key and rec.i == i
+        assert rec.a.tolist() == [i] * 4
+    assert sorted(store) == sorted(HOSTILE_KEYS)
+    # nothing was created next to the store, and inside it only our own names
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    allowed_top = {"lazyvault.json", "lazyvault.lock", "index", "arrays"}
+    assert {p.name for p in store_path.iterdir()} <= allowed_top
+    for p in (store_path / "arrays").rglob("*"):
+        rel = p.relative_to(store_path / "arrays").parts
+        if p.is_file():
+            assert len(rel) == 2 and len(rel[1]) == 36 and rel[1].endswith(".npy")
+            assert rel[1][:2] == rel[0]
+            int(rel[1][:32], 16)
+
+
+@pytest.mark.parametrize("key", [1, b"bytes", None, ("t",), 1.5])
+def test_non_string_keys_raise_type_error(store: lv.Store, key: object) -> None:
+    for op in (
+        lambda: store[key],
+        lambda: store.__setitem__(key, {}),
+        lambda: store.__delitem__(key),
+        lambda: key in store,
+    ):
+        with pytest.raises(TypeError) as info:
+            op()
+        assert isinstance(info.value, lv.KeyTypeError)
+
+
+def test_empty_key_raises_value_error(store: lv.Store) -> None:
+    for op in (lambda: store[""], lambda: store.__setitem__("", {}), lambda: "" in store):
+        with pytest.raises(ValueError) as info:
+            op()
+        assert isinstance(info.value, lv.InvalidKeyError)
+
+
+def test_open_modes(tmp_path: Path) -> None:
+    path = tmp_path / "m.lv"
+    with pytest.raises(lv.StoreNotFoundError) as info:
+        lv.Store.open(path, "r")
+    assert isinstance(info.value, FileNotFoundError)
+    assert not path.exists()
+    with lv.Store.open(path, "w") as s:
+        s["k"] = {"v": 1}
+    with pytest.raises(lv.StoreExistsError) as info2:
+        lv.Store.open(path, "w")
+    assert isinstance(info2.value, FileExistsError)
+    with lv.Store.open(path, "r") as s:
+        assert s["k"].v == 1
+        assert s.mode == "r"
+        with pytest.raises(lv.ReadOnlyError):
+            s["k2"] = {}
+        with pytest.raises(lv.ReadOnlyError):
+            del s["k"]
+        assert len(s) == 1
+    with pytest.raises(ValueError):
+        lv.Store.open(path, "x")  # type: ignore[arg-type]
+
+
+def test_a_non_store_directory_is_refused(tmp_path: Path) -> None:
+    d = tmp_path / "notastore"
+    d.mkdir()
+    (d / "file.txt").write_text("hello")
+    with pytest.raises(lv.NotAStoreError):
+        lv.Store.open(d)
+    assert sorted(p.name for p in d.iterdir()) == ["file.txt"]
+    f = tmp_path / "plainfile"
+    f.write_text("x")
+    with pytest.raises(lv.NotAStoreError):
+        lv.Store.open(f)
+
+
+def test_empty_directory_becomes_a_store(tmp_path: Path) -> None:
+    d = tmp_path / "empty"
+    d.mkdir()
+    with lv.Store.open(d) as s:
+        s["k"] = {"v": 1}
+    manifest = json.loads((d / "lazyvault.json").read_text())
+    assert manifest["format"] == "lazyvault"
+    assert manifest["format_version"] == lv.FORMAT_VERSION
+
+
+def test_newer_major_format_is_refused_newer_minor_accepted(store_path: Path) -> None:
+    with lv.Store.open(store_path) as s:
+        s["k"] = {"v": 1}
+    manifest_path = store_path / "lazyvault.json"
+    manifest = json.loads(manifest_path.read_text())
+    major, minor = map(int, manifest["format_version"].split("."))
+    manifest["format_version"] = f"{major}.{minor + 3}"
+    manifest_path.write_text(json.dumps(manifest))
+    with lv.Store.open(store_path, "r") as s:
+        assert s["k"].v == 1
+    manifest["format_version"] = f"{major + 1}.0"
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(lv.FormatVersionError, match=f"{major + 1}.0"):
+        lv.Store.open(store_path)
+    manifest_path.write_text("{not json")
+    with pytest.raises(lv.LazyvaultError):
+        lv.Store.open(store_path)
+
+
+def test_second_opener_in_this_process_is_refused(store: lv.Store, store_path: Path) -> None:
+    with pytest.raises(lv.StoreLockedError) as info:
+        lv.Store.open(store_path)
+    assert info.value.pid == os.getpid()
+    assert str(os.getpid()) in str(info.value)
+
+
+def test_second_opener_in_another_process_gets_the_holder_pid(
+    store: lv.Store, store_path: Path
+) -> None:
+    code = (
+        "import sys, lazyvault as lv\n"
+        "try:\n"
+        "    lv.Store.open(sys.argv[1])\n"
+        "except lv.StoreLockedError as e:\n"
+        "    print(e.pid); sys.exit(0)\n"
+        "sys.exit(3)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(store_path)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) == os.getpid()
+
+
+def test_open_close_reopen_loop(store_path: Path) -> None:
+    for i in range(50):
+        with lv.Store.open(store_path) as s:
+            s[f"k{i}"] = {"i": i}
+            assert len(s) == i + 1
+    with lv.Store.open(store_path, "r") as s:
+        assert [s[f"k{i}"].i for i in range(50)] == list(range(50))
+
+
+def test_closed_store_raises(store_path: Path) -> None:
+    s = lv.Store.open(store_path)
+    s["k"] = {"v": 1}
+    s.close()
+    s.close()  # idempotent
+    assert s.closed
+    with pytest.raises(lv.ClosedError):
+        s["k"]
+    with pytest.raises(ValueError):
+        len(s)
+    assert "closed" in repr(s)
+
+
+def test_error_hierarchy() -> None:
+    assert issubclass(lv.QueryError, ValueError)
+    assert issubclass(lv.MissingKeyError, KeyError)
+    assert issubclass(lv.KeyTypeError, TypeError)
+    assert issubclass(lv.StorageError, OSError)
+    for name in lv.__all__:
+        obj = getattr(lv, name)
+        if isinstance(obj, type) and issubclass(obj, BaseException):
+            assert issubclass(obj, lv.LazyvaultError), name
+
+
+def test_unstorable_array_gives_clear_error(store: lv.Store) -> None:
+    with pytest.raises(lv.InvalidArrayError):
+        store["k"] = {"a": np.zeros(3, dtype="V0")}
+    assert "k" not in store
+
+
+def test_durable_after_close_in_a_subprocess(store_path: Path) -> None:
+    code = (
+        "import sys, numpy as np, lazyvault as lv\n"
+        "s = lv.Store.open(sys.argv[1])\n"
+        "s['k'] = {'v': 7, 'a': np.arange(5)}\n"
+        "s.flush()\n"
+        "import os; os._exit(0)\n"  # no close, no atexit: flush alone must suffice
+    )
+    subprocess.run([sys.executable, "-c", code, str(store_path)], check=True, timeout=60)
+    with lv.Store.open(store_path, "r") as s:
+        assert s["k"].v == 7 and s["k"].a.tolist() == [0, 1, 2, 3, 4]
+
+
+def test_unclosed_store_is_closed_at_exit(store_path: Path) -> None:
+    code = "import sys, lazyvault as lv\ns = lv.Store.open(sys.argv[1])\ns['k'] = {'v': 8}\n"
+    subprocess.run([sys.executable, "-c", code, str(store_path)], check=True, timeout=60)
+    with lv.Store.open(store_path, "r") as s:
+        assert s["k"].v == 8
