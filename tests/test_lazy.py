@@ -80,7 +80,7 @@ def test_metadata_access_opens_no_payload(filled: lv.Store, store_path: Path) ->
         assert "records=20" in repr(filled)
         assert _mapped_payloads() == {}
         # and touching an array now fails with a clear error naming it
-        with pytest.raises(lv.CorruptError, match="run-003.*positions"):
+        with pytest.raises(lv.CorruptError, match=r"run-003.*positions"):
             filled["run-003"].positions
     finally:
         shutil.move(hidden, store_path / "arrays")

@@ -303,4 +303,4 @@ def test_field_names_colliding_with_the_proxy_stay_reachable(store: lv.Store) ->
     assert rec.array("load").tolist() == [0, 1]
     assert callable(rec.load)
     with pytest.raises(AttributeError):
-        rec.nonexistent  # noqa: B018
+        rec.nonexistent
