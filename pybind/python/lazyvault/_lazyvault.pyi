@@ -1,0 +1,92 @@
+"""Type stubs of the compiled core ``lazyvault._lazyvault`` (Rust, pyo3).
+
+Users call the Python API (:class:`lazyvault.Store`); these are the pieces
+it is built on. Errors are the classes of :mod:`lazyvault.errors`.
+"""
+
+from collections.abc import Buffer, Sequence
+from os import PathLike
+from typing import Any, final
+
+FORMAT_VERSION: str
+"""On-disk format version this build writes, ``"MAJOR.MINOR"``."""
+__version__: str
+
+@final
+class MappedBuffer:
+    """The data bytes of one ``.npy`` payload, memory-mapped read-only.
+
+    Exports a read-only, 1-d, ``"B"``-format buffer (PEP 3118); a request for
+    a writable buffer raises ``BufferError``. Keeps the mapping alive while any
+    view (e.g. an ndarray from ``numpy.frombuffer``) exists.
+    """
+
+    def __len__(self) -> int: ...
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+
+def map_array(
+    root: str,
+    id: str,
+    descr: str,
+    shape: Sequence[int],
+    fortran_order: bool,
+    nbytes: int,
+    data_offset: int,
+) -> MappedBuffer | None:
+    """Maps payload ``id`` of the store at ``root`` after checking its
+    ``.npy`` header against (descr, shape, fortran_order, data_offset) and the
+    file length against ``data_offset + nbytes``. ``None`` for 0 bytes.
+
+    Raises ``CorruptError`` for a missing, short or mismatched payload.
+    """
+
+def read_array_bytes(
+    root: str,
+    id: str,
+    descr: str,
+    shape: Sequence[int],
+    fortran_order: bool,
+    nbytes: int,
+    data_offset: int,
+) -> bytes:
+    """Reads the ``nbytes`` data bytes of a payload (the pickle of an
+    ``object`` array), with the same checks as :func:`map_array`."""
+
+def check_query(expr: str) -> None:
+    """Raises ``QueryError`` (with ``.column``) if ``expr`` does not parse."""
+
+@final
+class StoreCore:
+    """An open store: the sled index and the writer lock."""
+
+    def __new__(cls, path: str | PathLike[str], mode: str) -> StoreCore: ...
+    @property
+    def root(self) -> str: ...
+    @property
+    def mode(self) -> str: ...
+    @property
+    def closed(self) -> bool: ...
+    def put(
+        self,
+        key: str,
+        meta_json: str,
+        layout_json: str,
+        arrays: list[tuple[str, str, str, tuple[int, ...], bool, Buffer, bool]],
+        pickle: bytes | None = None,
+    ) -> None:
+        """Writes each array ``(name, descr, dtype_name, shape, fortran_order,
+        data, pickled)`` as a payload (temp file, fsync, rename), then the
+        record. ``data`` is C-contiguous bytes."""
+    def get(self, key: str) -> bytes | None:
+        """The record JSON of ``key`` (see schema/FORMAT.md)."""
+    def get_pickle(self, key: str) -> bytes | None: ...
+    def contains(self, key: str) -> bool: ...
+    def delete(self, key: str) -> bool: ...
+    def __len__(self) -> int: ...
+    def keys(self) -> list[str]: ...
+    def find(self, expr: str) -> list[str]: ...
+    def count(self, expr: str) -> int: ...
+    def flush(self) -> None: ...
+    def close(self) -> None: ...
+    def gc(self) -> dict[str, int]: ...
+    def verify(self) -> dict[str, Any]: ...
