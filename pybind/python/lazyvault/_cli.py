@@ -1,0 +1,291 @@
+"""The ``lazyvault`` command line (also ``python -m lazyvault``).
+
+Subcommands: ``demo`` (ingest real camera frames, query them, print figures),
+``ls`` (keys, optionally those matching a query), ``show`` (one record's
+metadata and array descriptions, opening no payload), ``verify`` (integrity
+report) and ``gc`` (remove orphan payloads). ``ls``, ``show`` and ``verify``
+open the store read-only.
+
+Exit codes: 0 success; 1 a lazyvault error (message on stderr as
+``lazyvault: <message>``, no traceback) or problems found by ``verify``;
+2 a usage error (argparse's convention) or, for ``demo``, missing data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+from . import __version__
+from .demo import DEFAULT_DATA_DIR
+from .errors import LazyvaultError, MissingKeyError
+from .store import Store
+
+__all__ = ["build_parser", "main"]
+
+PROG = "lazyvault"
+
+_DESCRIPTION = """\
+Store Python objects made of small metadata and numpy arrays: metadata as
+JSON records in an index, arrays as .npy files memory-mapped on first access."""
+
+_EPILOG = """\
+examples:
+  lazyvault demo --limit 100                 ingest 100 ViSP camera frames into a temporary store
+  lazyvault ls runs.lv                       list every key
+  lazyvault ls runs.lv "temperature > 250"   list the keys of the matching records
+  lazyvault show runs.lv run-001             one record: metadata and arrays (no payload read)
+  lazyvault verify runs.lv                   check every record against its payload files
+  lazyvault gc runs.lv                       remove payload files no record references
+
+exit status: 0 ok, 1 lazyvault error or verify problems, 2 usage error.
+"""
+
+
+def _json_default(value: Any) -> Any:
+    # numpy scalars and other oddities that metadata should not hold, shown, not crashed on.
+    item = getattr(value, "item", None)
+    if callable(item):
+        return item()
+    return repr(value)
+
+
+def _dump(value: Any, out: TextIO) -> None:
+    json.dump(value, out, indent=2, ensure_ascii=False, default=_json_default)
+    out.write("\n")
+
+
+# -- subcommands ----------------------------------------------------------------
+
+
+def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
+    from . import demo
+
+    if args.limit is not None and args.limit < 0:
+        print(f"{PROG}: --limit must be >= 0", file=sys.stderr)
+        return 2
+    try:
+        figures = demo.run(args.data, store_path=args.store, limit=args.limit, keep=args.keep)
+    except demo.DataMissingError as e:
+        print(
+            f"{PROG}: no ViSP image data: {e}\n"
+            f"  install it with: apt-get install visp-images-data\n"
+            f"  or point to a copy with: {PROG} demo --data DIR",
+            file=sys.stderr,
+        )
+        return 2
+    if args.json:
+        _dump(figures, out)
+    else:
+        out.write(demo.format_report(figures) + "\n")
+    return 0
+
+
+def _cmd_ls(args: argparse.Namespace, out: TextIO) -> int:
+    with Store.open(args.path, mode="r") as store:
+        keys = list(store.keys()) if args.expr is None else store.find(args.expr).keys()
+    if args.json:
+        _dump(keys, out)
+    else:
+        for key in keys:
+            out.write(key + "\n")
+    return 0
+
+
+def _array_info(info: Any) -> dict[str, Any]:
+    return {
+        "shape": list(info.shape),
+        "dtype": str(info.dtype),
+        "nbytes": info.nbytes,
+        "order": info.order,
+    }
+
+
+def _cmd_show(args: argparse.Namespace, out: TextIO) -> int:
+    with Store.open(args.path, mode="r") as store:
+        try:
+            rec = store[args.key]
+        except MissingKeyError:
+            raise MissingKeyError(f"no record {args.key!r} in {args.path}") from None
+        shown = {
+            "key": rec.key,
+            "repr": repr(rec),
+            "meta": rec.meta,
+            "arrays": {name: _array_info(info) for name, info in rec.arrays.items()},
+        }
+    if args.json:
+        _dump(shown, out)
+        return 0
+    out.write(shown["repr"] + "\n\nmeta:\n")
+    out.write(json.dumps(shown["meta"], indent=2, ensure_ascii=False, default=_json_default))
+    out.write("\n\narrays:\n")
+    arrays = shown["arrays"]
+    if not arrays:
+        out.write("  (none)\n")
+    width = max((len(n) for n in arrays), default=0)
+    for name, a in arrays.items():
+        out.write(
+            f"  {name:<{width}}  shape={tuple(a['shape'])}  dtype={a['dtype']}  "
+            f"nbytes={a['nbytes']:,}  order={a['order']}\n"
+        )
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
+    with Store.open(args.path, mode="r") as store:
+        report = store.verify()
+    if args.json:
+        _dump(report, out)
+    else:
+        status = "ok" if report["ok"] else f"{len(report['problems'])} problem(s)"
+        out.write(
+            f"{args.path}: {status}: {report['records']:,} records, "
+            f"{report['arrays']:,} arrays checked\n"
+        )
+        for problem in report["problems"]:
+            out.write(f"  problem: {problem}\n")
+        orphans = report["orphans"]
+        if orphans:
+            out.write(
+                f"  {len(orphans):,} orphan payload file(s), referenced by no record "
+                f"(`{PROG} gc {args.path}` removes them):\n"
+            )
+            for orphan in orphans:
+                out.write(f"    {orphan}\n")
+    return 0 if report["ok"] else 1
+
+
+def _cmd_gc(args: argparse.Namespace, out: TextIO) -> int:
+    with Store.open(args.path, mode="a") as store:
+        report = store.gc()
+    if args.json:
+        _dump(report, out)
+    else:
+        out.write(
+            f"{args.path}: removed {report['removed_files']:,} orphan payload file(s), "
+            f"{report['removed_bytes']:,} bytes\n"
+        )
+    return 0
+
+
+# -- parser ---------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``lazyvault`` command."""
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog=PROG, description=_DESCRIPTION, epilog=_EPILOG, formatter_class=fmt
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def add(
+        name: str, summary: str, example: str, func: Callable[[argparse.Namespace, TextIO], int]
+    ) -> argparse.ArgumentParser:
+        p = sub.add_parser(
+            name,
+            help=summary,
+            description=summary,
+            epilog=f"example:\n  {example}",
+            formatter_class=fmt,
+        )
+        p.set_defaults(func=func)
+        return p
+
+    p = add(
+        "demo",
+        "ingest Debian's visp-images-data camera frames, query them, print the figures",
+        "lazyvault demo --limit 100 --keep   # then: lazyvault ls <store> 'width >= 640'",
+        _cmd_demo,
+    )
+    p.add_argument(
+        "--data",
+        metavar="DIR",
+        default=DEFAULT_DATA_DIR,
+        help=f"the ViSP-images directory (default: {DEFAULT_DATA_DIR})",
+    )
+    p.add_argument(
+        "--store",
+        metavar="PATH",
+        default=None,
+        help="create the store here (must not exist; kept). Default: a new temporary "
+        "directory, removed at the end unless --keep",
+    )
+    p.add_argument("--limit", metavar="N", type=int, default=None, help="ingest at most N frames")
+    p.add_argument("--keep", action="store_true", help="keep the temporary store")
+    p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+
+    p = add(
+        "ls",
+        "list the keys of a store, or of the records matching a query",
+        "lazyvault ls runs.lv \"temperature > 250 and material == 'Si'\"",
+        _cmd_ls,
+    )
+    p.add_argument("path", metavar="PATH", help="the store")
+    p.add_argument("expr", metavar="EXPR", nargs="?", help="a query (see store/QUERY.md)")
+    p.add_argument("--json", action="store_true", help="print a JSON list")
+
+    p = add(
+        "show",
+        "show one record: repr, metadata as JSON, arrays (shape, dtype, nbytes, order); "
+        "reads no payload",
+        "lazyvault show runs.lv run-001",
+        _cmd_show,
+    )
+    p.add_argument("path", metavar="PATH", help="the store")
+    p.add_argument("key", metavar="KEY", help="the record's key")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = add(
+        "verify",
+        "check every record against its payload files (exit 1 if there are problems)",
+        "lazyvault verify runs.lv --json",
+        _cmd_verify,
+    )
+    p.add_argument("path", metavar="PATH", help="the store")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    p = add(
+        "gc",
+        "remove payload files that no record references (left by a crash)",
+        "lazyvault gc runs.lv",
+        _cmd_gc,
+    )
+    p.add_argument("path", metavar="PATH", help="the store (opened for writing)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    return parser
+
+
+def _message(error: BaseException) -> str:
+    if isinstance(error, KeyError) and len(error.args) == 1:
+        return str(error.args[0])  # KeyError's str() adds quotes
+    return str(error) or type(error).__name__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the ``lazyvault`` command with ``argv`` (default ``sys.argv[1:]``)
+    and returns its exit status (usage errors return 2 instead of exiting)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version, usage errors
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    if args.command is None:
+        parser.print_usage(sys.stderr)
+        print(f"{PROG}: error: a command is required (try '{PROG} --help')", file=sys.stderr)
+        return 2
+    try:
+        return int(args.func(args, sys.stdout))
+    except LazyvaultError as e:
+        print(f"{PROG}: {_message(e)}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        # `lazyvault ls big.lv | head`: stop quietly, as coreutils do.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1

@@ -1,0 +1,261 @@
+"""Tests of the ``lazyvault`` command line, run as ``python -m lazyvault`` in a
+subprocess and through ``main([...])`` in-process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import lazyvault as lv
+import numpy as np
+import pytest
+from lazyvault._cli import main
+from lazyvault.demo import DEFAULT_DATA_DIR
+
+KEYS = ["a/b c", "f", "run-001", "run-002", "run-003"]  # code point order
+
+
+def cli(*args: str | os.PathLike[str], cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Runs ``python -m lazyvault ARGS`` and returns the completed process."""
+    return subprocess.run(
+        [sys.executable, "-m", "lazyvault", *map(os.fspath, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+    )
+
+
+@pytest.fixture
+def small_store(tmp_path: Path) -> Path:
+    path = tmp_path / "small.lv"
+    with lv.Store.open(path, mode="w") as store:
+        store["run-001"] = {
+            "temperature": 300.0,
+            "material": "Si",
+            "positions": np.zeros((10, 3)),
+        }
+        store["run-002"] = {
+            "temperature": 200.0,
+            "material": "Ge",
+            "positions": np.ones((5, 3)),
+            "mask": np.ones(4, dtype=bool),
+        }
+        store["run-003"] = {"temperature": 350.0, "material": "Si", "note": "ünïcode"}
+        store["a/b c"] = {"temperature": 10}
+        store["f"] = {"w": np.asfortranarray(np.zeros((3, 4), dtype=">f4"))}
+    return path
+
+
+def assert_error(proc: subprocess.CompletedProcess, code: int, *needles: str) -> None:
+    assert proc.returncode == code, proc.stderr
+    assert proc.stderr.startswith("lazyvault: "), proc.stderr
+    assert "Traceback" not in proc.stderr
+    for needle in needles:
+        assert needle in proc.stderr
+
+
+# -- ls ---------------------------------------------------------------------------
+
+
+def test_ls_lists_every_key(small_store: Path) -> None:
+    proc = cli("ls", small_store)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == KEYS
+    assert proc.stderr == ""
+
+
+def test_ls_json(small_store: Path) -> None:
+    proc = cli("ls", small_store, "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == KEYS
+
+
+def test_ls_query(small_store: Path) -> None:
+    proc = cli("ls", small_store, "temperature > 250 and material == 'Si'", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == ["run-001", "run-003"]
+    proc = cli("ls", small_store, "positions.shape[0] >= 10")
+    assert proc.stdout.splitlines() == ["run-001"]
+
+
+def test_ls_bad_query_is_an_error_with_its_column(small_store: Path) -> None:
+    proc = cli("ls", small_store, "temperature >> 3")
+    assert_error(proc, 1, "column")
+    assert proc.stdout == ""
+
+
+def test_missing_store(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.lv"
+    for command in (["ls"], ["show", "k"], ["verify"]):
+        proc = cli(command[0], missing, *command[1:])
+        assert_error(proc, 1, "no such store", "nope.lv")
+    assert not missing.exists()  # read-only opens create nothing
+
+
+def test_locked_store(small_store: Path) -> None:
+    with lv.Store.open(small_store, mode="a"):
+        proc = cli("ls", small_store)
+    assert_error(proc, 1, "locked")
+
+
+# -- show -------------------------------------------------------------------------
+
+
+def test_show_text(small_store: Path) -> None:
+    proc = cli("show", small_store, "run-002")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.startswith("<lazyvault.Record 'run-002'")
+    assert '"material": "Ge"' in out and '"temperature": 200.0' in out
+    assert "positions  shape=(5, 3)  dtype=float64  nbytes=120  order=C" in out
+    assert "mask       shape=(4,)  dtype=bool  nbytes=4  order=C" in out
+
+
+def test_show_json(small_store: Path) -> None:
+    proc = cli("show", small_store, "run-002", "--json")
+    assert proc.returncode == 0, proc.stderr
+    shown = json.loads(proc.stdout)
+    assert shown["key"] == "run-002"
+    assert shown["meta"] == {"temperature": 200.0, "material": "Ge"}
+    assert shown["arrays"] == {
+        "positions": {"shape": [5, 3], "dtype": "float64", "nbytes": 120, "order": "C"},
+        "mask": {"shape": [4], "dtype": "bool", "nbytes": 4, "order": "C"},
+    }
+    assert shown["repr"].startswith("<lazyvault.Record 'run-002'")
+    fortran = json.loads(cli("show", small_store, "f", "--json").stdout)
+    assert fortran["arrays"]["w"] == {"shape": [3, 4], "dtype": ">f4", "nbytes": 48, "order": "F"}
+    unicode = json.loads(cli("show", small_store, "run-003", "--json").stdout)
+    assert unicode["meta"]["note"] == "ünïcode" and unicode["arrays"] == {}
+
+
+def test_show_reads_no_payload(small_store: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "copy.lv"
+    shutil.copytree(small_store, copy)
+    for payload in (copy / "arrays").rglob("*.npy"):
+        payload.unlink()
+    proc = cli("show", copy, "run-001", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["arrays"]["positions"]["shape"] == [10, 3]
+
+
+def test_show_missing_key(small_store: Path) -> None:
+    assert_error(cli("show", small_store, "run-999"), 1, "no record 'run-999'")
+
+
+# -- verify and gc ------------------------------------------------------------------
+
+
+def test_verify_ok(small_store: Path) -> None:
+    proc = cli("verify", small_store)
+    assert proc.returncode == 0, proc.stderr
+    assert ": ok: 5 records, 4 arrays checked" in proc.stdout
+    report = json.loads(cli("verify", small_store, "--json").stdout)
+    assert report["ok"] is True and report["records"] == 5 and report["arrays"] == 4
+    assert report["problems"] == [] and report["orphans"] == []
+
+
+def test_verify_problems_exit_1(small_store: Path) -> None:
+    victim = next((small_store / "arrays").rglob("*.npy"))
+    victim.unlink()
+    proc = cli("verify", small_store)
+    assert proc.returncode == 1
+    assert "problem:" in proc.stdout and victim.name in proc.stdout
+    proc = cli("verify", small_store, "--json")
+    assert proc.returncode == 1
+    report = json.loads(proc.stdout)
+    assert report["ok"] is False and len(report["problems"]) == 1
+
+
+def test_gc_removes_orphans(small_store: Path) -> None:
+    original = next((small_store / "arrays").rglob("*.npy"))
+    orphan = small_store / "arrays" / "ab" / ("ab" + "0" * 30 + ".npy")
+    orphan.parent.mkdir(exist_ok=True)
+    shutil.copy(original, orphan)
+    proc = cli("verify", small_store)
+    assert proc.returncode == 0  # orphans are not problems
+    assert "1 orphan payload file" in proc.stdout and orphan.name in proc.stdout
+    size = orphan.stat().st_size
+    proc = cli("gc", small_store, "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"removed_files": 1, "removed_bytes": size}
+    assert not orphan.exists() and original.exists()
+    assert "removed 0 orphan" in cli("gc", small_store).stdout
+
+
+# -- usage --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [[], ["bogus"], ["ls"], ["show", "x.lv"], ["verify", "a", "b"], ["demo", "--limit", "x"]],
+    ids=["nothing", "unknown", "ls-no-path", "show-no-key", "verify-extra", "demo-bad-limit"],
+)
+def test_usage_errors_exit_2(args: list[str]) -> None:
+    proc = cli(*args)
+    assert proc.returncode == 2
+    assert "usage: lazyvault" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_help_has_an_example_per_subcommand() -> None:
+    proc = cli("--help")
+    assert proc.returncode == 0
+    for command in ("demo", "ls", "show", "verify", "gc"):
+        assert f"lazyvault {command} " in proc.stdout
+        sub = cli(command, "--help")
+        assert sub.returncode == 0
+        assert "example:" in sub.stdout and f"lazyvault {command}" in sub.stdout
+
+
+# -- in-process main() ----------------------------------------------------------------
+
+
+def test_main_in_process(small_store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["ls", str(small_store)]) == 0
+    assert capsys.readouterr().out.splitlines() == KEYS
+    assert main(["verify", str(small_store), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"] is True
+    assert main(["show", str(small_store), "run-001", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["meta"]["material"] == "Si"
+    # main() released the store each time: it can be opened for writing now.
+    with lv.Store.open(small_store, mode="a") as store:
+        assert len(store) == 5
+    assert main(["ls", str(small_store / "nope")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("lazyvault: ") and "no such store" in err
+    assert main([]) == 2
+    assert main(["--help"]) == 0
+    assert "examples:" in capsys.readouterr().out
+    assert main(["show"]) == 2
+
+
+# -- demo -------------------------------------------------------------------------------
+
+
+def test_demo_without_data_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--data", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert "apt-get install visp-images-data" in err and "--data" in err
+    proc = cli("demo", "--data", tmp_path / "nope")
+    assert proc.returncode == 2 and "apt-get install visp-images-data" in proc.stderr
+
+
+@pytest.mark.skipif(not Path(DEFAULT_DATA_DIR).is_dir(), reason="apt-get install visp-images-data")
+def test_demo_json(tmp_path: Path) -> None:
+    proc = cli("demo", "--limit", "12", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    figures = json.loads(proc.stdout)
+    assert figures["records"] == 12 and figures["kept"] is False
+    assert not Path(figures["store"]).exists()
+    assert [q["expr"] for q in figures["queries"]]
+    store = tmp_path / "kept.lv"
+    proc = cli("demo", "--limit", "12", "--store", store)
+    assert proc.returncode == 0, proc.stderr
+    assert "payload bytes faulted in vs stored" in proc.stdout
+    assert cli("ls", store).stdout.count("\n") == 12
+    assert_error(cli("demo", "--limit", "12", "--store", store), 1, "kept.lv")
