@@ -304,3 +304,34 @@ def test_field_names_colliding_with_the_proxy_stay_reachable(store: lv.Store) ->
     assert callable(rec.load)
     with pytest.raises(AttributeError):
         rec.nonexistent
+
+
+# -- regressions ----------------------------------------------------------------------
+
+
+def test_user_dict_keys_named_like_layout_nodes_load_without_pickle(store: lv.Store) -> None:
+    # found while writing FORMAT.md: needs_pickle() read user keys as node kinds
+    obj = {"pickle": 0, "object": 1, "array": "x", "dict": {"list": [1]}, "a": np.arange(2)}
+    store["k"] = obj
+    back = store["k"].load()
+    assert back["pickle"] == 0 and back["object"] == 1 and back["dict"] == {"list": [1]}
+    assert back["a"].tolist() == [0, 1]
+
+
+def test_floats_round_trip_exactly_through_metadata(store: lv.Store) -> None:
+    # found while writing FORMAT.md: serde_json without float_roundtrip changed 1 ULP
+    rng = np.random.default_rng(1)
+    values = [float(v) for v in rng.standard_normal(2000) * 10.0 ** rng.integers(-300, 300, 2000)]
+    values += [5e-324, 1.7976931348623157e308, 0.1 + 0.2, -0.0]
+    store["k"] = {"values": values}
+    assert store["k"].values == values
+    assert store["k"].load()["values"] == values
+
+
+def test_keys_that_are_not_valid_unicode_raise_invalid_key_error(store: lv.Store) -> None:
+    # found while writing FORMAT.md: a lone surrogate raised a raw UnicodeEncodeError
+    with pytest.raises(lv.InvalidKeyError):
+        store["\ud800"] = {"v": 1}
+    with pytest.raises(lv.InvalidKeyError):
+        store["\ud800"]
+    assert len(store) == 0

@@ -84,7 +84,8 @@ pub fn meta_from_json(text: &str) -> PyResult<Map<String, Value>> {
 
 /// Parses the layout JSON.
 pub fn layout_from_json(text: &str) -> PyResult<Value> {
-    serde_json::from_str(text).map_err(|e| PyValueError::new_err(format!("layout is not JSON: {e}")))
+    serde_json::from_str(text)
+        .map_err(|e| PyValueError::new_err(format!("layout is not JSON: {e}")))
 }
 
 /// The array entry described by the Python layer's record dict fields.

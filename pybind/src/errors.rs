@@ -35,7 +35,11 @@ pub fn to_pyerr(err: Error) -> PyErr {
                 raise(
                     py,
                     "StorageError",
-                    (errno, source.to_string(), path.to_string_lossy().into_owned()),
+                    (
+                        errno,
+                        source.to_string(),
+                        path.to_string_lossy().into_owned(),
+                    ),
                     &[],
                 )
             }
@@ -43,7 +47,12 @@ pub fn to_pyerr(err: Error) -> PyErr {
                 py,
                 "StoreLockedError",
                 (msg,),
-                &[("pid", pid.into_pyobject(py).map(|p| p.unbind()).unwrap_or_else(|_| py.None()))],
+                &[(
+                    "pid",
+                    pid.into_pyobject(py)
+                        .map(|p| p.unbind())
+                        .unwrap_or_else(|_| py.None()),
+                )],
             ),
             Error::Exists(_) => raise(py, "StoreExistsError", (msg,), &[]),
             Error::NotFound(_) => raise(py, "StoreNotFoundError", (msg,), &[]),
@@ -63,24 +72,35 @@ pub fn to_pyerr(err: Error) -> PyErr {
             Error::Forked { .. } => raise(py, "ForkedStoreError", (msg,), &[]),
             Error::EmptyKey => raise(py, "InvalidKeyError", (msg,), &[]),
             Error::InvalidArray { .. } => raise(py, "InvalidArrayError", (msg,), &[]),
-            Error::Query(q) => {
-                raise(
-                    py,
-                    "QueryError",
-                    (msg.clone(),),
-                    &[
-                        ("column", q.column.into_pyobject(py).unwrap().into_any().unbind()),
-                        (
-                            "expression",
-                            q.expression.clone().into_pyobject(py).unwrap().into_any().unbind(),
-                        ),
-                        (
-                            "reason",
-                            q.message.clone().into_pyobject(py).unwrap().into_any().unbind(),
-                        ),
-                    ],
-                )
-            }
+            Error::Query(q) => raise(
+                py,
+                "QueryError",
+                (msg.clone(),),
+                &[
+                    (
+                        "column",
+                        q.column.into_pyobject(py).unwrap().into_any().unbind(),
+                    ),
+                    (
+                        "expression",
+                        q.expression
+                            .clone()
+                            .into_pyobject(py)
+                            .unwrap()
+                            .into_any()
+                            .unbind(),
+                    ),
+                    (
+                        "reason",
+                        q.message
+                            .clone()
+                            .into_pyobject(py)
+                            .unwrap()
+                            .into_any()
+                            .unbind(),
+                    ),
+                ],
+            ),
             _ => raise(py, "LazyvaultError", (msg,), &[]),
         }
     })

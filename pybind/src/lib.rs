@@ -16,7 +16,10 @@ fn _lazyvault(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(array::map_array, m)?)?;
     m.add_function(wrap_pyfunction!(array::read_array_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(store::check_query, m)?)?;
-    m.add("FORMAT_VERSION", lazyvault_store::schema::FORMAT_VERSION.to_string())?;
+    m.add(
+        "FORMAT_VERSION",
+        lazyvault_store::schema::FORMAT_VERSION.to_string(),
+    )?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

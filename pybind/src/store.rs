@@ -13,7 +13,9 @@ use crate::errors::IntoPy;
 /// Parses `expr` and raises `QueryError` if it is not a valid query.
 #[pyfunction]
 pub fn check_query(expr: &str) -> PyResult<()> {
-    Query::parse(expr).map_err(lazyvault_store::Error::from).py_err()?;
+    Query::parse(expr)
+        .map_err(lazyvault_store::Error::from)
+        .py_err()?;
     Ok(())
 }
 

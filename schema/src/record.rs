@@ -8,7 +8,7 @@ use crate::SchemaError;
 
 /// Directory (relative to the store root) holding the payload files.
 pub const PAYLOAD_DIR: &str = "arrays";
-/// Length of a payload id: 128 random bits as lowercase hex.
+/// Length of a payload id: a random (version 4) UUID as 32 lowercase hex digits.
 pub const PAYLOAD_ID_LEN: usize = 32;
 
 /// One array payload of a record: a standard `.npy` file named by `id`.
@@ -82,9 +82,9 @@ impl ArrayEntry {
                 self.id
             )));
         }
-        if self.data_offset % 64 != 0 {
+        if self.data_offset < 64 || !self.data_offset.is_multiple_of(64) {
             return Err(SchemaError::InvalidRecord(format!(
-                "array {name:?}: data offset {} is not 64-byte aligned",
+                "array {name:?}: data offset {} is not a positive multiple of 64",
                 self.data_offset
             )));
         }
@@ -101,7 +101,9 @@ impl ArrayEntry {
 
     /// Number of elements (1 for a 0-d array); `None` on overflow.
     pub fn len(&self) -> Option<u64> {
-        self.shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        self.shape
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
     }
 
     /// Whether the array has no elements.
@@ -113,11 +115,10 @@ impl ArrayEntry {
 impl Record {
     /// Decodes and validates a record from its JSON bytes.
     pub fn from_json(bytes: &[u8]) -> Result<Self, SchemaError> {
-        let record: Record =
-            serde_json::from_slice(bytes).map_err(|e| SchemaError::Malformed {
-                what: "record",
-                detail: e.to_string(),
-            })?;
+        let record: Record = serde_json::from_slice(bytes).map_err(|e| SchemaError::Malformed {
+            what: "record",
+            detail: e.to_string(),
+        })?;
         record.validate()?;
         Ok(record)
     }
@@ -187,7 +188,9 @@ mod tests {
             let e = entry(id);
             assert!(e.validate("x").is_err(), "{id:?} accepted");
         }
-        assert!(entry("00112233445566778899aabbccddeeff").validate("x").is_ok());
+        assert!(entry("00112233445566778899aabbccddeeff")
+            .validate("x")
+            .is_ok());
     }
 
     #[test]
@@ -203,7 +206,10 @@ mod tests {
     #[test]
     fn relpath_uses_the_id_only() {
         let e = entry("abcdef00112233445566778899aabbcc");
-        assert_eq!(e.relpath(), "arrays/ab/abcdef00112233445566778899aabbcc.npy");
+        assert_eq!(
+            e.relpath(),
+            "arrays/ab/abcdef00112233445566778899aabbcc.npy"
+        );
         assert_eq!(e.len(), Some(12));
     }
 }

@@ -22,7 +22,11 @@ pub enum Error {
     Io { path: PathBuf, source: io::Error },
     /// Another `Store` (in this or another process) holds the store.
     #[error("store {path} is locked by {holder}; one writer process at a time (pass records or export a .lvz to share data)")]
-    Locked { path: PathBuf, holder: String, pid: Option<u32> },
+    Locked {
+        path: PathBuf,
+        holder: String,
+        pid: Option<u32>,
+    },
     /// Mode `"w"` on a path that exists.
     #[error("{0}: already exists (mode 'w' creates a new store)")]
     Exists(PathBuf),

@@ -35,16 +35,13 @@ pub(crate) struct Index {
 impl Index {
     /// Opens or creates the index in `dir`.
     pub(crate) fn open(dir: &Path) -> Result<Index> {
-        let db = sled::Config::new()
-            .path(dir)
-            .open()
-            .map_err(|e| match e {
-                sled::Error::Io(io) => Error::Io {
-                    path: dir.to_owned(),
-                    source: io,
-                },
-                other => Error::Index(format!("{}: {other}", dir.display())),
-            })?;
+        let db = sled::Config::new().path(dir).open().map_err(|e| match e {
+            sled::Error::Io(io) => Error::Io {
+                path: dir.to_owned(),
+                source: io,
+            },
+            other => Error::Index(format!("{}: {other}", dir.display())),
+        })?;
         let tree = db.open_tree("lazyvault").map_err(index_err)?;
         Ok(Index { db, tree })
     }

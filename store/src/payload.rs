@@ -208,8 +208,8 @@ pub fn map_payload(root: &Path, entry: &ArrayEntry) -> Result<MappedPayload> {
     let len = usize::try_from(entry.nbytes).map_err(|_| too_big())?;
     // SAFETY: payload files are immutable once renamed into place and never
     // truncated by lazyvault (invariant 2); the length was checked above.
-    let map = unsafe { MmapOptions::new().len(offset + len).map(&file) }
-        .map_err(Error::io(&path))?;
+    let map =
+        unsafe { MmapOptions::new().len(offset + len).map(&file) }.map_err(Error::io(&path))?;
     Ok(MappedPayload {
         map: Some(map),
         offset,

@@ -14,7 +14,9 @@ use std::cmp::Ordering;
 use std::fmt;
 use std::str::FromStr;
 
-use serde_json::{Map, Value};
+/// The JSON types of [`RecordView::meta`], re-exported so that implementors and
+/// callers use the same `serde_json` as this crate.
+pub use serde_json::{Map, Value};
 
 /// Longest accepted query source, in bytes.
 pub const MAX_QUERY_BYTES: usize = 64 * 1024;
@@ -106,7 +108,7 @@ impl fmt::Display for QueryError {
 
 /// A parsed query: parse once, evaluate many times.
 ///
-/// ```ignore
+/// ```text
 /// let q: Query = "temperature > 250 and material == 'Si'".parse()?;
 /// let hits = records.iter().filter(|r| q.matches(*r));
 /// ```
@@ -496,11 +498,18 @@ impl<'s> Lexer<'s> {
             }
         }
         if self.peek().is_some_and(is_ident_continue) {
+            let number_end = self.pos;
             while self.peek().is_some_and(is_ident_continue) {
                 self.bump();
             }
             let text = &self.src[start..self.pos];
-            return Err(self.error(col, format!("invalid number '{}'", shorten(text))));
+            let rest = &self.src[number_end..self.pos];
+            let hint = if KEYWORDS.contains(&rest) {
+                format!(": add a space before '{rest}'")
+            } else {
+                String::new()
+            };
+            return Err(self.error(col, format!("invalid number '{}'{hint}", shorten(text))));
         }
         let text = &self.src[start..self.pos];
         if !float {
@@ -790,11 +799,7 @@ impl<'s> Parser<'s> {
             self.advance()?;
             items.push(self.parse_and()?);
         }
-        Ok(if items.len() == 1 {
-            items.pop().expect("one item")
-        } else {
-            Node::Or(items)
-        })
+        Ok(one_or(items, Node::Or))
     }
 
     fn parse_and(&mut self) -> Result<Node, QueryError> {
@@ -803,11 +808,7 @@ impl<'s> Parser<'s> {
             self.advance()?;
             items.push(self.parse_not()?);
         }
-        Ok(if items.len() == 1 {
-            items.pop().expect("one item")
-        } else {
-            Node::And(items)
-        })
+        Ok(one_or(items, Node::And))
     }
 
     fn parse_not(&mut self) -> Result<Node, QueryError> {
@@ -880,25 +881,16 @@ impl<'s> Parser<'s> {
         if ops.is_empty() {
             return Err(self.bare_operand(&operands[0], first));
         }
-        if ops.len() == 1 {
-            let rhs = operands.pop().expect("two operands");
-            let lhs = operands.pop().expect("two operands");
-            return Ok(Node::Compare {
-                lhs,
-                op: ops[0],
-                rhs,
-            });
-        }
-        Ok(Node::And(
-            ops.iter()
-                .enumerate()
-                .map(|(i, op)| Node::Compare {
-                    lhs: operands[i].clone(),
-                    op: *op,
-                    rhs: operands[i + 1].clone(),
-                })
-                .collect(),
-        ))
+        let compares = ops
+            .iter()
+            .zip(operands.windows(2))
+            .map(|(op, pair)| Node::Compare {
+                lhs: pair[0].clone(),
+                op: *op,
+                rhs: pair[1].clone(),
+            })
+            .collect();
+        Ok(one_or(compares, Node::And))
     }
 
     /// The error for an operand that is not followed by a comparison operator.
@@ -968,7 +960,12 @@ impl<'s> Parser<'s> {
                 Tok::Dot => {
                     self.advance()?;
                     let Tok::Ident(seg) = &self.cur.tok else {
-                        return Err(self.unexpected("a field name after '.'"));
+                        let mut e = self.unexpected("a field name after '.'");
+                        if let Tok::Int(n) = self.cur.tok {
+                            e.message
+                                .push_str(&format!(" (write [{n}] to index a list)"));
+                        }
+                        return Err(e);
                     };
                     let seg = seg.clone();
                     let seg_tok = self.advance()?;
@@ -1144,7 +1141,9 @@ impl<'s> Parser<'s> {
         };
         let (mut args, close) = self.parse_args()?;
         self.check_arity(&format!("{name}()"), &args, &close)?;
-        let (arg, _) = args.pop().expect("arity checked");
+        let Some((arg, _)) = args.pop() else {
+            return Err(self.error(close.col, format!("{name}() takes exactly one argument")));
+        };
         Ok(Node::Method {
             target,
             method,
@@ -1214,6 +1213,14 @@ impl<'s> Parser<'s> {
         self.advance()?;
         self.leave();
         Ok(Value::Array(items))
+    }
+}
+
+/// The only node of `nodes`, or `combine(nodes)` when there are several.
+fn one_or(nodes: Vec<Node>, combine: fn(Vec<Node>) -> Node) -> Node {
+    match <[Node; 1]>::try_from(nodes) {
+        Ok([node]) => node,
+        Err(nodes) => combine(nodes),
     }
 }
 
@@ -1510,7 +1517,7 @@ fn lookup<'a>(meta: &'a Map<String, Value>, segs: &[Seg]) -> Option<&'a Value> {
             Seg::Field(name) => value.as_object()?.get(name)?,
             Seg::Index(i) => {
                 let items = value.as_array()?;
-                &items[list_index(*i, items.len())?]
+                items.get(list_index(*i, items.len())?)?
             }
         };
     }
@@ -1529,7 +1536,7 @@ fn path_value<'a, R: RecordView + ?Sized>(path: &'a PathExpr, rec: &'a R) -> Opt
     Some(match fact.kind {
         FactKind::Shape => match fact.index {
             None => V::List(List::Dims(array.shape)),
-            Some(i) => V::Num(Num::U(array.shape[list_index(i, array.shape.len())?])),
+            Some(i) => V::Num(Num::U(*array.shape.get(list_index(i, array.shape.len())?)?)),
         },
         FactKind::Dtype => V::Dtype {
             name: array.dtype,
@@ -1591,5 +1598,1986 @@ fn eval<R: RecordView + ?Sized>(node: &Node, rec: &R) -> bool {
             (Some(t), Some(a)) => apply_method(*method, t, a),
             _ => false,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    // -- fixtures -----------------------------------------------------------
+
+    #[derive(Debug, Clone)]
+    struct TestArray {
+        name: String,
+        shape: Vec<u64>,
+        dtype: String,
+        descr: String,
+        nbytes: u64,
+    }
+
+    #[derive(Debug, Clone)]
+    struct TestRecord {
+        key: String,
+        meta: Map<String, Value>,
+        arrays: Vec<TestArray>,
+    }
+
+    impl TestRecord {
+        fn new(meta: Value) -> Self {
+            Self::keyed("run-001", meta)
+        }
+
+        fn keyed(key: &str, meta: Value) -> Self {
+            let Value::Object(meta) = meta else {
+                panic!("metadata must be an object")
+            };
+            TestRecord {
+                key: key.to_owned(),
+                meta,
+                arrays: Vec::new(),
+            }
+        }
+
+        fn with_array(mut self, name: &str, shape: &[u64], dtype: &str, descr: &str) -> Self {
+            let itemsize: u64 = descr
+                .chars()
+                .filter(char::is_ascii_digit)
+                .collect::<String>()
+                .parse()
+                .unwrap_or(1);
+            self.arrays.push(TestArray {
+                name: name.to_owned(),
+                shape: shape.to_vec(),
+                dtype: dtype.to_owned(),
+                descr: descr.to_owned(),
+                nbytes: shape.iter().fold(itemsize, |acc, &d| acc.saturating_mul(d)),
+            });
+            self
+        }
+    }
+
+    impl RecordView for TestRecord {
+        fn key(&self) -> &str {
+            &self.key
+        }
+
+        fn meta(&self) -> &Map<String, Value> {
+            &self.meta
+        }
+
+        fn array(&self, name: &str) -> Option<ArrayFacts<'_>> {
+            self.arrays
+                .iter()
+                .find(|a| a.name == name)
+                .map(|a| ArrayFacts {
+                    shape: &a.shape,
+                    dtype: &a.dtype,
+                    descr: &a.descr,
+                    nbytes: a.nbytes,
+                })
+        }
+    }
+
+    fn sample() -> TestRecord {
+        TestRecord::new(json!({
+            "temperature": 300.0,
+            "material": "Si",
+            "count": 7,
+            "ok": true,
+            "nothing": null,
+            "params": {"lr": 0.001, "learning-rate": 0.01, "layers": [64, 32], "name": "adam"},
+            "tags": ["a", "b", "c"],
+            "key": "meta-key",
+            "meta": "meta-meta",
+            "ünïcode": 1,
+            "温度": 25,
+        }))
+        .with_array("image", &[480, 640], "uint8", "'|u1'")
+        .with_array("params/w", &[3, 4], "float64", "'<f8'")
+        .with_array("frames/0", &[10], "float32", "'<f4'")
+        .with_array("scalar", &[], "int64", "'<i8'")
+    }
+
+    fn query(src: &str) -> Query {
+        Query::parse(src).unwrap_or_else(|e| panic!("{:?} should parse:\n{e}", shorten(src)))
+    }
+
+    fn check(src: &str, rec: &TestRecord) -> bool {
+        query(src).matches(rec)
+    }
+
+    /// Asserts that each query matches `rec` (`want = true`) or does not.
+    fn expect_all(rec: &TestRecord, want: bool, sources: &[&str]) {
+        for src in sources {
+            assert_eq!(check(src, rec), want, "{src:?} should give {want}");
+        }
+    }
+
+    fn parse_err(src: &str) -> QueryError {
+        match Query::parse(src) {
+            Ok(q) => panic!("{:?} should not parse, got {q:?}", shorten(src)),
+            Err(e) => e,
+        }
+    }
+
+    fn assert_err(src: &str, column: usize, fragment: &str) {
+        let e = parse_err(src);
+        let short = shorten(src);
+        assert_eq!(e.column, column, "column for {short:?}: {}", e.message);
+        assert!(
+            e.message.contains(fragment),
+            "message for {short:?} should contain {fragment:?}: {}",
+            e.message
+        );
+        assert_eq!(e.expression, src);
+    }
+
+    // -- literals -----------------------------------------------------------
+
+    #[test]
+    fn number_literals() {
+        let rec = TestRecord::new(json!({"count": 7, "t": 300.0, "lr": 0.001, "neg": -5, "z": 0}));
+        expect_all(
+            &rec,
+            true,
+            &[
+                "count == 7",
+                "count == 7.0",
+                "count == 7.",
+                "count == 7e0",
+                "count == 70E-1",
+                "count < 7.5",
+                "count > -1",
+                "t == 300",
+                "t == 3e2",
+                "t == 3.0E+2",
+                "lr == 1e-3",
+                "lr == 0.001",
+                "neg == -5",
+                "neg == - 5",
+                "neg < -4.5",
+                "neg == -5.0",
+                "z == -0",
+                "z == -0.0",
+                "z == 0.0",
+            ],
+        );
+        expect_all(
+            &rec,
+            false,
+            &["count == 7.000001", "neg == 5", "lr == 1e-4"],
+        );
+    }
+
+    #[test]
+    fn string_literals_and_escapes() {
+        let rec =
+            TestRecord::new(json!({"s": "it's \"q\"\n\t\\ é 😀", "e": "", "nul": "a\u{0}b/"}));
+        expect_all(
+            &rec,
+            true,
+            &[
+                r#"s == 'it\'s "q"\n\t\\ é 😀'"#,
+                r#"s == "it's \"q\"\n\t\\ \u00e9 \ud83d\ude00""#,
+                r#"s == 'it\'s \"q\"\n\t\\ \u00E9 \U0001F600'"#,
+                "e == ''",
+                "e == \"\"",
+                r"nul == 'a\0b\/'",
+            ],
+        );
+        expect_all(&rec, false, &["s == 'it'", "e == ' '"]);
+    }
+
+    #[test]
+    fn bool_and_null_literals_in_both_spellings() {
+        let rec = TestRecord::new(json!({"ok": true, "bad": false, "nothing": null}));
+        expect_all(
+            &rec,
+            true,
+            &[
+                "ok == true",
+                "ok == True",
+                "ok != false",
+                "ok != False",
+                "bad == false",
+                "nothing == null",
+                "nothing == None",
+                "null == nothing",
+                "ok == ok",
+            ],
+        );
+        expect_all(
+            &rec,
+            false,
+            &["ok == false", "ok == 1", "bad == 0", "nothing == false"],
+        );
+    }
+
+    #[test]
+    fn list_literals() {
+        let rec = sample();
+        expect_all(
+            &rec,
+            true,
+            &[
+                "tags == ['a', 'b', 'c']",
+                "tags == ['a', 'b', 'c',]",
+                "params.layers == [64, 32.0]",
+                "tags != ['a']",
+                "tags != ['a', 'b', 'd']",
+                "count in [1, 'x', 7]",
+                "tags in [['a', 'b', 'c'], 1]",
+                "[1, 2] == [1.0, 2]",
+                "[] == []",
+                "params.layers in [[], [64, 32]]",
+            ],
+        );
+        expect_all(
+            &rec,
+            false,
+            &[
+                "tags == ['c', 'b', 'a']",
+                "tags == []",
+                "count in []",
+                "tags == 'a'",
+            ],
+        );
+    }
+
+    // -- paths ----------------------------------------------------------------
+
+    #[test]
+    fn dotted_indexed_and_bracketed_paths() {
+        let rec = sample();
+        expect_all(
+            &rec,
+            true,
+            &[
+                "params.lr < 1e-2",
+                "params[\"learning-rate\"] == 0.01",
+                "params['learning-rate'] == 0.01",
+                "params['lr'] == params.lr",
+                "tags[0] == 'a'",
+                "tags[-1] == 'c'",
+                "tags[-3] == 'a'",
+                "params.layers[1] == 32",
+                "params['layers'][-2] == 64",
+                "ünïcode == 1",
+                "温度 == 25",
+                "exists(params.name)",
+            ],
+        );
+        expect_all(
+            &rec,
+            false,
+            &[
+                "tags[3] == 'a'",
+                "tags[-4] == 'a'",
+                "tags.x == 'a'",
+                "params[0] == 1",
+                "material[0] == 'S'",
+                "params.lr.x == 1",
+            ],
+        );
+    }
+
+    #[test]
+    fn key_and_meta_roots() {
+        let rec = sample();
+        expect_all(
+            &rec,
+            true,
+            &[
+                "key == 'run-001'",
+                "key != 'meta-key'",
+                "key < 's'",
+                "key in ['run-001', 'run-002']",
+                "key.startswith('run-')",
+                "key.endswith('001')",
+                "key.contains('n-0')",
+                "meta.key == 'meta-key'",
+                "meta['key'] == 'meta-key'",
+                "meta.meta == 'meta-meta'",
+                "meta.params.lr == 0.001",
+                "meta.tags[-1] == 'c'",
+                "exists(key)",
+                "exists(meta.key)",
+                "meta.key.startswith('meta-')",
+            ],
+        );
+        let mire = TestRecord::keyed("mire-2/run 7", json!({}));
+        assert!(check("key.startswith('mire-2/')", &mire));
+        assert!(check("key == 'mire-2/run 7'", &mire));
+        assert!(!check("key.startswith('mire-3/')", &mire));
+    }
+
+    // -- array facts -----------------------------------------------------------
+
+    #[test]
+    fn array_facts() {
+        let rec = sample();
+        expect_all(
+            &rec,
+            true,
+            &[
+                "image.shape == [480, 640]",
+                "image.shape == [480.0, 640]",
+                "image.shape != [640, 480]",
+                "image.shape[0] > 300",
+                "image.shape[1] == 640",
+                "image.shape[-1] == 640",
+                "image['shape'][0] == 480",
+                "image.ndim == 2",
+                "image.size == 307200",
+                "image.nbytes == 307200",
+                "image.dtype == 'uint8'",
+                "image.dtype == '|u1'",
+                "image.dtype != 'float64'",
+                "image.dtype in ['int8', 'uint8']",
+                "image.dtype not in ['float32', 'float64']",
+                "image.dtype.startswith('uint')",
+                "image.dtype.endswith('8')",
+                "image.shape.contains(640)",
+                "params.w.shape[0] == 3",
+                "params.w.dtype == '<f8'",
+                "params.w.nbytes == 96",
+                "frames[0].dtype == 'float32'",
+                "frames[0].shape == [10]",
+                "scalar.ndim == 0",
+                "scalar.size == 1",
+                "scalar.shape == []",
+                "exists(image)",
+                "exists(params.w)",
+                "exists(frames[0])",
+                "exists(image.shape)",
+                "exists(image.shape[1])",
+                "'int' in image.dtype",
+            ],
+        );
+        expect_all(
+            &rec,
+            false,
+            &[
+                "image.shape[2] == 1",
+                "image.shape[-3] == 1",
+                "image.dtype == 'u1'",
+                "image.dtype == 'float64'",
+                "image.dtype < 'z'",
+                "image.dtype > 'a'",
+                "image.dtype == 8",
+                "image.shape < [500]",
+                "image == 1",
+                "image.width == 1",
+                "meta.image.shape == [480, 640]",
+                "exists(meta.image)",
+                "exists(image.shape[2])",
+                "exists(image.width)",
+                "exists(frames[-1])",
+                "nothere.shape == []",
+                "frames[0].shape[0][0] == 10",
+            ],
+        );
+    }
+
+    #[test]
+    fn metadata_wins_over_array_facts() {
+        let rec = TestRecord::new(json!({"image": {"shape": [1, 2]}, "w": {"dtype": "custom"}}))
+            .with_array("image", &[3, 4], "uint8", "'|u1'")
+            .with_array("w", &[5], "float64", "'<f8'");
+        expect_all(
+            &rec,
+            true,
+            &[
+                "image.shape == [1, 2]",
+                "image.shape[0] == 1",
+                "w.dtype == 'custom'",
+                // Not in the metadata: the array's fact.
+                "image.ndim == 2",
+                "w.shape == [5]",
+            ],
+        );
+        expect_all(
+            &rec,
+            false,
+            &["image.shape == [3, 4]", "w.dtype == 'float64'"],
+        );
+    }
+
+    #[test]
+    fn array_size_overflow_does_not_panic() {
+        let rec = TestRecord::new(json!({})).with_array("huge", &[u64::MAX, 4], "uint8", "'|u1'");
+        assert!(check("huge.size > 18446744073709551615", &rec));
+    }
+
+    // -- operators -------------------------------------------------------------
+
+    #[test]
+    fn comparison_operators_on_numbers_and_strings() {
+        let rec = sample();
+        expect_all(
+            &rec,
+            true,
+            &[
+                "count == 7",
+                "count != 8",
+                "count < 8",
+                "count <= 7",
+                "count > 6",
+                "count >= 7",
+                "7 == count",
+                "8 > count",
+                "material == 'Si'",
+                "material != 'Ge'",
+                "material < 'Sj'",
+                "material <= 'Si'",
+                "material > 'S'",
+                "material >= 'Si'",
+                "'A' < material",
+            ],
+        );
+        expect_all(
+            &rec,
+            false,
+            &[
+                "count != 7",
+                "count < 7",
+                "count > 7",
+                "material < 'Si'",
+                "material > 'Si'",
+            ],
+        );
+    }
+
+    #[test]
+    fn strings_order_by_code_point() {
+        let rec = TestRecord::new(json!({"bmp": "\u{ffff}", "z": "z", "upper": "Z"}));
+        expect_all(
+            &rec,
+            true,
+            &[
+                "upper < z",
+                "upper < 'a'",
+                "z < 'é'",
+                // U+FFFF < U+1F600 by code point (UTF-16 order would say otherwise).
+                "bmp < '😀'",
+                "bmp > 'é'",
+                "'ab' < 'abc'",
+                "'abc' < 'abd'",
+                "'' < 'a'",
+            ],
+        );
+        expect_all(&rec, false, &["bmp > '😀'", "'abc' < 'ab'"]);
+    }
+
+    #[test]
+    fn chained_comparisons_mean_and() {
+        let rec = sample();
+        expect_all(
+            &rec,
+            true,
+            &[
+                "1 < count < 10",
+                "1 < count <= 7",
+                "7 == count == 7.0",
+                "0 < count < 8 > 2",
+            ],
+        );
+        expect_all(
+            &rec,
+            false,
+            &["1 < count < 5", "8 < count < 10", "missing < 1 < 2"],
+        );
+        assert!(check("not 1 < count < 5", &rec));
+    }
+
+    #[test]
+    fn in_and_not_in() {
+        let rec = sample();
+        expect_all(
+            &rec,
+            true,
+            &[
+                "material in ['Si', 'Ge']",
+                "material not in ['Ge', 'C']",
+                "count in [7.0]",
+                "'S' in material",
+                "material in 'xSiy'",
+                "'a' in tags",
+                "'z' not in tags",
+                "64 in params.layers",
+                "material in [1, 'Si']",
+                "nothing in [null]",
+                "ok not in [1, 'true']",
+            ],
+        );
+        expect_all(
+            &rec,
+            false,
+            &[
+                "material in ['Ge']",
+                "material not in ['Si']",
+                "count in 'abc'",
+                "count not in 'abc'",
+                "count in count",
+                "count not in count",
+                "'a' in params",
+                "'a' not in params",
+                "1 in material",
+                "1 not in material",
+            ],
+        );
+    }
+
+    #[test]
+    fn boolean_connectives() {
+        let rec = sample();
+        expect_all(
+            &rec,
+            true,
+            &[
+                "count == 7 and material == 'Si'",
+                "count == 8 or material == 'Si'",
+                "not count == 8",
+                "not (count == 8)",
+                "not not count == 7",
+                "count == 7 and material == 'Si' and ok == true",
+                "count == 1 or count == 2 or count == 7",
+            ],
+        );
+        expect_all(
+            &rec,
+            false,
+            &[
+                "count == 7 and material == 'Ge'",
+                "count == 8 or material == 'Ge'",
+                "not count == 7",
+            ],
+        );
+    }
+
+    #[test]
+    fn precedence_or_below_and_below_not() {
+        let rec = |a: i64, b: i64, c: i64| TestRecord::new(json!({"a": a, "b": b, "c": c}));
+        let q = query("a == 1 or b == 2 and c == 3");
+        // a or (b and c), not (a or b) and c.
+        assert!(q.matches(&rec(1, 0, 0)));
+        assert!(q.matches(&rec(0, 2, 3)));
+        assert!(!q.matches(&rec(0, 2, 0)));
+        let q = query("b == 2 and c == 3 or a == 1");
+        assert!(q.matches(&rec(1, 0, 0)));
+        let q = query("(a == 1 or b == 2) and c == 3");
+        assert!(!q.matches(&rec(1, 0, 0)));
+        assert!(q.matches(&rec(1, 0, 3)));
+        // (not a) and b, not not (a and b).
+        let q = query("not a == 1 and b == 2");
+        assert!(q.matches(&rec(0, 2, 0)));
+        assert!(!q.matches(&rec(1, 0, 0)));
+        let q = query("not (a == 1 and b == 2)");
+        assert!(q.matches(&rec(1, 0, 0)));
+        // (not a) or b
+        let q = query("not a == 1 or b == 2");
+        assert!(!q.matches(&rec(1, 0, 0)));
+        assert!(q.matches(&rec(1, 2, 0)));
+        // Comparison binds tighter than not: not (a == 1).
+        let q = query("not a == 1");
+        assert!(q.matches(&rec(2, 0, 0)));
+    }
+
+    #[test]
+    fn functions_and_methods() {
+        let rec = sample();
+        expect_all(
+            &rec,
+            true,
+            &[
+                "exists(params.lr)",
+                "exists(params['learning-rate'])",
+                "exists(nothing)",
+                "exists(tags[-1])",
+                "exists(tags[0]) and not exists(tags[3])",
+                "material.startswith('S')",
+                "material.startswith('')",
+                "material.endswith('i')",
+                "material.contains('i')",
+                "tags.contains('b')",
+                "params.layers.contains(64.0)",
+                "params.name.startswith('ad')",
+                "material.startswith(meta.material)",
+                "not missing.startswith('a')",
+                "params.contains('lr') or true == true",
+                "exists( count )",
+            ],
+        );
+        expect_all(
+            &rec,
+            false,
+            &[
+                "exists(missing)",
+                "exists(params.missing)",
+                "exists(tags[3])",
+                "material.startswith('i')",
+                "material.endswith('S')",
+                "material.contains('x')",
+                "tags.contains('z')",
+                "tags.contains(['a'])",
+                "count.startswith('7')",
+                "material.startswith(1)",
+                "material.startswith(missing)",
+                "missing.contains('a')",
+                "params.contains('lr')",
+            ],
+        );
+    }
+
+    // -- semantics: missing fields and mixed types -----------------------------------
+
+    #[test]
+    fn missing_fields_never_match_a_comparison() {
+        let rec = sample();
+        expect_all(
+            &rec,
+            false,
+            &[
+                "missing == 1",
+                "missing != 1",
+                "missing < 1",
+                "missing <= 1",
+                "missing > 1",
+                "missing >= 1",
+                "missing == null",
+                "missing != null",
+                "missing in [1, null]",
+                "missing not in [1]",
+                "missing == missing",
+                "missing != missing",
+                "1 == missing",
+                "params.missing == 1",
+                "params.lr.deeper != 1",
+                "tags[9] != 'a'",
+                "count in missing",
+                "count not in missing",
+            ],
+        );
+        // `not` inverts the result, so it matches when the field is missing.
+        expect_all(
+            &rec,
+            true,
+            &[
+                "not missing == 1",
+                "not (missing != 1)",
+                "not missing in [1]",
+                "not exists(missing)",
+            ],
+        );
+    }
+
+    #[test]
+    fn mixed_types_are_false_for_every_operator() {
+        let rec = sample();
+        expect_all(
+            &rec,
+            false,
+            &[
+                "count == '7'",
+                "count != '7'",
+                "count < '8'",
+                "count >= '7'",
+                "material > 1",
+                "material != 1",
+                "ok == 1",
+                "ok != 1",
+                "nothing != 1",
+                "nothing != 'x'",
+                "nothing == false",
+                "tags == 'a'",
+                "tags != 'a'",
+                "params == 1",
+                "params != tags",
+                "material == ['Si']",
+            ],
+        );
+    }
+
+    #[test]
+    fn bools_null_lists_and_objects_are_not_ordered() {
+        let rec = sample();
+        expect_all(
+            &rec,
+            false,
+            &[
+                "ok < true",
+                "ok <= true",
+                "ok >= true",
+                "ok > false",
+                "nothing <= null",
+                "nothing >= null",
+                "tags <= ['a', 'b', 'c']",
+                "tags < ['b']",
+                "params >= params",
+                "params.layers > [1]",
+            ],
+        );
+        expect_all(
+            &rec,
+            true,
+            &[
+                "ok == true",
+                "nothing == null",
+                "params == params",
+                "tags != params.layers",
+            ],
+        );
+    }
+
+    #[test]
+    fn objects_compare_structurally_ignoring_key_order() {
+        let rec = TestRecord::new(json!({
+            "p": {"a": 1, "b": [1, {"c": null}]},
+            "q": {"b": [1.0, {"c": null}], "a": 1.0},
+            "r": {"a": 1, "b": [1, {"c": false}]},
+            "s": {"a": 1},
+        }));
+        expect_all(
+            &rec,
+            true,
+            &["p == q", "q == p", "p != r", "p != s", "s != p"],
+        );
+        expect_all(&rec, false, &["p != q", "p == r", "p == s"]);
+    }
+
+    #[test]
+    fn deep_values_compare_without_recursion() {
+        // Building and dropping a deep serde_json value recurses, so that happens on a
+        // thread with a big stack; the query runs on one with a small stack.
+        let big = std::thread::Builder::new().stack_size(512 << 20);
+        let outcome = big
+            .spawn(|| {
+                let mut deep = json!(1);
+                for _ in 0..100_000 {
+                    deep = Value::Array(vec![deep]);
+                }
+                let rec = TestRecord::new(json!({"x": deep.clone(), "y": deep}));
+                let q_eq = query("x == y");
+                let q_ne = query("x != y");
+                let outcome = std::thread::scope(|s| {
+                    std::thread::Builder::new()
+                        .stack_size(256 << 10)
+                        .spawn_scoped(s, || (q_eq.matches(&rec), q_ne.matches(&rec)))
+                        .unwrap()
+                        .join()
+                        .unwrap()
+                });
+                outcome
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        assert_eq!(outcome, (true, false));
+    }
+
+    #[test]
+    fn big_integers_compare_exactly() {
+        let two53 = 1u64 << 53;
+        let rec = TestRecord::new(json!({
+            "big": two53 + 1,
+            "b53": two53,
+            "f53": two53 as f64,
+            "umax": u64::MAX,
+            "imin": i64::MIN,
+            "imax": i64::MAX,
+            "h": 0.5,
+            "nh": -0.5,
+        }));
+        expect_all(
+            &rec,
+            true,
+            &[
+                "big > 9007199254740992",
+                "big != 9007199254740992",
+                "big == 9007199254740993",
+                "big > b53",
+                "big != b53",
+                "big > f53",
+                "big != f53",
+                "big > 9007199254740992.0",
+                "b53 == 9007199254740992.0",
+                "b53 == f53",
+                "f53 < 9007199254740993",
+                "f53 != 9007199254740993",
+                "9007199254740993 > f53",
+                "umax == 18446744073709551615",
+                "umax > 18446744073709551614",
+                "umax > imax",
+                // 2^64 does not fit in u64: a float literal.
+                "umax < 18446744073709551616",
+                "umax != 18446744073709551616",
+                "umax < 18446744073709551615.0",
+                "imin == -9223372036854775808",
+                "imin == -9223372036854775808.0",
+                "imin < -9223372036854775807",
+                // Integer literals below -2^63 are floats: this one rounds to -2^63.
+                "imin == -9223372036854775809",
+                "imin > -1e19",
+                "imax == 9223372036854775807",
+                "imax < 9223372036854775808",
+                "imax < 9223372036854775807.0",
+                "h > 0",
+                "h < 1",
+                "h != 0",
+                "nh < 0",
+                "nh > -1",
+                "nh != -1",
+            ],
+        );
+        expect_all(
+            &rec,
+            false,
+            &[
+                "big == 9007199254740992",
+                "big == 9007199254740992.0",
+                "big == f53",
+                "f53 == 9007199254740993",
+                "umax == 18446744073709551615.0",
+                "imax == 9223372036854775807.0",
+                "h == 0",
+                "h == 1",
+            ],
+        );
+    }
+
+    // -- errors -----------------------------------------------------------------
+
+    #[test]
+    fn error_unexpected_token() {
+        assert_err("temperature >> 3", 14, "unexpected token '>'");
+        assert_err("temperature == == 3", 16, "unexpected token '=='");
+        assert_err("and a == 1", 1, "unexpected token 'and'");
+        assert_err("a == 1 and or b == 2", 12, "unexpected token 'or'");
+        assert_err("a == 1 AND b == 2", 8, "did you mean 'and'?");
+        assert_err("a == 1 Or b == 2", 8, "did you mean 'or'?");
+        assert_err("a is None", 3, "use '==' or '!='");
+        assert_err("a == )", 6, "unexpected token ')'");
+        assert_err("()", 2, "unexpected token ')'");
+        assert_err("a == -b", 7, "a number after '-'");
+        assert_err("a == --1", 7, "a number after '-'");
+        assert_err("x.", 3, "a field name after '.'");
+        assert_err(
+            "x.1 == 2",
+            3,
+            "unexpected token '1'; expected a field name after '.'",
+        );
+        assert_err("frames.0.dtype == 'f'", 8, "(write [0] to index a list)");
+        assert_err("x not y", 7, "'in' after 'not'");
+        assert_err("x == [1, y]", 10, "lists hold only literals");
+        assert_err("x == [1,, 2]", 9, "unexpected token ','");
+        assert_err("x == exists(y)", 6, "a condition, not a value");
+        assert_err(
+            "exists(a.startswith('x'))",
+            8,
+            "cannot be used as an argument",
+        );
+        assert_err("tags[1.5] == 1", 6, "an integer index");
+        assert_err("tags[x] == 1", 6, "an integer index");
+        assert_err("tags[99999999999999999999] == 1", 6, "index out of range");
+        assert_err("tags[9223372036854775808] == 1", 6, "index out of range");
+        assert_err("tags[-9223372036854775809] == 1", 7, "index out of range");
+        assert_err("x == $", 6, "unexpected character '$'");
+        assert_err("x == {}", 6, "unexpected character '{'");
+        assert_err("a <> 1", 3, "use '!='");
+        assert_err("x.startswith('a') == true", 19, "'and', 'or' or the end");
+    }
+
+    #[test]
+    fn error_unexpected_end() {
+        assert_err("x ==", 5, "unexpected end of expression");
+        assert_err("x == ", 6, "unexpected end of expression");
+        assert_err(
+            "not",
+            4,
+            "unexpected end of expression; expected a condition",
+        );
+        assert_err("a == 1 and", 11, "unexpected end of expression");
+        assert_err("x in", 5, "unexpected end of expression");
+        assert_err("x not", 6, "'in' after 'not'");
+    }
+
+    #[test]
+    fn error_empty_expression() {
+        assert_err("", 1, "empty expression");
+        assert_err("   ", 4, "empty expression");
+        assert_err("\n\t", 3, "empty expression");
+    }
+
+    #[test]
+    fn error_c_style_operators_suggest_keywords() {
+        assert_err("a == 1 && b == 2", 8, "use 'and'");
+        assert_err("a == 1 & b == 2", 8, "use 'and'");
+        assert_err("a == 1 || b == 2", 8, "use 'or'");
+        assert_err("a == 1 | b == 2", 8, "use 'or'");
+        assert_err("!a == 1", 1, "use 'not'");
+        assert_err("!(a == 1)", 1, "use 'not'");
+        assert_err("a = 1", 3, "use '=='");
+        assert_err("a == 1 or b = 2", 13, "use '=='");
+    }
+
+    #[test]
+    fn error_unterminated_string_and_bad_escapes() {
+        assert_err("material == 'Si", 13, "unterminated string");
+        assert_err("material == \"Si", 13, "unterminated string");
+        assert_err("material == 'Si\"", 13, "unterminated string");
+        assert_err("s == 'abc\\", 6, "unterminated string");
+        assert_err("s == '\\u12", 6, "unterminated string");
+        assert_err("s == 'a\\qb'", 8, "unknown escape '\\q'");
+        assert_err("s == '\\u12g4'", 7, "needs 4 hex digits");
+        assert_err("s == '\\U0011FFFF'", 7, "invalid code point");
+        assert_err("s == '\\ud800'", 7, "unpaired");
+        assert_err("s == '\\ud800\\u0041'", 7, "unpaired");
+        assert_err("s == '\\udc00'", 7, "unpaired");
+    }
+
+    #[test]
+    fn error_bad_numbers() {
+        assert_err("x == 12abc", 6, "invalid number '12abc'");
+        assert_err("x == 1_000", 6, "invalid number '1_000'");
+        assert_err("x == 1e999", 6, "out of range");
+        assert_err("x == 1else", 6, "invalid number");
+        assert_err("x == 1.e5", 7, "unexpected token '.'");
+        assert_err(
+            "count==7and material=='Si'",
+            8,
+            "invalid number '7and': add a space before 'and'",
+        );
+    }
+
+    #[test]
+    fn error_unknown_function_and_method() {
+        assert_err("foo(x)", 1, "unknown function 'foo'");
+        assert_err("a == 1 and bar(x) == 2", 12, "unknown function 'bar'");
+        assert_err("startswith(x, 'a')", 1, "startswith is a method");
+        assert_err("x.upper('a')", 3, "unknown method 'upper'");
+        assert_err("x.exists(y)", 3, "exists is a function");
+        assert_err("meta.startswith('a')", 6, "a method needs a field");
+    }
+
+    #[test]
+    fn error_wrong_arity() {
+        assert_err("exists()", 8, "exactly one argument (got 0)");
+        assert_err("exists(a, b)", 11, "exactly one argument (got 2)");
+        assert_err("exists(a, b, c)", 11, "(got 3)");
+        assert_err(
+            "x.startswith()",
+            14,
+            "startswith() takes exactly one argument (got 0)",
+        );
+        assert_err(
+            "x.contains('a', 'b')",
+            17,
+            "contains() takes exactly one argument (got 2)",
+        );
+        assert_err("exists(3)", 8, "takes a field path");
+        assert_err("exists('a')", 8, "takes a field path");
+    }
+
+    #[test]
+    fn error_missing_closing_parenthesis_or_bracket() {
+        assert_err("(a == 1", 8, "missing closing parenthesis");
+        assert_err("((a == 1) or b == 2", 20, "close the '(' at column 1");
+        assert_err("(a == 1 b == 2", 9, "found 'b'");
+        assert_err("exists(a", 9, "missing closing parenthesis");
+        assert_err("exists(a b)", 10, "expected ',' or ')'");
+        assert_err("x in [1, 2", 11, "missing closing bracket");
+        assert_err("x in [1 2]", 9, "close the '[' at column 6");
+        assert_err("tags[0 == 1", 8, "missing closing bracket");
+    }
+
+    #[test]
+    fn error_trailing_input() {
+        assert_err(
+            "a == 1 b",
+            8,
+            "expected 'and', 'or' or the end of the expression",
+        );
+        assert_err("a == 1 'x'", 8, "unexpected token string 'x'");
+        assert_err("a == 1)", 7, "unmatched ')'");
+        assert_err("(a == 1))", 9, "unmatched ')'");
+        assert_err("exists(a) 2", 11, "expected 'and', 'or'");
+    }
+
+    #[test]
+    fn error_bare_path_suggests_exists() {
+        assert_err("temperature", 1, "exists(temperature)");
+        assert_err("temperature", 1, "temperature == true");
+        assert_err(
+            "a == 1 and temperature",
+            12,
+            "'temperature' alone is not a condition",
+        );
+        assert_err("(params.lr)", 2, "exists(params.lr)");
+        assert_err("tags[0] or a == 1", 1, "exists(tags[0])");
+        assert_err("key", 1, "'key' alone");
+        assert_err("not x", 5, "exists(x)");
+        assert_err("temperature 300", 13, "expected a comparison operator");
+        assert_err("true", 1, "a value alone is not a condition");
+        assert_err("'Si' and a == 1", 1, "a value alone");
+        assert_err("meta == 1", 1, "'meta' must be followed by a field");
+        assert_err("exists(meta)", 8, "'meta' must be followed by a field");
+        assert_err("key.x == 1", 5, "record key is a string");
+        assert_err("key[0] == 'r'", 4, "cannot be indexed");
+    }
+
+    #[test]
+    fn error_columns_count_characters_not_bytes() {
+        assert_err("温度 >> 3", 5, "unexpected token '>'");
+        assert_err("s == '😀😀' )", 11, "unmatched ')'");
+        assert_err("名 == \"abc", 6, "unterminated string");
+        assert_err("ünïcode == 'é' && x == 1", 16, "use 'and'");
+        assert_err("'é' == 'ü' ü", 12, "unexpected token 'ü'");
+        assert_err("x == 'ab\\qc' ", 9, "unknown escape");
+        assert_err("x == 'é\\qc' ", 8, "unknown escape");
+    }
+
+    #[test]
+    fn nesting_depth_is_capped() {
+        let ok = format!("{}a == 1{}", "(".repeat(64), ")".repeat(64));
+        assert!(check(&ok, &TestRecord::new(json!({"a": 1}))));
+        let deep = format!("{}a == 1{}", "(".repeat(65), ")".repeat(65));
+        assert_err(&deep, 65, "nested too deeply");
+        assert_err(&"(".repeat(60_000), 65, "nested too deeply");
+
+        let ok = format!("{}a == 1", "not ".repeat(64));
+        assert!(check(&ok, &TestRecord::new(json!({"a": 1}))));
+        assert_err(
+            &format!("{}a == 1", "not ".repeat(65)),
+            257,
+            "nested too deeply",
+        );
+
+        let ok = format!("x == {}{}", "[".repeat(64), "]".repeat(64));
+        Query::parse(&ok).unwrap();
+        assert_err(
+            &format!("x == {}{}", "[".repeat(65), "]".repeat(65)),
+            70,
+            "nested too deeply",
+        );
+
+        let mixed = format!(
+            "{}{}a == 1{}",
+            "(".repeat(40),
+            "not ".repeat(30),
+            ")".repeat(40)
+        );
+        assert_err(&mixed, 137, "nested too deeply");
+        assert_err(&"exists(".repeat(100), 7 * 65, "nested too deeply");
+        assert_err(&"x.contains(".repeat(100), 11 * 65, "nested too deeply");
+    }
+
+    #[test]
+    fn source_length_is_capped() {
+        let mut long = "a == 1 or ".repeat(MAX_QUERY_BYTES / 10 + 1);
+        long.push_str("a == 1");
+        assert!(long.len() > MAX_QUERY_BYTES);
+        assert_err(&long, MAX_QUERY_BYTES + 1, "too long");
+        // Multi-byte characters: the column still counts characters.
+        let wide = format!("s == '{}'", "é".repeat(MAX_QUERY_BYTES));
+        let e = parse_err(&wide);
+        assert_eq!(e.column, 6 + (MAX_QUERY_BYTES - 6) / 2 + 1);
+        // Exactly at the limit is fine.
+        let fits = format!("s == '{}'", "x".repeat(MAX_QUERY_BYTES - 7));
+        assert_eq!(fits.len(), MAX_QUERY_BYTES);
+        Query::parse(&fits).unwrap();
+    }
+
+    // -- error display -----------------------------------------------------------
+
+    /// The character of `expression` above the caret of the displayed error.
+    fn char_above_caret(e: &QueryError) -> Option<char> {
+        let shown = e.to_string();
+        let lines: Vec<&str> = shown.lines().collect();
+        assert_eq!(lines.len(), 3, "{shown}");
+        let caret = lines[2].chars().count() - 1;
+        assert!(lines[2].ends_with('^') && lines[2].trim() == "^", "{shown}");
+        lines[1].chars().nth(caret)
+    }
+
+    #[test]
+    fn error_display_points_at_the_column() {
+        let e = parse_err("temperature >> 3");
+        let shown = e.to_string();
+        let lines: Vec<&str> = shown.lines().collect();
+        assert_eq!(
+            lines[0],
+            "unexpected token '>'; expected a value (number, string, list, true, false, null \
+             or field path) at column 14"
+        );
+        assert_eq!(lines[1], "  temperature >> 3");
+        assert_eq!(lines[2], format!("  {}^", " ".repeat(13)));
+
+        assert_eq!(char_above_caret(&parse_err("温度 == 1 ü")), Some('ü'));
+        assert_eq!(char_above_caret(&parse_err("a ==\n\t$ ")), Some('$'));
+        // At the end of the expression the caret is one past the last character.
+        let e = parse_err("a ==");
+        assert_eq!(char_above_caret(&e), None);
+        assert!(e.to_string().ends_with("\n  a ==\n      ^"));
+    }
+
+    #[test]
+    fn error_display_windows_long_expressions() {
+        let src = format!(
+            "{}a == 1 $ {}",
+            "b == 1 and ".repeat(40),
+            "c == 2 and ".repeat(40)
+        );
+        let e = parse_err(&src);
+        assert_eq!(e.column, 40 * 11 + 8);
+        let shown = e.to_string();
+        let line = shown.lines().nth(1).unwrap();
+        assert!(
+            line.starts_with("  ...") && line.ends_with("..."),
+            "{shown}"
+        );
+        assert!(line.chars().count() < 140, "{shown}");
+        assert_eq!(char_above_caret(&e), Some('$'));
+        // Near the start and the end.
+        let e = parse_err(&format!("$ {}", "c == 2 and ".repeat(40)));
+        assert_eq!(char_above_caret(&e), Some('$'));
+        let e = parse_err(&format!("{}a ==", "c == 2 and ".repeat(40)));
+        assert_eq!(char_above_caret(&e), None);
+        assert!(e.to_string().lines().nth(1).unwrap().ends_with("a =="));
+    }
+
+    #[test]
+    fn error_is_a_std_error() {
+        let e: Box<dyn std::error::Error + Send + Sync> = Box::new(parse_err("a"));
+        assert!(e.to_string().contains("at column 1"));
+    }
+
+    // -- API ---------------------------------------------------------------------
+
+    #[test]
+    fn from_str_source_and_display() {
+        let q: Query = "count == 7".parse().unwrap();
+        assert_eq!(q.source(), "count == 7");
+        assert_eq!(q.to_string(), "count == 7");
+        assert!("count ==".parse::<Query>().is_err());
+        let rec = sample();
+        let dynamic: &dyn RecordView = &rec;
+        assert!(q.matches(dynamic));
+        assert!(q.clone().matches(&rec));
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Query>();
+        assert_send_sync::<QueryError>();
+    }
+
+    #[test]
+    fn keywords_are_field_names_after_a_dot() {
+        let rec = TestRecord::new(json!({"p": {"and": 1, "in": 2, "not": 3, "key": 4}, "in": 5}));
+        expect_all(
+            &rec,
+            true,
+            &[
+                "p.and == 1",
+                "p.in == 2",
+                "p.not == 3",
+                "p.key == 4",
+                "meta.in == 5",
+                "meta['in'] == 5",
+            ],
+        );
+        assert_err("in == 5", 1, "unexpected token 'in'");
+    }
+
+    #[test]
+    fn whitespace_is_free() {
+        let rec = sample();
+        expect_all(
+            &rec,
+            true,
+            &[
+                "count==7",
+                "count==7 and(material=='Si')",
+                "  count\t==\n7  ",
+                "(count==7)or(material=='x')",
+                "tags [ 0 ] == 'a'",
+                "params . lr == 0.001",
+                "material . startswith ( 'S' )",
+                "not(count==8)",
+            ],
+        );
+    }
+
+    // -- QUERY.md ------------------------------------------------------------------
+
+    /// The contents of the `...` code spans of a line of markdown.
+    fn code_spans(text: &str) -> Vec<&str> {
+        text.split('`').skip(1).step_by(2).collect()
+    }
+
+    #[test]
+    fn documented_examples_parse() {
+        let doc = include_str!("../QUERY.md");
+        let mut count = 0;
+        for line in doc.lines() {
+            if let Some(rest) = line.trim().strip_prefix("store.find(\"") {
+                query(rest.strip_suffix("\")").expect("store.find(\"...\")"));
+                count += 1;
+            }
+        }
+        let examples = doc
+            .split("## More examples")
+            .nth(1)
+            .and_then(|s| s.split("```text").nth(1))
+            .and_then(|s| s.split("```").next())
+            .expect("a text block under 'More examples'");
+        for line in examples.lines().filter(|l| !l.trim().is_empty()) {
+            query(line);
+            count += 1;
+        }
+        assert!(count >= 15, "found {count} examples");
+    }
+
+    #[test]
+    fn documented_errors_match() {
+        let doc = include_str!("../QUERY.md");
+        let table = doc.split("## Errors").nth(1).expect("an Errors section");
+        let mut count = 0;
+        for row in table.lines().filter(|l| l.starts_with("| ")) {
+            let cells: Vec<&str> = row.split(" | ").collect();
+            if cells.len() < 4 {
+                continue;
+            }
+            let digits: String = cells[2].chars().take_while(char::is_ascii_digit).collect();
+            let Ok(column) = digits.parse::<usize>() else {
+                continue;
+            };
+            let examples = code_spans(cells[1]);
+            let messages = code_spans(cells[3]);
+            for (i, example) in examples.iter().enumerate() {
+                let e = parse_err(example);
+                assert_eq!(e.column, column, "documented column of {example:?}: {e}");
+                let expected = if messages.len() == examples.len() {
+                    messages[i]
+                } else {
+                    messages[0]
+                };
+                for piece in expected
+                    .split("...")
+                    .map(str::trim)
+                    .filter(|p| !p.is_empty())
+                {
+                    assert!(
+                        e.message.contains(piece),
+                        "documented message of {example:?} has {piece:?}: {e}"
+                    );
+                }
+                count += 1;
+            }
+        }
+        assert!(count >= 20, "checked {count} documented errors");
+    }
+
+    // -- property tests ------------------------------------------------------------
+
+    /// A path in a generated query.
+    #[derive(Debug, Clone)]
+    struct RPath {
+        root: &'static str,
+        segs: Vec<RSeg>,
+    }
+
+    #[derive(Debug, Clone)]
+    enum RSeg {
+        Field(&'static str, bool),
+        Index(i64),
+    }
+
+    #[derive(Debug, Clone, Copy)]
+    enum ROp {
+        Eq,
+        Ne,
+        Lt,
+        Le,
+        Gt,
+        Ge,
+    }
+
+    #[derive(Debug, Clone, Copy)]
+    enum RMethod {
+        StartsWith,
+        EndsWith,
+        Contains,
+    }
+
+    /// A generated query, evaluated by the reference evaluator below.
+    #[derive(Debug, Clone)]
+    enum RExpr {
+        Cmp(RPath, ROp, Value, bool),
+        CmpPaths(RPath, ROp, RPath),
+        In(RPath, Vec<Value>, bool),
+        Exists(RPath),
+        Method(RPath, RMethod, Value),
+        Not(Box<RExpr>),
+        And(Vec<RExpr>),
+        Or(Vec<RExpr>),
+        Paren(Box<RExpr>),
+    }
+
+    fn string_strategy() -> impl Strategy<Value = String> {
+        let chars = vec![
+            'a', 'b', 'Z', '\'', '"', '\\', '\n', 'é', '😀', '\u{ffff}', ' ',
+        ];
+        prop::collection::vec(prop::sample::select(chars), 0..4)
+            .prop_map(|v| v.into_iter().collect())
+    }
+
+    fn scalar_strategy() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            (-3i64..=3).prop_map(Value::from),
+            prop::sample::select(vec![
+                9_007_199_254_740_992i64,
+                9_007_199_254_740_993,
+                -9_007_199_254_740_993,
+                i64::MIN,
+                i64::MAX,
+            ])
+            .prop_map(Value::from),
+            Just(Value::from(u64::MAX)),
+            (-6i32..=6).prop_map(|k| Value::from(f64::from(k) / 2.0)),
+            prop::sample::select(vec![
+                9_007_199_254_740_992.0f64,
+                1e20,
+                -1e20,
+                18_446_744_073_709_551_616.0,
+                -0.0,
+            ])
+            .prop_map(Value::from),
+            string_strategy().prop_map(Value::String),
+        ]
+    }
+
+    fn value_strategy() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            4 => scalar_strategy(),
+            1 => prop::collection::vec(scalar_strategy(), 0..3).prop_map(Value::Array),
+            1 => (scalar_strategy(), scalar_strategy()).prop_map(|(x, y)| json!({"x": x, "y z": y})),
+        ]
+    }
+
+    fn literal_strategy() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            4 => scalar_strategy(),
+            1 => prop::collection::vec(scalar_strategy(), 0..3).prop_map(Value::Array),
+        ]
+    }
+
+    const FIELDS: [&str; 4] = ["a", "b", "c", "d"];
+
+    fn record_strategy() -> impl Strategy<Value = TestRecord> {
+        prop::collection::vec(prop::option::of(value_strategy()), 4).prop_map(|values| {
+            let mut meta = Map::new();
+            for (name, value) in FIELDS.iter().zip(values) {
+                if let Some(value) = value {
+                    meta.insert((*name).to_owned(), value);
+                }
+            }
+            TestRecord::new(Value::Object(meta))
+        })
+    }
+
+    fn path_strategy() -> impl Strategy<Value = RPath> {
+        let seg = prop_oneof![
+            any::<bool>().prop_map(|b| RSeg::Field("x", b)),
+            Just(RSeg::Field("y z", true)),
+            (-2i64..=2).prop_map(RSeg::Index),
+        ];
+        (
+            prop::sample::select(FIELDS.to_vec()),
+            prop::collection::vec(seg, 0..2),
+        )
+            .prop_map(|(root, segs)| RPath { root, segs })
+    }
+
+    fn op_strategy() -> impl Strategy<Value = ROp> {
+        prop::sample::select(vec![ROp::Eq, ROp::Ne, ROp::Lt, ROp::Le, ROp::Gt, ROp::Ge])
+    }
+
+    fn expr_strategy() -> impl Strategy<Value = RExpr> {
+        let leaf = prop_oneof![
+            4 => (path_strategy(), op_strategy(), literal_strategy(), any::<bool>())
+                .prop_map(|(p, op, v, flip)| RExpr::Cmp(p, op, v, flip)),
+            1 => (path_strategy(), op_strategy(), path_strategy())
+                .prop_map(|(p, op, q)| RExpr::CmpPaths(p, op, q)),
+            2 => (path_strategy(), prop::collection::vec(scalar_strategy(), 0..3), any::<bool>())
+                .prop_map(|(p, items, neg)| RExpr::In(p, items, neg)),
+            1 => path_strategy().prop_map(RExpr::Exists),
+            1 => (
+                path_strategy(),
+                prop::sample::select(vec![RMethod::StartsWith, RMethod::EndsWith, RMethod::Contains]),
+                literal_strategy(),
+            )
+                .prop_map(|(p, m, v)| RExpr::Method(p, m, v)),
+        ];
+        leaf.prop_recursive(4, 32, 3, |inner| {
+            prop_oneof![
+                inner.clone().prop_map(|e| RExpr::Not(Box::new(e))),
+                prop::collection::vec(inner.clone(), 2..4).prop_map(RExpr::And),
+                prop::collection::vec(inner.clone(), 2..4).prop_map(RExpr::Or),
+                inner.prop_map(|e| RExpr::Paren(Box::new(e))),
+            ]
+        })
+    }
+
+    /// How a generated query is spelled: spacing, quotes, keyword spellings.
+    #[derive(Debug, Clone, Copy)]
+    struct Style {
+        tight: bool,
+        double_quotes: bool,
+        python_words: bool,
+        escape_unicode: bool,
+    }
+
+    fn style_strategy() -> impl Strategy<Value = Style> {
+        (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()).prop_map(|(a, b, c, d)| {
+            Style {
+                tight: a,
+                double_quotes: b,
+                python_words: c,
+                escape_unicode: d,
+            }
+        })
+    }
+
+    fn render_value(v: &Value, style: Style, out: &mut String) {
+        match v {
+            Value::Null => out.push_str(if style.python_words { "None" } else { "null" }),
+            Value::Bool(b) => out.push_str(match (b, style.python_words) {
+                (true, false) => "true",
+                (true, true) => "True",
+                (false, false) => "false",
+                (false, true) => "False",
+            }),
+            Value::Number(n) => match (n.as_u64(), n.as_i64(), n.as_f64()) {
+                (Some(u), _, _) => out.push_str(&u.to_string()),
+                (_, Some(i), _) => out.push_str(&i.to_string()),
+                (_, _, Some(f)) => out.push_str(&format!("{f:?}")),
+                _ => unreachable!(),
+            },
+            Value::String(s) => {
+                let quote = if style.double_quotes { '"' } else { '\'' };
+                out.push(quote);
+                for c in s.chars() {
+                    match c {
+                        '\\' => out.push_str("\\\\"),
+                        '\n' => out.push_str("\\n"),
+                        c if c == quote => {
+                            out.push('\\');
+                            out.push(c);
+                        }
+                        c if style.escape_unicode && !c.is_ascii() => {
+                            let mut units = [0u16; 2];
+                            for unit in c.encode_utf16(&mut units) {
+                                out.push_str(&format!("\\u{unit:04x}"));
+                            }
+                        }
+                        c => out.push(c),
+                    }
+                }
+                out.push(quote);
+            }
+            Value::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    render_value(item, style, out);
+                }
+                out.push(']');
+            }
+            Value::Object(_) => unreachable!("no object literals"),
+        }
+    }
+
+    fn render_path(p: &RPath, out: &mut String) {
+        out.push_str(p.root);
+        for seg in &p.segs {
+            match seg {
+                RSeg::Field(name, true) => out.push_str(&format!("[{name:?}]")),
+                RSeg::Field(name, false) => {
+                    out.push('.');
+                    out.push_str(name);
+                }
+                RSeg::Index(i) => out.push_str(&format!("[{i}]")),
+            }
+        }
+    }
+
+    fn op_text(op: ROp) -> &'static str {
+        match op {
+            ROp::Eq => "==",
+            ROp::Ne => "!=",
+            ROp::Lt => "<",
+            ROp::Le => "<=",
+            ROp::Gt => ">",
+            ROp::Ge => ">=",
+        }
+    }
+
+    fn precedence(e: &RExpr) -> u8 {
+        match e {
+            RExpr::Or(_) => 1,
+            RExpr::And(_) => 2,
+            RExpr::Not(_) => 3,
+            _ => 4,
+        }
+    }
+
+    /// Renders `e` with the fewest parentheses the precedence rules allow (plus the
+    /// explicit `Paren` nodes).
+    fn render(e: &RExpr, style: Style, out: &mut String) {
+        let sp = if style.tight { "" } else { " " };
+        let child = |c: &RExpr, min: u8, out: &mut String| {
+            if precedence(c) < min {
+                out.push('(');
+                render(c, style, out);
+                out.push(')');
+            } else {
+                render(c, style, out);
+            }
+        };
+        match e {
+            RExpr::Cmp(p, op, v, flip) => {
+                if *flip {
+                    render_value(v, style, out);
+                    out.push_str(&format!("{sp}{}{sp}", op_text(*op)));
+                    render_path(p, out);
+                } else {
+                    render_path(p, out);
+                    out.push_str(&format!("{sp}{}{sp}", op_text(*op)));
+                    render_value(v, style, out);
+                }
+            }
+            RExpr::CmpPaths(p, op, q) => {
+                render_path(p, out);
+                out.push_str(&format!("{sp}{}{sp}", op_text(*op)));
+                render_path(q, out);
+            }
+            RExpr::In(p, items, negated) => {
+                render_path(p, out);
+                out.push_str(if *negated { " not in " } else { " in " });
+                render_value(&Value::Array(items.clone()), style, out);
+            }
+            RExpr::Exists(p) => {
+                out.push_str("exists(");
+                render_path(p, out);
+                out.push(')');
+            }
+            RExpr::Method(p, m, v) => {
+                render_path(p, out);
+                out.push_str(match m {
+                    RMethod::StartsWith => ".startswith(",
+                    RMethod::EndsWith => ".endswith(",
+                    RMethod::Contains => ".contains(",
+                });
+                render_value(v, style, out);
+                out.push(')');
+            }
+            RExpr::Not(inner) => {
+                out.push_str("not ");
+                child(inner, 3, out);
+            }
+            RExpr::And(items) | RExpr::Or(items) => {
+                let (word, min) = if matches!(e, RExpr::And(_)) {
+                    ("and", 2)
+                } else {
+                    ("or", 1)
+                };
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(&format!(" {word} "));
+                    }
+                    child(item, min, out);
+                }
+            }
+            RExpr::Paren(inner) => {
+                out.push('(');
+                render(inner, style, out);
+                out.push(')');
+            }
+        }
+    }
+
+    // The reference evaluator: written for clarity, independently of the module.
+
+    fn ref_get<'a>(meta: &'a Map<String, Value>, p: &RPath) -> Option<&'a Value> {
+        let mut v = meta.get(p.root)?;
+        for seg in &p.segs {
+            v = match seg {
+                RSeg::Field(name, _) => v.as_object()?.get(*name)?,
+                RSeg::Index(i) => {
+                    let items = v.as_array()?;
+                    let i = if *i < 0 { items.len() as i64 + i } else { *i };
+                    if i < 0 {
+                        return None;
+                    }
+                    items.get(i as usize)?
+                }
+            };
+        }
+        Some(v)
+    }
+
+    /// Twice the number, exactly (the generated floats are multiples of 0.5).
+    fn ref_doubled(n: &serde_json::Number) -> i128 {
+        if let Some(u) = n.as_u64() {
+            i128::from(u) * 2
+        } else if let Some(i) = n.as_i64() {
+            i128::from(i) * 2
+        } else {
+            let f = n.as_f64().unwrap() * 2.0;
+            assert_eq!(f.fract(), 0.0);
+            f as i128
+        }
+    }
+
+    fn ref_eq(a: &Value, b: &Value) -> bool {
+        match (a, b) {
+            (Value::Null, Value::Null) => true,
+            (Value::Bool(x), Value::Bool(y)) => x == y,
+            (Value::Number(x), Value::Number(y)) => ref_doubled(x) == ref_doubled(y),
+            (Value::String(x), Value::String(y)) => x == y,
+            (Value::Array(x), Value::Array(y)) => {
+                x.len() == y.len() && x.iter().zip(y).all(|(p, q)| ref_eq(p, q))
+            }
+            (Value::Object(x), Value::Object(y)) => {
+                x.len() == y.len()
+                    && x.iter()
+                        .all(|(k, v)| y.get(k).is_some_and(|w| ref_eq(v, w)))
+            }
+            _ => false,
+        }
+    }
+
+    fn ref_cmp(a: &Value, op: ROp, b: &Value) -> bool {
+        if std::mem::discriminant(a) != std::mem::discriminant(b) {
+            return false;
+        }
+        let order = match (a, b) {
+            (Value::Number(x), Value::Number(y)) => Some(ref_doubled(x).cmp(&ref_doubled(y))),
+            (Value::String(x), Value::String(y)) => Some(x.chars().cmp(y.chars())),
+            _ => None,
+        };
+        match (op, order) {
+            (ROp::Eq, _) => ref_eq(a, b),
+            (ROp::Ne, _) => !ref_eq(a, b),
+            (_, None) => false,
+            (ROp::Lt, Some(o)) => o == Ordering::Less,
+            (ROp::Le, Some(o)) => o != Ordering::Greater,
+            (ROp::Gt, Some(o)) => o == Ordering::Greater,
+            (ROp::Ge, Some(o)) => o != Ordering::Less,
+        }
+    }
+
+    fn ref_eval(e: &RExpr, meta: &Map<String, Value>) -> bool {
+        match e {
+            RExpr::Cmp(p, op, v, flip) => match ref_get(meta, p) {
+                None => false,
+                Some(x) if *flip => ref_cmp(v, *op, x),
+                Some(x) => ref_cmp(x, *op, v),
+            },
+            RExpr::CmpPaths(p, op, q) => match (ref_get(meta, p), ref_get(meta, q)) {
+                (Some(x), Some(y)) => ref_cmp(x, *op, y),
+                _ => false,
+            },
+            RExpr::In(p, items, negated) => match ref_get(meta, p) {
+                None => false,
+                Some(x) => items.iter().any(|i| ref_eq(x, i)) != *negated,
+            },
+            RExpr::Exists(p) => ref_get(meta, p).is_some(),
+            RExpr::Method(p, m, arg) => match (ref_get(meta, p), m, arg) {
+                (Some(Value::String(s)), RMethod::StartsWith, Value::String(a)) => {
+                    s.starts_with(a.as_str())
+                }
+                (Some(Value::String(s)), RMethod::EndsWith, Value::String(a)) => {
+                    s.ends_with(a.as_str())
+                }
+                (Some(Value::String(s)), RMethod::Contains, Value::String(a)) => {
+                    s.contains(a.as_str())
+                }
+                (Some(Value::Array(items)), RMethod::Contains, a) => {
+                    items.iter().any(|i| ref_eq(i, a))
+                }
+                _ => false,
+            },
+            RExpr::Not(inner) => !ref_eval(inner, meta),
+            RExpr::And(items) => items.iter().all(|i| ref_eval(i, meta)),
+            RExpr::Or(items) => items.iter().any(|i| ref_eval(i, meta)),
+            RExpr::Paren(inner) => ref_eval(inner, meta),
+        }
+    }
+
+    /// Parses arbitrary text; on success evaluates it, on failure checks the error.
+    fn parse_never_panics(src: &str) {
+        match Query::parse(src) {
+            Ok(q) => {
+                assert_eq!(q.source(), src);
+                for rec in [sample(), TestRecord::new(json!({}))] {
+                    q.matches(&rec);
+                }
+            }
+            Err(e) => {
+                let n = src.chars().count();
+                assert!(
+                    (1..=n + 1).contains(&e.column),
+                    "column {} of {src:?}",
+                    e.column
+                );
+                assert!(e.to_string().contains(&e.message));
+                assert_eq!(e.expression, src);
+            }
+        }
+    }
+
+    const TOKENS: &[&str] = &[
+        "(",
+        ")",
+        "[",
+        "]",
+        ",",
+        ".",
+        "-",
+        "==",
+        "!=",
+        "<",
+        "<=",
+        ">",
+        ">=",
+        "=",
+        "!",
+        "&&",
+        "and",
+        "or",
+        "not",
+        "in",
+        "exists",
+        "startswith",
+        "contains",
+        "key",
+        "meta",
+        "a",
+        "tags",
+        "image",
+        "shape",
+        "dtype",
+        "1",
+        "-2",
+        "2.5",
+        "1e3",
+        "'s'",
+        "\"t\"",
+        "'",
+        "\\",
+        "true",
+        "None",
+        "温度",
+        "😀",
+        " ",
+        "\n",
+    ];
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn generated_queries_parse_and_agree_with_reference(
+            expr in expr_strategy(),
+            style in style_strategy(),
+            records in prop::collection::vec(record_strategy(), 1..4),
+        ) {
+            let mut src = String::new();
+            render(&expr, style, &mut src);
+            let q = Query::parse(&src).map_err(|e| TestCaseError::fail(format!("{src:?}: {e}")))?;
+            for rec in &records {
+                prop_assert_eq!(
+                    q.matches(rec),
+                    ref_eval(&expr, &rec.meta),
+                    "query {:?} on {:?}", src, rec.meta
+                );
+            }
+        }
+
+        #[test]
+        fn arbitrary_strings_never_panic(src in any::<String>()) {
+            parse_never_panics(&src);
+        }
+
+        #[test]
+        fn token_soup_never_panics(tokens in prop::collection::vec(prop::sample::select(TOKENS), 0..40)) {
+            parse_never_panics(&tokens.join(" "));
+            parse_never_panics(&tokens.concat());
+        }
+
+        #[test]
+        fn mutated_queries_never_panic(
+            expr in expr_strategy(),
+            style in style_strategy(),
+            at in any::<prop::sample::Index>(),
+            insert in prop::sample::select(vec!["", "(", ")", "'", "\"", "[", "]", "not ", "\\", "=", "é"]),
+        ) {
+            let mut src = String::new();
+            render(&expr, style, &mut src);
+            let chars: Vec<char> = src.chars().collect();
+            let i = at.index(chars.len() + 1);
+            let mut mutated: String = chars[..i].iter().collect();
+            mutated.push_str(insert);
+            // Drop one character when inserting nothing.
+            let skip = usize::from(insert.is_empty() && i < chars.len());
+            mutated.extend(&chars[i + skip..]);
+            parse_never_panics(&mutated);
+        }
+
+        #[test]
+        fn integers_compare_exactly(
+            a in prop_oneof![any::<i64>().prop_map(i128::from), any::<u64>().prop_map(i128::from),
+                             (-3i128..=3).prop_map(|d| (1i128 << 53) + d)],
+            b in prop_oneof![any::<i64>().prop_map(i128::from), any::<u64>().prop_map(i128::from),
+                             (-3i128..=3).prop_map(|d| (1i128 << 53) + d)],
+        ) {
+            let value = |n: i128| if n < 0 { Value::from(n as i64) } else { Value::from(n as u64) };
+            let rec = TestRecord::new(json!({"x": value(a)}));
+            let want = a.cmp(&b);
+            for (op, ok) in [("==", want.is_eq()), ("!=", want.is_ne()), ("<", want.is_lt()),
+                             ("<=", want.is_le()), (">", want.is_gt()), (">=", want.is_ge())] {
+                prop_assert_eq!(check(&format!("x {op} {b}"), &rec), ok, "{} {} {}", a, op, b);
+            }
+        }
+
+        #[test]
+        fn integers_and_floats_compare_exactly(
+            i in prop_oneof![any::<i64>().prop_map(i128::from), any::<u64>().prop_map(i128::from),
+                             (-3i128..=3).prop_map(|d| (1i128 << 53) + d)],
+            f in prop_oneof![
+                any::<f64>().prop_filter("finite", |f| f.is_finite()),
+                (-1e20f64..1e20),
+                (-3i64..=3).prop_map(|d| (1u64 << 53) as f64 + d as f64 * 0.5),
+            ],
+            near in any::<bool>(),
+        ) {
+            // Often compare with the float nearest the integer, or its neighbours.
+            let f = if near {
+                let g = i as f64;
+                match (f.to_bits() % 3, g) {
+                    (0, g) => g,
+                    (1, g) => f64::from_bits(g.to_bits() + 1),
+                    (_, g) if g != 0.0 => f64::from_bits(g.to_bits() - 1),
+                    (_, g) => g,
+                }
+            } else {
+                f
+            };
+            prop_assume!(f.is_finite());
+            let want = ref_cmp_int_float(i, f);
+            let value = |n: i128| if n < 0 { Value::from(n as i64) } else { Value::from(n as u64) };
+            let int_rec = TestRecord::new(json!({"x": value(i)}));
+            let float_rec = TestRecord::new(json!({"x": f}));
+            for (op, ok) in [("==", want.is_eq()), ("!=", want.is_ne()), ("<", want.is_lt()),
+                             ("<=", want.is_le()), (">", want.is_gt()), (">=", want.is_ge())] {
+                prop_assert_eq!(check(&format!("x {op} {f:?}"), &int_rec), ok, "{} {} {:?}", i, op, f);
+                prop_assert_eq!(check(&format!("{i} {op} x"), &float_rec), ok, "{} {} {:?}", i, op, f);
+            }
+        }
+    }
+
+    /// Exact order of an integer and a float from the float's bits: f = m * 2^e.
+    fn ref_cmp_int_float(i: i128, f: f64) -> Ordering {
+        let bits = f.to_bits();
+        let negative = bits >> 63 == 1;
+        let biased = ((bits >> 52) & 0x7ff) as i32;
+        let fraction = i128::from(bits & ((1u64 << 52) - 1));
+        let (mantissa, exp) = if biased == 0 {
+            (fraction, -1074)
+        } else {
+            (fraction | (1 << 52), biased - 1075)
+        };
+        let m = if negative { -mantissa } else { mantissa };
+        if exp >= 0 {
+            if exp > 70 {
+                // |f| >= 2^70 > |i|
+                return 0.cmp(&m);
+            }
+            i.cmp(&(m << exp))
+        } else if -exp > 60 {
+            // |f| < 2^53 / 2^61 < 1
+            match i.cmp(&0) {
+                Ordering::Equal => 0.cmp(&m),
+                other => other,
+            }
+        } else {
+            (i << -exp).cmp(&m)
+        }
+    }
+
+    #[test]
+    fn reference_int_float_order_is_sane() {
+        assert_eq!(ref_cmp_int_float(1, 0.5), Ordering::Greater);
+        assert_eq!(ref_cmp_int_float(0, 0.5), Ordering::Less);
+        assert_eq!(ref_cmp_int_float(0, -0.0), Ordering::Equal);
+        assert_eq!(ref_cmp_int_float(-1, -0.5), Ordering::Less);
+        assert_eq!(
+            ref_cmp_int_float((1 << 53) + 1, (1u64 << 53) as f64),
+            Ordering::Greater
+        );
+        assert_eq!(ref_cmp_int_float(5, 1e300), Ordering::Less);
+        assert_eq!(ref_cmp_int_float(5, -1e300), Ordering::Greater);
+        assert_eq!(ref_cmp_int_float(0, 5e-324), Ordering::Less);
+    }
+
+    #[test]
+    fn generated_query_rendering_round_trips_examples() {
+        // Spot checks of the generator's renderer, so the property test means something.
+        let style = Style {
+            tight: false,
+            double_quotes: false,
+            python_words: true,
+            escape_unicode: true,
+        };
+        let e = RExpr::And(vec![
+            RExpr::Or(vec![
+                RExpr::Exists(RPath {
+                    root: "a",
+                    segs: vec![RSeg::Field("y z", true)],
+                }),
+                RExpr::Cmp(
+                    RPath {
+                        root: "b",
+                        segs: vec![RSeg::Index(-1)],
+                    },
+                    ROp::Le,
+                    json!("é'"),
+                    true,
+                ),
+            ]),
+            RExpr::Not(Box::new(RExpr::In(
+                RPath {
+                    root: "c",
+                    segs: vec![],
+                },
+                vec![Value::Null],
+                true,
+            ))),
+        ]);
+        let mut src = String::new();
+        render(&e, style, &mut src);
+        assert_eq!(
+            src,
+            r#"(exists(a["y z"]) or '\u00e9\'' <= b[-1]) and not c not in [None]"#
+        );
+        let rec = TestRecord::new(json!({"a": {"y z": 1}, "c": null}));
+        assert_eq!(query(&src).matches(&rec), ref_eval(&e, &rec.meta));
+        assert!(query(&src).matches(&rec));
     }
 }

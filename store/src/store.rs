@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeSet, HashSet};
 use std::fs::{self, File};
-use std::io::{Read, Write};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
@@ -162,11 +162,7 @@ impl Store {
         let manifest_path = root.join(MANIFEST_FILE);
         let has_manifest = manifest_path.exists();
         if !has_manifest {
-            let empty = fs::read_dir(&root)
-                .map_err(Error::io(&root))?
-                .next()
-                .is_none();
-            if !empty {
+            if !Self::is_empty_or_unfinished(&root)? {
                 return Err(Error::NotAStore(root));
             }
             if mode == Mode::ReadOnly {
@@ -185,7 +181,16 @@ impl Store {
             let manifest = Manifest::new(format!("lazyvault {}", env!("CARGO_PKG_VERSION")));
             write_file_durably(&manifest_path, &manifest.to_json())?;
         }
-        let index = Index::open(&root.join(INDEX_DIR))?;
+        let index_dir = root.join(INDEX_DIR);
+        if has_manifest && !index_dir.is_dir() {
+            // Never recreate it silently: an empty index would make gc()
+            // delete every payload.
+            return Err(Error::corrupt(
+                format!("store {}", root.display()),
+                format!("the index directory {} is missing", index_dir.display()),
+            ));
+        }
+        let index = Index::open(&index_dir)?;
         Ok(Store {
             root,
             mode,
@@ -194,6 +199,28 @@ impl Store {
             pending_removal: Mutex::new(Vec::new()),
             lock_file: Mutex::new(Some(lock_file)),
         })
+    }
+
+    /// Whether `root` holds nothing, or only what an interrupted creation
+    /// leaves before the manifest is in place (lock file, empty payload
+    /// directory, temporary manifest): then creating the store is safe.
+    fn is_empty_or_unfinished(root: &Path) -> Result<bool> {
+        let tmp_manifest = format!("{MANIFEST_FILE}{TMP_SUFFIX}");
+        for entry in fs::read_dir(root).map_err(Error::io(root))? {
+            let entry = entry.map_err(Error::io(root))?;
+            let name = entry.file_name();
+            let ours = match name.to_str() {
+                Some(n) if n == LOCK_FILE || n == tmp_manifest => true,
+                Some(PAYLOAD_DIR) => fs::read_dir(entry.path())
+                    .map(|mut d| d.next().is_none())
+                    .unwrap_or(false),
+                _ => false,
+            };
+            if !ours {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// Takes the store's exclusive lock (`flock`) and writes our PID into the
@@ -228,9 +255,11 @@ impl Store {
             }
             Err(fs::TryLockError::Error(e)) => return Err(Error::io(&path)(e)),
         }
-        file.set_len(0)
-            .and_then(|_| write!(file, "{}\n", std::process::id()))
-            .and_then(|_| file.flush())
+        // Overwrite in place, then cut: a reader never sees an empty file.
+        let text = format!("{}\n", std::process::id());
+        file.seek(SeekFrom::Start(0))
+            .and_then(|_| file.write_all(text.as_bytes()))
+            .and_then(|_| file.set_len(text.len() as u64))
             .map_err(Error::io(&path))?;
         Ok(file)
     }

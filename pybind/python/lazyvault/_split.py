@@ -182,20 +182,22 @@ def split(obj: Any) -> tuple[Split, _Splitter]:
 
 def needs_pickle(layout: Any) -> str | None:
     """Why rebuilding ``layout`` needs unpickling (a class import or a
-    pickled remainder), or ``None``."""
+    pickled remainder), or ``None``. Walks node by node kind: the keys of a
+    ``dict`` node are user keys, never node kinds."""
     stack = [layout]
     while stack:
         node = stack.pop()
-        if isinstance(node, dict):
-            if "object" in node:
-                return f"it rebuilds an instance of {node['object']['class']}"
-            if "pickle" in node:
-                return "part of it is a pickled remainder"
-            for v in node.values():
-                if isinstance(v, (dict, list)):
-                    stack.append(v)
-        elif isinstance(node, list):
-            stack.extend(v for v in node if isinstance(v, (dict, list)))
+        if not isinstance(node, dict):
+            continue  # a JSON scalar
+        ((kind, body),) = node.items()
+        if kind == "object":
+            return f"it rebuilds an instance of {body['class']}"
+        if kind == "pickle":
+            return "part of it is a pickled remainder"
+        if kind == "dict":
+            stack.extend(body.values())
+        elif kind in ("list", "tuple"):
+            stack.extend(body)
     return None
 
 

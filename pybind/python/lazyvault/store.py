@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, KeysView, MutableMapping, Sequen
 from typing import Any, Literal, overload
 
 from . import _arrays, _lazyvault, _split
-from .errors import KeyTypeError, MissingKeyError
+from .errors import InvalidKeyError, KeyTypeError, MissingKeyError
 from .record import Record
 
 _open_stores: weakref.WeakSet[Store] = weakref.WeakSet()
@@ -29,9 +29,15 @@ def _close_open_stores() -> None:
 
 def _check_key(key: object) -> str:
     if type(key) is not str:
-        if isinstance(key, str):
-            return str(key)
-        raise KeyTypeError(f"keys are str, not {type(key).__name__}")
+        if not isinstance(key, str):
+            raise KeyTypeError(f"keys are str, not {type(key).__name__}")
+        key = str(key)
+    if not key.isascii():
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError as e:
+            # lone surrogates: not Unicode scalar values, so not storable text
+            raise InvalidKeyError(f"key {key!r} is not valid Unicode text: {e.reason}") from None
     return key
 
 

@@ -1,0 +1,261 @@
+//! Integration tests of the engine through its public API.
+
+use std::fs;
+
+use lazyvault_store::query::Query;
+use lazyvault_store::{map_payload, ArraySource, Error, Mode, Store};
+use serde_json::{json, Map, Value};
+
+fn meta(v: Value) -> Map<String, Value> {
+    v.as_object().cloned().expect("object")
+}
+
+fn f64_source<'a>(name: &str, data: &'a [u8], shape: Vec<u64>) -> ArraySource<'a> {
+    ArraySource {
+        name: name.into(),
+        descr: "'<f8'".into(),
+        dtype: "float64".into(),
+        shape,
+        fortran_order: false,
+        data,
+        pickled: false,
+    }
+}
+
+fn bytes_of(values: &[f64]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+#[test]
+fn put_get_delete_len_iterate_and_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.lv");
+    let data = bytes_of(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    {
+        let store = Store::open(&path, Mode::Append).unwrap();
+        assert_eq!(store.len().unwrap(), 0);
+        for (i, key) in ["b", "a", "🦀", "../x"].iter().enumerate() {
+            store
+                .put(
+                    key,
+                    meta(json!({"i": i, "material": "Si"})),
+                    Value::Null,
+                    &[f64_source("positions", &data, vec![2, 3])],
+                    None,
+                )
+                .unwrap();
+        }
+        assert_eq!(store.len().unwrap(), 4);
+        assert_eq!(store.keys().unwrap(), ["../x", "a", "b", "🦀"]);
+        assert!(store.delete("b").unwrap());
+        assert!(!store.delete("b").unwrap());
+        assert_eq!(store.len().unwrap(), 3);
+        store.close().unwrap();
+        assert!(matches!(store.len(), Err(Error::Closed)));
+    }
+    let store = Store::open(&path, Mode::ReadOnly).unwrap();
+    assert_eq!(store.len().unwrap(), 3);
+    let record = store.get("🦀").unwrap().unwrap();
+    assert_eq!(record.meta["i"], json!(2));
+    let entry = &record.arrays["positions"];
+    assert_eq!(entry.shape, [2, 3]);
+    assert_eq!(entry.data_offset % 64, 0);
+    let mapped = map_payload(store.root(), entry).unwrap();
+    assert_eq!(mapped.as_bytes(), &data[..]);
+    assert!(store.get("b").unwrap().is_none());
+    assert!(matches!(
+        store.put("z", Map::new(), Value::Null, &[], None),
+        Err(Error::ReadOnly)
+    ));
+}
+
+#[test]
+fn find_and_count_use_the_query_language() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("q.lv"), Mode::Append).unwrap();
+    let data = bytes_of(&[0.0; 12]);
+    for i in 0..10u32 {
+        let shape = vec![u64::from(i) % 3 + 1, 4];
+        let n = (shape[0] * 4 * 8) as usize;
+        store
+            .put(
+                &format!("run-{i}"),
+                meta(json!({"temperature": 250 + 10 * i, "material": if i % 2 == 0 {"Si"} else {"Ge"}})),
+                Value::Null,
+                &[f64_source("positions", &data[..n], shape)],
+                None,
+            )
+            .unwrap();
+    }
+    let q = Query::parse("temperature > 280 and material == 'Si'").unwrap();
+    assert_eq!(store.find(&q).unwrap(), ["run-4", "run-6", "run-8"]);
+    let q = Query::parse("positions.shape[0] == 3").unwrap();
+    assert_eq!(store.count(&q).unwrap(), 3); // i = 2, 5, 8
+    let q = Query::parse("key.startswith('run-1')").unwrap();
+    assert_eq!(store.find(&q).unwrap(), ["run-1"]);
+    assert!(Query::parse("temperature >> 3").is_err());
+}
+
+#[test]
+fn array_bytes_must_match_dtype_and_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("a.lv"), Mode::Append).unwrap();
+    let data = bytes_of(&[1.0, 2.0]);
+    let err = store
+        .put(
+            "k",
+            Map::new(),
+            Value::Null,
+            &[f64_source("a", &data, vec![3])],
+            None,
+        )
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidArray { .. }), "{err}");
+    let mut bad = f64_source("a", &data, vec![2]);
+    bad.descr = "'<q9'".into();
+    assert!(store
+        .put("k", Map::new(), Value::Null, &[bad], None)
+        .is_err());
+    let dup = [
+        f64_source("a", &data, vec![2]),
+        f64_source("a", &data, vec![2]),
+    ];
+    assert!(store.put("k", Map::new(), Value::Null, &dup, None).is_err());
+    assert!(matches!(
+        store.put("", Map::new(), Value::Null, &[], None),
+        Err(Error::EmptyKey)
+    ));
+    // nothing was committed and no payload was left behind
+    assert_eq!(store.len().unwrap(), 0);
+    assert!(store.verify().unwrap().orphans.is_empty());
+}
+
+#[test]
+fn second_opener_is_locked_out_and_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("l.lv");
+    let store = Store::open(&path, Mode::Append).unwrap();
+    match Store::open(&path, Mode::Append) {
+        Err(Error::Locked { pid, .. }) => assert_eq!(pid, Some(std::process::id())),
+        Err(other) => panic!("unexpected error {other}"),
+        Ok(_) => panic!("second open succeeded"),
+    }
+    store.close().unwrap();
+    for _ in 0..20 {
+        let s = Store::open(&path, Mode::Append).unwrap();
+        s.close().unwrap();
+    }
+}
+
+#[test]
+fn newer_major_version_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v.lv");
+    Store::open(&path, Mode::Create).unwrap().close().unwrap();
+    let manifest = path.join("lazyvault.json");
+    let text = fs::read_to_string(&manifest).unwrap();
+    fs::write(&manifest, text.replace("\"1.0\"", "\"9.0\"")).unwrap();
+    let err = Store::open(&path, Mode::Append).err().expect("refused");
+    assert!(matches!(err, Error::Format { .. }), "{err}");
+    assert!(err.to_string().contains("9.0"));
+}
+
+#[test]
+fn modes_check_existence() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.lv");
+    assert!(matches!(
+        Store::open(&path, Mode::ReadOnly),
+        Err(Error::NotFound(_))
+    ));
+    Store::open(&path, Mode::Create).unwrap().close().unwrap();
+    assert!(matches!(
+        Store::open(&path, Mode::Create),
+        Err(Error::Exists(_))
+    ));
+    let other = dir.path().join("other");
+    fs::create_dir(&other).unwrap();
+    fs::write(other.join("x"), b"x").unwrap();
+    assert!(matches!(
+        Store::open(&other, Mode::Append),
+        Err(Error::NotAStore(_))
+    ));
+}
+
+#[test]
+fn overwritten_payloads_go_at_flush_and_mappings_survive() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("o.lv"), Mode::Append).unwrap();
+    let old = bytes_of(&[7.0; 1024]);
+    store
+        .put(
+            "k",
+            Map::new(),
+            Value::Null,
+            &[f64_source("a", &old, vec![1024])],
+            None,
+        )
+        .unwrap();
+    let entry = store.get("k").unwrap().unwrap().arrays["a"].clone();
+    let mapped = map_payload(store.root(), &entry).unwrap();
+    let new = bytes_of(&[1.0]);
+    store
+        .put(
+            "k",
+            Map::new(),
+            Value::Null,
+            &[f64_source("a", &new, vec![1])],
+            None,
+        )
+        .unwrap();
+    assert!(store.root().join(entry.relpath()).exists());
+    store.flush().unwrap();
+    assert!(!store.root().join(entry.relpath()).exists());
+    assert_eq!(mapped.as_bytes(), &old[..]);
+    assert!(map_payload(store.root(), &entry).is_err());
+}
+
+#[test]
+fn short_payload_is_refused_before_mapping() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("t.lv"), Mode::Append).unwrap();
+    let data = bytes_of(&[3.0; 4096]);
+    store
+        .put(
+            "k",
+            Map::new(),
+            Value::Null,
+            &[f64_source("a", &data, vec![4096])],
+            None,
+        )
+        .unwrap();
+    let entry = store.get("k").unwrap().unwrap().arrays["a"].clone();
+    let file = store.root().join(entry.relpath());
+    let f = fs::OpenOptions::new().write(true).open(&file).unwrap();
+    f.set_len(entry.data_offset + entry.nbytes - 1).unwrap();
+    let err = map_payload(store.root(), &entry).unwrap_err();
+    assert!(err.to_string().contains("truncated"), "{err}");
+    let report = store.verify().unwrap();
+    assert_eq!(report.problems.len(), 1);
+}
+
+#[test]
+fn zero_size_arrays_map_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("z.lv"), Mode::Append).unwrap();
+    store
+        .put(
+            "k",
+            Map::new(),
+            Value::Null,
+            &[f64_source("a", &[], vec![0, 5])],
+            None,
+        )
+        .unwrap();
+    let entry = store.get("k").unwrap().unwrap().arrays["a"].clone();
+    assert_eq!(entry.nbytes, 0);
+    assert!(map_payload(store.root(), &entry)
+        .unwrap()
+        .as_bytes()
+        .is_empty());
+}
