@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import lazyvault as lv
 import pytest
+
+import lazyvault as lv
 
 
 @pytest.fixture

@@ -10,9 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import lazyvault as lv
 import numpy as np
 import pytest
+
+import lazyvault as lv
 from lazyvault._cli import main
 from lazyvault.demo import DEFAULT_DATA_DIR
 

@@ -14,9 +14,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import lazyvault as lv
 import numpy as np
 import pytest
+
+import lazyvault as lv
 from lazyvault import demo
 
 DATA = Path(os.environ.get("LAZYVAULT_VISP_DATA", demo.DEFAULT_DATA_DIR))

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import lazyvault as lv
 import numpy as np
 import pytest
+
+import lazyvault as lv
 
 SCHEMA_DIR = Path(__file__).resolve().parents[1] / "schema" / "json"
 NODE_KINDS = {"json", "dict", "list", "tuple", "array", "float", "scalar", "object", "pickle"}

@@ -8,9 +8,11 @@ import os
 import shutil
 from pathlib import Path
 
-import lazyvault as lv
 import numpy as np
 import pytest
+
+import lazyvault as lv
+
 from conftest import payload_files
 
 

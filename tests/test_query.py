@@ -109,9 +109,7 @@ def test_results_are_lazy_sequences(runs: lv.Store) -> None:
         ("", 1),
     ],
 )
-def test_bad_queries_raise_query_error_with_column(
-    runs: lv.Store, expr: str, column: int
-) -> None:
+def test_bad_queries_raise_query_error_with_column(runs: lv.Store, expr: str, column: int) -> None:
     with pytest.raises(lv.QueryError) as info:
         runs.find(expr)
     err = info.value

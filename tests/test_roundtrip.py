@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import hypothesis.extra.numpy as hnp
-import lazyvault as lv
 import numpy as np
 import pytest
-from conftest import payload_files
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+import lazyvault as lv
+
+from conftest import payload_files
 
 
 def assert_same_array(got: np.ndarray, want: np.ndarray) -> None:

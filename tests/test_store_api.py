@@ -9,9 +9,10 @@ import sys
 from collections.abc import MutableMapping
 from pathlib import Path
 
-import lazyvault as lv
 import numpy as np
 import pytest
+
+import lazyvault as lv
 
 
 def test_mapping_api(store: lv.Store) -> None:

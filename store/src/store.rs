@@ -1,5 +1,6 @@
 //! The store: a directory with a manifest, a sled index and payload files.
 
+use std::borrow::Cow;
 use std::collections::{BTreeSet, HashSet};
 use std::fs::{self, File};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -92,16 +93,51 @@ pub struct Store {
     lock_file: Mutex<Option<File>>,
 }
 
-/// Record as decoded for scans: the layout is skipped without building it.
+/// Record as decoded for scans: borrows strings from the index's bytes
+/// where it can, and skips the layout and payload ids without building them.
 #[derive(Deserialize)]
-struct ScanRecord {
+struct ScanRecord<'a> {
     meta: Map<String, Value>,
-    arrays: IndexMap<String, ArrayEntry>,
+    #[serde(borrow, deserialize_with = "deserialize_arrays")]
+    arrays: Vec<(String, ScanArray<'a>)>,
+}
+
+#[derive(Deserialize)]
+struct ScanArray<'a> {
+    #[serde(borrow)]
+    descr: Cow<'a, str>,
+    #[serde(borrow)]
+    dtype: Cow<'a, str>,
+    shape: Vec<u64>,
+    nbytes: u64,
+}
+
+fn deserialize_arrays<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Vec<(String, ScanArray<'de>)>, D::Error> {
+    struct Arrays;
+    impl<'de> serde::de::Visitor<'de> for Arrays {
+        type Value = Vec<(String, ScanArray<'de>)>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a map of array entries")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> std::result::Result<Self::Value, A::Error> {
+            let mut out = Vec::with_capacity(map.size_hint().unwrap_or(1));
+            while let Some((k, v)) = map.next_entry::<String, ScanArray<'de>>()? {
+                out.push((k, v));
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_map(Arrays)
 }
 
 struct ScanView<'a> {
     key: &'a str,
-    record: &'a ScanRecord,
+    record: &'a ScanRecord<'a>,
 }
 
 impl RecordView for ScanView<'_> {
@@ -112,12 +148,17 @@ impl RecordView for ScanView<'_> {
         &self.record.meta
     }
     fn array(&self, name: &str) -> Option<ArrayFacts<'_>> {
-        self.record.arrays.get(name).map(|a| ArrayFacts {
-            shape: &a.shape,
-            dtype: &a.dtype,
-            descr: &a.descr,
-            nbytes: a.nbytes,
-        })
+        // Records hold few arrays: a linear search beats hashing here.
+        self.record
+            .arrays
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, a)| ArrayFacts {
+                shape: &a.shape,
+                dtype: &a.dtype,
+                descr: &a.descr,
+                nbytes: a.nbytes,
+            })
     }
 }
 
