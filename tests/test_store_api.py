@@ -250,3 +250,28 @@ def test_unclosed_store_is_closed_at_exit(store_path: Path) -> None:
     subprocess.run([sys.executable, "-c", code, str(store_path)], check=True, timeout=60)
     with lv.Store.open(store_path, "r") as s:
         assert s["k"].v == 8
+
+
+def test_missing_index_is_refused_not_recreated_empty(store_path: Path) -> None:
+    # An empty new index would make every payload an orphan that gc() deletes.
+    import shutil
+
+    with lv.Store.open(store_path) as s:
+        s["k"] = {"a": np.arange(3)}
+    shutil.rmtree(store_path / "index")
+    with pytest.raises(lv.CorruptError, match="index"):
+        lv.Store.open(store_path)
+    assert not (store_path / "index").exists()
+    assert len(list((store_path / "arrays").glob("*/*.npy"))) == 1
+
+
+def test_interrupted_creation_can_be_reopened(tmp_path: Path) -> None:
+    # a crash between taking the lock and renaming the manifest into place
+    d = tmp_path / "half.lv"
+    (d / "arrays").mkdir(parents=True)
+    (d / "lazyvault.lock").write_text("12345\n")
+    (d / "lazyvault.json.tmp").write_text("{")
+    with lv.Store.open(d) as s:
+        s["k"] = {"v": 1}
+    with lv.Store.open(d, "r") as s:
+        assert s["k"].v == 1
