@@ -275,3 +275,24 @@ def test_interrupted_creation_can_be_reopened(tmp_path: Path) -> None:
         s["k"] = {"v": 1}
     with lv.Store.open(d, "r") as s:
         assert s["k"].v == 1
+
+
+def test_store_used_in_a_forked_child_raises_and_records_still_work(store: lv.Store) -> None:
+    store["k"] = {"v": 1, "a": np.arange(5)}
+    rec = store["k"]
+    pid = os.fork()
+    if pid == 0:  # child: never touch sled; pass records instead
+        code = 3
+        try:
+            try:
+                len(store)
+                code = 1
+            except lv.ForkedStoreError:
+                code = 2 if rec.a.tolist() == [0, 1, 2, 3, 4] and rec.v == 1 else 4
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 2
+    store["k2"] = {"v": 2}
+    store.flush()  # the parent's store is untouched by the child
+    assert len(store) == 2
