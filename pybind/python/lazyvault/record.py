@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from . import _arrays, _lazyvault, _split
-from .errors import CorruptError, PickleNotAllowedError
+from . import _arrays, _split
 
 if TYPE_CHECKING:
+    from ._source import Source
     from .store import Store
 
 
@@ -54,9 +54,16 @@ class Record:
     copy), cached on the proxy. ``load()`` rebuilds the original object.
     """
 
-    __slots__ = ("__weakref__", "_cache", "_key", "_record", "_store")
+    __slots__ = ("__weakref__", "_cache", "_key", "_record", "_source", "_store")
 
-    def __init__(self, store: Store, key: str, record: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        source: Source,
+        key: str,
+        record: dict[str, Any],
+        store: Store | None = None,
+    ) -> None:
+        self._source = source
         self._store = store
         self._key = key
         self._record = record
@@ -68,8 +75,9 @@ class Record:
         return self._key
 
     @property
-    def store(self) -> Store:
-        """The store this record was read from."""
+    def store(self) -> Store | None:
+        """The store this record was read from (``None`` for a record that
+        travelled by pickle or comes from an archive)."""
         return self._store
 
     @property
@@ -105,35 +113,9 @@ class Record:
         entry = self._record["arrays"].get(name)
         if entry is None:
             raise KeyError(f"record {self._key!r} has no array {name!r}")
-        array = self._map(name, entry)
+        array = self._source.map_array(self._key, name, entry)
         self._cache[name] = array
         return array
-
-    def _map(self, name: str, entry: dict[str, Any]) -> np.ndarray:
-        args = (
-            self._store.path,
-            entry["id"],
-            entry["descr"],
-            entry["shape"],
-            entry["fortran_order"],
-            entry["nbytes"],
-            entry["data_offset"],
-        )
-        try:
-            if entry.get("pickled"):
-                if not self._store.allow_pickle:
-                    raise PickleNotAllowedError(
-                        f"record {self._key!r} array {name!r} is an object array, stored as "
-                        "a pickle; loading it can run arbitrary code: open the store with "
-                        "allow_pickle=True if you trust it"
-                    )
-                return _arrays.load_pickled(_lazyvault.read_array_bytes(*args))
-            buffer = _lazyvault.map_array(*args)
-        except CorruptError as e:
-            raise CorruptError(f"record {self._key!r} array {name!r}: {e}") from e
-        return _arrays.array_from_buffer(
-            buffer, entry["descr"], tuple(entry["shape"]), entry["fortran_order"]
-        )
 
     def load(self) -> Any:
         """The original object rebuilt: dicts, lists, tuples, dataclasses and
@@ -146,8 +128,8 @@ class Record:
         return _split.join(
             self._record["layout"],
             self.array,
-            lambda: self._store._core.get_pickle(self._key),
-            self._store.allow_pickle,
+            lambda: self._source.get_pickle(self._key),
+            self._source.allow_pickle,
             f"record {self._key!r}",
         )
 

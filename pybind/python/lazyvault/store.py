@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator, KeysView, MutableMapping, Sequen
 from typing import Any, Literal, overload
 
 from . import _arrays, _lazyvault, _split
+from ._source import DirectorySource
 from .errors import InvalidKeyError, KeyTypeError, MissingKeyError
 from .record import Record
 
@@ -53,6 +54,7 @@ class Store(MutableMapping[str, Record]):
         self._core = core
         self._path = core.root
         self._allow_pickle = bool(allow_pickle)
+        self._source = DirectorySource(self._path, self._allow_pickle, core.get_pickle)
         _open_stores.add(self)
 
     # A Store is a handle, like a file object: equal only to itself (the
@@ -120,7 +122,7 @@ class Store(MutableMapping[str, Record]):
         raw = self._core.get(key)
         if raw is None:
             raise MissingKeyError(key)
-        return Record(self, key, json.loads(raw))
+        return Record(self._source, key, json.loads(raw), self)
 
     def __setitem__(self, key: str, obj: Any) -> None:
         """Stores ``obj`` under ``key``, replacing what was there.

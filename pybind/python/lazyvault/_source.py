@@ -1,0 +1,106 @@
+"""Where a :class:`Record` gets its arrays and pickled remainder from.
+
+A record proxy only knows its key and its record JSON; a *source* turns an
+array entry into an ndarray and hands over the pickled remainder. Sources:
+the payload files of a store directory (records from ``Store`` and records
+passed by reference to other processes), a ``.lvz`` archive, and arrays
+carried in memory (records unpickled by value).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from . import _arrays, _lazyvault
+from .errors import CorruptError, PickleNotAllowedError
+
+
+class Source(Protocol):
+    """What a :class:`Record` needs from where it was read."""
+
+    allow_pickle: bool
+
+    def map_array(self, key: str, name: str, entry: dict[str, Any]) -> np.ndarray:
+        """The array of ``entry`` (read-only, no copy where the source allows)."""
+        ...
+
+    def get_pickle(self, key: str) -> bytes | None:
+        """The pickled remainder of ``key``, if any."""
+        ...
+
+
+def refuse_pickled_array(key: str, name: str) -> PickleNotAllowedError:
+    return PickleNotAllowedError(
+        f"record {key!r} array {name!r} is an object array, stored as a pickle; loading "
+        "it can run arbitrary code: open the store with allow_pickle=True if you trust it"
+    )
+
+
+class DirectorySource:
+    """The payload files of the store directory ``root``, read without the
+    index: each array is checked against its record and memory-mapped."""
+
+    def __init__(
+        self,
+        root: str,
+        allow_pickle: bool,
+        get_pickle: Callable[[str], bytes | None],
+    ) -> None:
+        self.root = root
+        self.allow_pickle = allow_pickle
+        self._get_pickle = get_pickle
+
+    def get_pickle(self, key: str) -> bytes | None:
+        return self._get_pickle(key)
+
+    def map_array(self, key: str, name: str, entry: dict[str, Any]) -> np.ndarray:
+        args = (
+            self.root,
+            entry["id"],
+            entry["descr"],
+            entry["shape"],
+            entry["fortran_order"],
+            entry["nbytes"],
+            entry["data_offset"],
+        )
+        try:
+            if entry.get("pickled"):
+                if not self.allow_pickle:
+                    raise refuse_pickled_array(key, name)
+                return _arrays.load_pickled(_lazyvault.read_array_bytes(*args))
+            buffer = _lazyvault.map_array(*args)
+        except CorruptError as e:
+            raise CorruptError(f"record {key!r} array {name!r}: {e}") from e
+        return _arrays.array_from_buffer(
+            buffer, entry["descr"], tuple(entry["shape"]), entry["fortran_order"]
+        )
+
+
+class MemorySource:
+    """Arrays and remainders held in memory (a record unpickled by value).
+
+    Unpickling already ran whatever the pickle asked for, so loading the
+    record's own remainder is allowed by default.
+    """
+
+    def __init__(
+        self,
+        arrays: dict[str, np.ndarray],
+        pickle: bytes | None,
+        allow_pickle: bool = True,
+    ) -> None:
+        self.arrays = arrays
+        self.pickle = pickle
+        self.allow_pickle = allow_pickle
+
+    def get_pickle(self, key: str) -> bytes | None:
+        return self.pickle
+
+    def map_array(self, key: str, name: str, entry: dict[str, Any]) -> np.ndarray:
+        try:
+            return self.arrays[name]
+        except KeyError:
+            raise CorruptError(f"record {key!r} array {name!r}: not carried") from None
