@@ -133,6 +133,21 @@ class Record:
             f"record {self._key!r}",
         )
 
+    def ref(self) -> Any:
+        """A small, picklable reference to this record (store path + record
+        entry): another process maps the same payload files without opening
+        the index. See :class:`lazyvault.RecordRef`."""
+        from . import _pickling
+
+        return _pickling.record_ref(self)
+
+    def __reduce_ex__(self, protocol: int) -> Any:
+        # By value (PEP 574: arrays out-of-band with protocol 5); across
+        # multiprocessing, by reference (see _pickling).
+        from . import _pickling
+
+        return _pickling.reduce_record(self, protocol)
+
     def __getattr__(self, name: str) -> Any:
         # Only reached when normal lookup fails: fields from the record.
         if name.startswith("__") or name in _OWN:

@@ -6,7 +6,7 @@ import atexit
 import json
 import os
 import weakref
-from collections.abc import Callable, Iterator, KeysView, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, KeysView, MutableMapping, Sequence
 from typing import Any, Literal, overload
 
 from . import _arrays, _lazyvault, _split
@@ -216,6 +216,38 @@ class Store(MutableMapping[str, Record]):
         """Removes payload files no record references (left by a crash or an
         overwrite). Returns ``{"removed_files": n, "removed_bytes": n}``."""
         return self._core.gc()
+
+    # -- pickling, archives, interop (thin: the work is in their modules) ----
+
+    def __reduce__(self) -> Any:
+        """A Store pickles by path (and mode, allow_pickle); unpickling opens
+        it again, so it raises StoreLockedError while another holds it."""
+        from . import _pickling
+
+        return _pickling.reduce_store(self)
+
+    def export(
+        self,
+        path: str | os.PathLike[str],
+        keys: Iterable[str] | None = None,
+        query: str | None = None,
+    ) -> None:
+        """Writes records to one file, format by extension: ``.lvz`` (a zip of
+        64-byte aligned ``.npy`` members plus the records; ``Store.open`` maps
+        it, ``np.load`` reads it as an npz), ``.npz`` or ``.safetensors``.
+        ``keys`` or ``query`` select the records (all by default)."""
+        from . import _interop
+
+        _interop.export(self, path, keys=keys, query=query)
+
+    def import_file(self, path: str | os.PathLike[str], key: str | None = None) -> list[str]:
+        """Reads a ``.npy``, ``.npz``, ``.safetensors`` or ``.lvz`` file (format
+        from the content, not only the extension) into the store; returns the
+        keys written. ``key`` names the record (default: the file's stem);
+        a ``.lvz`` brings back all its records under their own keys."""
+        from . import _interop
+
+        return _interop.import_file(self, path, key=key)
 
     def __repr__(self) -> str:
         if self.closed:
