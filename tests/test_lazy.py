@@ -80,7 +80,7 @@ def test_metadata_access_opens_no_payload(filled: lv.Store, store_path: Path) ->
         ]
         assert filled.get("nope") is None and "run-005" in filled
         assert "records=20" in repr(filled)
-        assert _mapped_payloads() == {}
+        assert not [p for p in _mapped_payloads() if p.startswith(str(store_path))]
         # and touching an array now fails with a clear error naming it
         with pytest.raises(lv.CorruptError, match=r"run-003.*positions"):
             filled["run-003"].positions

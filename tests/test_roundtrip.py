@@ -337,3 +337,83 @@ def test_keys_that_are_not_valid_unicode_raise_invalid_key_error(store: lv.Store
     with pytest.raises(lv.InvalidKeyError):
         store["\ud800"]
     assert len(store) == 0
+
+
+class MyList(list):
+    pass
+
+
+class MyDict(dict):
+    pass
+
+
+class MyStr(str):
+    pass
+
+
+class MyInt(int):
+    pass
+
+
+def test_subclasses_of_builtins_keep_their_contents(store_path: Path) -> None:
+    # found by a fresh-user trial: these were saved with an empty state
+    obj = {
+        "l": MyList([1, 2, np.arange(3)]),
+        "d": MyDict(a=1, w=np.ones(2)),
+        "s": MyStr("hello"),
+        "i": MyInt(42),
+    }
+    with lv.Store.open(store_path) as s:
+        s["k"] = obj
+        assert len(s["k"].arrays) == 2  # arrays inside still become payloads
+    with lv.Store.open(store_path, "r", allow_pickle=True) as s:
+        back = s["k"].load()
+    assert type(back["l"]) is MyList and back["l"][:2] == [1, 2]
+    assert back["l"][2].tolist() == [0, 1, 2]
+    assert type(back["d"]) is MyDict and back["d"]["a"] == 1
+    assert back["d"]["w"].tolist() == [1.0, 1.0]
+    assert type(back["s"]) is MyStr and back["s"] == "hello"
+    assert type(back["i"]) is MyInt and back["i"] == 42
+
+
+def test_numpy_subclasses_keep_their_type(store_path: Path) -> None:
+    # found by a fresh-user trial: masks and matrix semantics were dropped
+    masked = np.ma.masked_array([1.0, 2.0, 3.0], mask=[0, 1, 0])
+    matrix = np.matrix([[1, 2], [3, 4]])
+    with lv.Store.open(store_path) as s:
+        s["k"] = {"m": masked, "x": matrix}
+    with lv.Store.open(store_path, "r", allow_pickle=True) as s:
+        back = s["k"].load()
+    assert type(back["m"]) is np.ma.MaskedArray
+    assert back["m"].mask.tolist() == [False, True, False] and back["m"].mean() == 2.0
+    assert type(back["x"]) is np.matrix and (back["x"] * back["x"]).tolist() == [[7, 10], [15, 22]]
+
+
+def test_deep_and_recursive_structures_are_stored_without_loss(store_path: Path) -> None:
+    # found by a fresh-user trial: 63 nested dicts wrote a record its reader rejected
+    deep: dict[str, Any] = {"leaf": np.arange(5)}
+    for _ in range(300):
+        deep = {"d": deep}
+    cyclic: list[Any] = [1]
+    cyclic.append(cyclic)
+    with lv.Store.open(store_path) as s:
+        s["deep"] = deep
+        s["cyclic"] = {"c": cyclic, "t": 1}
+        assert s.verify()["ok"] and s.verify()["orphans"] == []
+        assert s["cyclic"].t == 1
+        assert s.gc()["removed_files"] == 0
+    with lv.Store.open(store_path, "r", allow_pickle=True) as s:
+        node = s["deep"].load()
+        for _ in range(300):
+            node = node["d"]
+        assert node["leaf"].tolist() == [0, 1, 2, 3, 4]
+        c = s["cyclic"].load()["c"]
+        assert c[0] == 1 and c[1] is c
+
+
+def test_strings_that_are_not_unicode_text_go_to_the_remainder(store_path: Path) -> None:
+    with lv.Store.open(store_path) as s:
+        s["k"] = {"bad": "x\ud800", "good": "y"}
+        assert s["k"].meta == {"good": "y"}
+    with lv.Store.open(store_path, "r", allow_pickle=True) as s:
+        assert s["k"].load() == {"bad": "x\ud800", "good": "y"}

@@ -296,3 +296,38 @@ def test_store_used_in_a_forked_child_raises_and_records_still_work(store: lv.St
     store["k2"] = {"v": 2}
     store.flush()  # the parent's store is untouched by the child
     assert len(store) == 2
+
+
+def test_forked_child_exiting_normally_does_not_hang(store_path: Path) -> None:
+    # found by a fresh-user trial: the child's exit dropped the Store, whose
+    # sled flush waited forever for a flusher thread that fork() did not copy
+    code = (
+        "import os, sys, lazyvault as lv\n"
+        "s = lv.Store.open(sys.argv[1])\n"
+        "s['k'] = {'x': 1}\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    sys.exit(0)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "print(os.waitstatus_to_exitcode(status))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(store_path)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "0"
+    with lv.Store.open(store_path, "r") as s:
+        assert s["k"].x == 1
+
+
+def test_misuse_gives_clear_errors(store: lv.Store, store_path: Path) -> None:
+    with pytest.raises(TypeError, match=r"Store\.open"):
+        lv.Store(str(store_path))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="allow_pickle"):
+        lv.Store.open(store_path.parent / "other.lv", allow_pickle="no")  # type: ignore[arg-type]
+    store["k"] = {"v": 1}
+    assert store.count(lambda r: r.v == 1) == 1
+    with pytest.raises(TypeError):
+        list(store["k"])
+    with pytest.raises(lv.QueryError):
+        store.find("v == '\ud800'")

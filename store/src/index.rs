@@ -21,7 +21,10 @@ fn prefixed(prefix: u8, key: &str) -> Vec<u8> {
 }
 
 fn index_err(e: sled::Error) -> Error {
-    Error::Index(e.to_string())
+    match e {
+        sled::Error::Corruption { .. } => Error::corrupt("index", e),
+        other => Error::Index(other.to_string()),
+    }
 }
 
 /// The sled-backed index of one store. Not `Clone` on purpose: sled's file
@@ -35,11 +38,30 @@ pub(crate) struct Index {
 impl Index {
     /// Opens or creates the index in `dir`.
     pub(crate) fn open(dir: &Path) -> Result<Index> {
-        let db = sled::Config::new().path(dir).open().map_err(|e| match e {
+        // The caller holds the store's own exclusive lock, so a sled lock
+        // still held here belongs to this process's previous Db, whose
+        // threads may release it a moment after close(): retry briefly.
+        // (sled's error text is the only way to recognise it, NOTES.md.)
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+        let opened = loop {
+            match sled::Config::new().path(dir).open() {
+                Err(sled::Error::Io(io))
+                    if io.to_string().contains("could not acquire lock")
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                other => break other,
+            }
+        };
+        let db = opened.map_err(|e| match e {
             sled::Error::Io(io) => Error::Io {
                 path: dir.to_owned(),
                 source: io,
             },
+            e @ sled::Error::Corruption { .. } => {
+                Error::corrupt(format!("index {}", dir.display()), e)
+            }
             other => Error::Index(format!("{}: {other}", dir.display())),
         })?;
         let tree = db.open_tree("lazyvault").map_err(index_err)?;

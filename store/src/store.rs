@@ -701,6 +701,16 @@ impl Drop for Store {
     fn drop(&mut self) {
         if std::process::id() == self.opener_pid {
             let _ = self.close();
+        } else if let Some(index) = self
+            .index
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            // A forked child: dropping sled's Db would flush and wait forever
+            // for a flusher thread fork() did not copy. Leak it; the parent
+            // still owns the files and the lock.
+            std::mem::forget(index);
         }
     }
 }

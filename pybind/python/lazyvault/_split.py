@@ -54,9 +54,26 @@ def _join_path(path: str, name: str) -> str:
     return f"{path}/{name}" if path else name
 
 
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class defined in Python, not in C
+
+
+def _text_ok(text: str) -> bool:
+    """Whether ``text`` is Unicode text JSON and UTF-8 can hold (no lone
+    surrogates)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _plain_state_class(value: Any) -> bool:
     """Whether ``value`` is an instance whose state is just its ``__dict__``
-    (dataclasses and ordinary classes without custom pickling)."""
+    (dataclasses and ordinary classes without custom pickling). Subclasses
+    of C types (``list``, ``dict``, ``int``, ``np.ndarray``, ...) keep state
+    outside ``__dict__``, so they are not."""
     cls = type(value)
     if not hasattr(value, "__dict__") or isinstance(value, type):
         return False
@@ -64,19 +81,39 @@ def _plain_state_class(value: Any) -> bool:
         return False
     if getattr(cls, "__slots__", None):
         return False
+    if any(not (base.__flags__ & _HEAPTYPE) for base in cls.__mro__ if base is not object):
+        return False
     return (
         cls.__reduce_ex__ is object.__reduce_ex__
         and cls.__reduce__ is object.__reduce__
         and getattr(cls, "__getstate__", object.__getstate__) is object.__getstate__
         and not hasattr(cls, "__setstate__")
-        and all(type(k) is str for k in vars(value))
+        and all(type(k) is str and _text_ok(k) for k in vars(value))
     )
 
 
+# Containers nested deeper than this go to the pickled remainder: each level
+# costs two levels of layout JSON, and readers cap JSON nesting (serde_json
+# at 128).
+MAX_DEPTH = 32
+# Only these become payloads; other ndarray subclasses (masked arrays,
+# np.matrix, recarrays) carry state a .npy file cannot hold.
+_PLAIN_ARRAY_TYPES = (np.ndarray, np.memmap)
+
+
+class _Cycle(Exception):
+    """A container reached from itself: restart, pickling it whole."""
+
+    def __init__(self, container_id: int) -> None:
+        self.container_id = container_id
+
+
 class _Splitter:
-    def __init__(self) -> None:
+    def __init__(self, pickle_whole: set[int] | None = None) -> None:
         self.arrays: dict[str, np.ndarray] = {}
         self._path_of_id: dict[int, str] = {}
+        self._active: set[int] = set()  # containers on the current path
+        self._pickle_whole = pickle_whole or set()
 
     def array_path(self, array: np.ndarray, path: str) -> str:
         known = self._path_of_id.get(id(array))
@@ -92,11 +129,24 @@ class _Splitter:
         self._path_of_id[id(array)] = name
         return name
 
-    def walk(self, value: Any, path: str, leftovers: list[Any]) -> tuple[Any, Any]:
+    def walk(self, value: Any, path: str, leftovers: list[Any], depth: int = 0) -> tuple[Any, Any]:
         """Returns ``(layout node, meta value or _MISSING)``."""
         t = type(value)
-        if value is None or t is bool or t is str:
+        if value is None or t is bool:
             return value, value
+        if t is str:
+            if _text_ok(value):
+                return value, value
+        elif (t is dict or t is list or t is tuple or _plain_state_class(value)) and (
+            depth < MAX_DEPTH and id(value) not in self._pickle_whole
+        ):
+            if id(value) in self._active:
+                raise _Cycle(id(value))
+            self._active.add(id(value))
+            try:
+                return self._walk_container(value, path, leftovers, depth + 1)
+            finally:
+                self._active.discard(id(value))
         if t is int:
             if _INT_MIN <= value <= _INT_MAX:
                 return value, value
@@ -104,7 +154,7 @@ class _Splitter:
             if math.isfinite(value):
                 return value, value
             return {"float": repr(value)}, _MISSING
-        elif isinstance(value, np.ndarray):
+        elif t in _PLAIN_ARRAY_TYPES:
             return {"array": self.array_path(value, path)}, _MISSING
         elif (
             isinstance(value, np.generic)
@@ -113,35 +163,45 @@ class _Splitter:
         ):
             item = value.item()
             return {"scalar": [value.dtype.str, item]}, item
-        elif t is dict and all(type(k) is str for k in value):
+        leftovers.append((value, path))
+        return {"pickle": len(leftovers) - 1}, _MISSING
+
+    def _walk_container(
+        self, value: Any, path: str, leftovers: list[Any], depth: int
+    ) -> tuple[Any, Any]:
+        t = type(value)
+        if t is dict and all(type(k) is str and _text_ok(k) for k in value):
             nodes: dict[str, Any] = {}
             meta: dict[str, Any] = {}
             for k, v in value.items():
-                node, m = self.walk(v, _join_path(path, k), leftovers)
+                node, m = self.walk(v, _join_path(path, k), leftovers, depth)
                 nodes[k] = node
                 if m is not _MISSING:
                     meta[k] = m
             return {"dict": nodes}, meta
-        elif t is list or t is tuple:
+        if t is list or t is tuple:
             nodes_l, metas, complete = [], [], True
             for i, v in enumerate(value):
-                node, m = self.walk(v, _join_path(path, str(i)), leftovers)
+                node, m = self.walk(v, _join_path(path, str(i)), leftovers, depth)
                 nodes_l.append(node)
                 if m is _MISSING:
                     complete = False
                 else:
                     metas.append(m)
             return {("list" if t is list else "tuple"): nodes_l}, (metas if complete else _MISSING)
-        elif _plain_state_class(value):
-            node, meta = self.walk(dict(vars(value)), path, leftovers)
+        if t is not dict:  # a plain-state instance
+            nodes_o: dict[str, Any] = {}
+            meta_o: dict[str, Any] = {}
+            for k, v in vars(value).items():
+                node, m = self.walk(v, _join_path(path, k), leftovers, depth)
+                nodes_o[k] = node
+                if m is not _MISSING:
+                    meta_o[k] = m
             cls = type(value)
             return {
-                "object": {
-                    "class": f"{cls.__module__}:{cls.__qualname__}",
-                    "state": node["dict"],
-                }
-            }, meta
-        leftovers.append((value, path))
+                "object": {"class": f"{cls.__module__}:{cls.__qualname__}", "state": nodes_o}
+            }, meta_o
+        leftovers.append((value, path))  # a dict whose keys are not all text
         return {"pickle": len(leftovers) - 1}, _MISSING
 
     def pickle_leftovers(self, leftovers: list[tuple[Any, str]]) -> bytes:
@@ -157,7 +217,7 @@ class _Splitter:
             count = 0
 
             def persistent_id(self, obj: Any) -> Any:
-                if isinstance(obj, np.ndarray):
+                if type(obj) in _PLAIN_ARRAY_TYPES:
                     self.count += 1
                     return ("array", splitter.array_path(obj, f"{self.base}/{self.count}"))
                 return None
@@ -171,9 +231,15 @@ class _Splitter:
 
 def split(obj: Any) -> tuple[Split, _Splitter]:
     """Takes ``obj`` apart (see the module docstring)."""
-    splitter = _Splitter()
-    leftovers: list[Any] = []
-    layout, meta = splitter.walk(obj, "", leftovers)
+    pickle_whole: set[int] = set()
+    while True:
+        splitter = _Splitter(pickle_whole)
+        leftovers: list[Any] = []
+        try:
+            layout, meta = splitter.walk(obj, "", leftovers)
+            break
+        except _Cycle as cycle:
+            pickle_whole.add(cycle.container_id)
     if not isinstance(meta, dict):
         meta = {}
     result = Split(meta=meta, layout=layout, arrays={}, leftovers=leftovers)

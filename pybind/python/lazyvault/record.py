@@ -169,6 +169,9 @@ class Record:
         except KeyError:
             raise KeyError(f"record {self._key!r} has no field {name!r}") from None
 
+    # Not a sequence: without this, Python would iterate via __getitem__(0).
+    __iter__ = None
+
     def __contains__(self, name: object) -> bool:
         return name in self._record["arrays"] or name in self._record["meta"]
 

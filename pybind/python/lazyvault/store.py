@@ -9,9 +9,10 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, KeysView, MutableMapping, Sequence
 from typing import Any, Literal, overload
 
-from . import _arrays, _lazyvault, _split
+from . import _archive, _arrays, _lazyvault, _split
 from ._source import DirectorySource
-from .errors import InvalidKeyError, KeyTypeError, MissingKeyError
+from ._split import _text_ok
+from .errors import InvalidKeyError, KeyTypeError, MissingKeyError, QueryError, ReadOnlyError
 from .record import Record
 
 _open_stores: weakref.WeakSet[Store] = weakref.WeakSet()
@@ -42,6 +43,18 @@ def _check_key(key: object) -> str:
     return key
 
 
+def _query_text(expr: object) -> str:
+    """The query as text the core can take, or QueryError / TypeError."""
+    if not isinstance(expr, str):
+        raise TypeError(f"a query is a str, not {type(expr).__name__}")
+    if not _text_ok(expr):
+        column = next(i for i, c in enumerate(expr, 1) if not _text_ok(c))
+        err = QueryError(f"query text is not valid Unicode at column {column}")
+        err.column, err.expression, err.reason = column, expr, "not valid Unicode"
+        raise err
+    return expr
+
+
 class Store(MutableMapping[str, Record]):
     """A store of objects made of metadata and numpy arrays (see DESIGN.md).
 
@@ -51,6 +64,10 @@ class Store(MutableMapping[str, Record]):
     """
 
     def __init__(self, core: _lazyvault.StoreCore, allow_pickle: bool = False) -> None:
+        if not isinstance(core, _lazyvault.StoreCore):
+            raise TypeError("open a store with lazyvault.Store.open(path, mode)")
+        if type(allow_pickle) is not bool:
+            raise TypeError(f"allow_pickle must be True or False, not {allow_pickle!r}")
         self._core = core
         self._path = core.root
         self._allow_pickle = bool(allow_pickle)
@@ -68,14 +85,20 @@ class Store(MutableMapping[str, Record]):
     def open(
         cls,
         path: str | os.PathLike[str],
-        mode: Literal["r", "a", "w"] = "a",
+        mode: Literal["r", "a", "w"] | None = None,
         *,
         allow_pickle: bool = False,
-    ) -> Store:
+    ) -> Any:
         """Opens the store at ``path``.
 
         ``mode``: ``"a"`` read/write, create if missing (default); ``"r"``
         read-only, must exist; ``"w"`` create, must not exist.
+
+        When ``path`` is an existing file that starts like a zip (a ``.lvz``
+        archive, whatever its extension), returns a read-only
+        :class:`lazyvault.Archive` instead (no lock: any number of processes
+        may open it); ``mode`` must then be ``"r"`` or left out, and
+        ``"a"``/``"w"`` raise :class:`ReadOnlyError`.
         ``allow_pickle``: allow loading parts that need unpickling (object
         arrays, class instances, pickled remainders); off by default because
         unpickling can run arbitrary code (as ``np.load``).
@@ -86,9 +109,19 @@ class Store(MutableMapping[str, Record]):
         :class:`NotAStoreError`, :class:`FormatVersionError` for a store of a
         newer major format version, ``ValueError`` for a bad mode.
         """
-        if mode not in ("r", "a", "w"):
+        if mode is not None and mode not in ("r", "a", "w"):
             raise ValueError(f"mode must be 'r', 'a' or 'w', not {mode!r}")
-        return cls(_lazyvault.StoreCore(os.fspath(path), mode), allow_pickle)
+        if type(allow_pickle) is not bool:
+            raise TypeError(f"allow_pickle must be True or False, not {allow_pickle!r}")
+        if _archive.is_archive_file(path):
+            if mode not in (None, "r"):
+                raise ReadOnlyError(
+                    f"{os.fspath(path)!r} is a .lvz archive, which is read-only: open it with "
+                    f"mode='r' (or no mode), not {mode!r}; to change its records, "
+                    "import it into a store (store.import_file(path))"
+                )
+            return _archive.open_archive(path, allow_pickle=allow_pickle)
+        return cls(_lazyvault.StoreCore(os.fspath(path), mode or "a"), allow_pickle)
 
     @property
     def path(self) -> str:
@@ -161,7 +194,7 @@ class Store(MutableMapping[str, Record]):
         """All keys, or with ``expr`` the keys of the matching records."""
         if expr is None:
             return KeysView(self)
-        return self._core.find(expr)
+        return self._core.find(_query_text(expr))
 
     # -- queries -----------------------------------------------------------
 
@@ -178,13 +211,16 @@ class Store(MutableMapping[str, Record]):
             return Results(self, [k for k in self._core.keys() if expr(self[k])])
         if not isinstance(expr, str):
             raise TypeError(f"find() takes a query string or a callable, not {type(expr).__name__}")
-        return Results(self, self._core.find(expr))
+        return Results(self, self._core.find(_query_text(expr)))
 
-    def count(self, expr: str | None = None) -> int:
-        """Number of records matching ``expr`` (all records without one)."""
+    def count(self, expr: str | Callable[[Record], bool] | None = None) -> int:
+        """Number of records matching ``expr`` (all records without one);
+        ``expr`` as in :meth:`find`."""
         if expr is None:
             return len(self)
-        return self._core.count(expr)
+        if callable(expr):
+            return len(self.find(expr))
+        return self._core.count(_query_text(expr))
 
     # -- durability and maintenance ---------------------------------------
 
