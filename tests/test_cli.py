@@ -260,3 +260,10 @@ def test_demo_json(tmp_path: Path) -> None:
     assert "payload bytes faulted in vs stored" in proc.stdout
     assert cli("ls", store).stdout.count("\n") == 12
     assert_error(cli("demo", "--limit", "12", "--store", store), 1, "kept.lv")
+
+
+def test_gc_on_a_mistyped_path_creates_nothing(tmp_path: Path) -> None:
+    # found by a fresh-user trial: gc created an empty store at the typo
+    missing = tmp_path / "typo.lv"
+    assert main(["gc", str(missing)]) == 1
+    assert not missing.exists()

@@ -22,7 +22,7 @@ from typing import Any, TextIO
 
 from . import __version__
 from .demo import DEFAULT_DATA_DIR
-from .errors import LazyvaultError, MissingKeyError
+from .errors import LazyvaultError, MissingKeyError, StoreNotFoundError
 from .store import Store
 
 __all__ = ["build_parser", "main"]
@@ -160,6 +160,9 @@ def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_gc(args: argparse.Namespace, out: TextIO) -> int:
+    if not os.path.exists(os.path.join(args.path, "lazyvault.json")):
+        # mode "a" would create an empty store at a mistyped path
+        raise StoreNotFoundError(f"{args.path}: no such store")
     with Store.open(args.path, mode="a") as store:
         report = store.gc()
     if args.json:
