@@ -4,6 +4,7 @@
 
 use pyo3::prelude::*;
 
+mod archive;
 mod array;
 mod convert;
 mod errors;
@@ -13,6 +14,10 @@ mod store;
 fn _lazyvault(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::StoreCore>()?;
     m.add_class::<array::MappedBuffer>()?;
+    m.add_class::<archive::ArchiveCore>()?;
+    m.add_class::<archive::ArchiveBuffer>()?;
+    m.add_function(wrap_pyfunction!(archive::write_store_archive, m)?)?;
+    m.add_function(wrap_pyfunction!(archive::dumps_archive, m)?)?;
     m.add_function(wrap_pyfunction!(array::map_array, m)?)?;
     m.add_function(wrap_pyfunction!(array::read_array_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(store::check_query, m)?)?;

@@ -18,6 +18,7 @@
 //! # Ok::<(), lazyvault_store::Error>(())
 //! ```
 
+pub mod archive;
 mod error;
 mod index;
 pub mod npy;

@@ -32,12 +32,9 @@ pub struct ArraySource<'a> {
 /// Suffix of a payload being written; such files are orphans after a crash.
 pub(crate) const TMP_SUFFIX: &str = ".tmp";
 
-/// Writes `src` as a new payload file and returns its entry and the
-/// directory that holds it (which the caller fsyncs once per batch).
-///
-/// Order (invariant 3): write to `<id>.npy.tmp`, fsync the file, rename to
-/// `<id>.npy`. The file is never written again after the rename.
-pub(crate) fn write_payload(root: &Path, src: &ArraySource<'_>) -> Result<(ArrayEntry, PathBuf)> {
+/// Checks `src` (name, descr, byte count) and builds its `.npy` header and
+/// its array entry (with an empty id, for the caller to fill in).
+pub(crate) fn prepare_payload(src: &ArraySource<'_>) -> Result<(Vec<u8>, ArrayEntry)> {
     let invalid = |detail: String| Error::InvalidArray {
         name: src.name.clone(),
         detail,
@@ -66,6 +63,26 @@ pub(crate) fn write_payload(root: &Path, src: &ArraySource<'_>) -> Result<(Array
             )));
         }
     }
+    let entry = ArrayEntry {
+        id: String::new(),
+        descr: npy::parse_header(&header, header.len())?.descr,
+        dtype: src.dtype.clone(),
+        shape: src.shape.clone(),
+        fortran_order: src.fortran_order,
+        nbytes: src.data.len() as u64,
+        data_offset: header.len() as u64,
+        pickled: src.pickled,
+    };
+    Ok((header, entry))
+}
+
+/// Writes `src` as a new payload file and returns its entry and the
+/// directory that holds it (which the caller fsyncs once per batch).
+///
+/// Order (invariant 3): write to `<id>.npy.tmp`, fsync the file, rename to
+/// `<id>.npy`. The file is never written again after the rename.
+pub(crate) fn write_payload(root: &Path, src: &ArraySource<'_>) -> Result<(ArrayEntry, PathBuf)> {
+    let (header, entry) = prepare_payload(src)?;
     let id = uuid::Uuid::new_v4().simple().to_string();
     let dir = root.join(PAYLOAD_DIR).join(&id[..2]);
     fs::create_dir_all(&dir).map_err(Error::io(&dir))?;
@@ -85,17 +102,7 @@ pub(crate) fn write_payload(root: &Path, src: &ArraySource<'_>) -> Result<(Array
         });
     }
     fs::rename(&tmp, &path).map_err(Error::io(&path))?;
-    let entry = ArrayEntry {
-        id,
-        descr: npy::parse_header(&header, header.len())?.descr,
-        dtype: src.dtype.clone(),
-        shape: src.shape.clone(),
-        fortran_order: src.fortran_order,
-        nbytes: src.data.len() as u64,
-        data_offset: header.len() as u64,
-        pickled: src.pickled,
-    };
-    Ok((entry, dir))
+    Ok((ArrayEntry { id, ..entry }, dir))
 }
 
 /// fsyncs a directory so that the renames and creations in it are durable.

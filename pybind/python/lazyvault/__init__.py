@@ -8,7 +8,9 @@ arrays. Metadata goes to a JSON record indexed in sled; arrays go to standard
 >>> store.find("temperature > 250")                        # doctest: +SKIP
 """
 
+from ._archive import Archive, dumps, loads
 from ._lazyvault import FORMAT_VERSION, __version__
+from ._pickling import RecordRef
 from .errors import (
     ClosedError,
     CorruptError,
@@ -33,6 +35,7 @@ from .store import Results, Store
 
 __all__ = [
     "FORMAT_VERSION",
+    "Archive",
     "ArrayInfo",
     "ClosedError",
     "CorruptError",
@@ -48,6 +51,7 @@ __all__ = [
     "QueryError",
     "ReadOnlyError",
     "Record",
+    "RecordRef",
     "Results",
     "StorageError",
     "Store",
@@ -55,4 +59,6 @@ __all__ = [
     "StoreLockedError",
     "StoreNotFoundError",
     "__version__",
+    "dumps",
+    "loads",
 ]

@@ -90,3 +90,81 @@ class StoreCore:
     def close(self) -> None: ...
     def gc(self) -> dict[str, int]: ...
     def verify(self) -> dict[str, Any]: ...
+
+@final
+class ArchiveCore:
+    """A ``.lvz`` archive opened for reading: a file mapped once, or the
+    bytes of a caller's buffer (held, never written to). No lock."""
+
+    @staticmethod
+    def open(path: str | PathLike[str]) -> ArchiveCore:
+        """Maps and checks the archive file (``CorruptError`` if damaged)."""
+    @staticmethod
+    def from_buffer(buffer: Buffer) -> ArchiveCore:
+        """Reads the archive in a C-contiguous buffer (``lazyvault.loads``)."""
+    @property
+    def path(self) -> str | None: ...
+    @property
+    def nbytes(self) -> int: ...
+    def keys(self) -> list[str]:
+        """Keys in archive order."""
+    def __len__(self) -> int: ...
+    def contains(self, key: str) -> bool: ...
+    def get(self, key: str) -> bytes | None:
+        """The record JSON of ``key``."""
+    def get_pickle(self, key: str) -> bytes | None: ...
+    def find(self, expr: str) -> list[str]: ...
+    def count(self, expr: str) -> int: ...
+    def verify(self) -> dict[str, Any]:
+        """``{"ok", "records", "arrays", "problems"}`` after checking every array."""
+    def map_array(
+        self,
+        id: str,
+        descr: str,
+        shape: Sequence[int],
+        fortran_order: bool,
+        nbytes: int,
+        data_offset: int,
+        pickled: bool = False,
+    ) -> ArchiveBuffer | None:
+        """The array's bytes as a read-only buffer viewing the archive after
+        checking its member against the entry; ``None`` for 0 bytes."""
+    def read_array_bytes(
+        self,
+        id: str,
+        descr: str,
+        shape: Sequence[int],
+        fortran_order: bool,
+        nbytes: int,
+        data_offset: int,
+        pickled: bool = True,
+    ) -> bytes:
+        """The array's data bytes copied (the pickle of an object array)."""
+
+@final
+class ArchiveBuffer:
+    """The bytes of one array inside an archive: a read-only, 1-d, ``"B"``
+    buffer that keeps the archive (its map or source buffer) alive."""
+
+    def __len__(self) -> int: ...
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+
+def write_store_archive(
+    path: str | PathLike[str],
+    root: str | PathLike[str],
+    items: list[tuple[str, bytes, bytes | None]],
+) -> None:
+    """Writes an archive of ``(key, record_json, pickle)`` records of the
+    store at ``root`` (payload files copied as they are): temporary file,
+    fsync, verify, rename."""
+
+def dumps_archive(
+    key: str,
+    meta_json: str,
+    layout_json: str,
+    arrays: list[tuple[str, str, str, tuple[int, ...], bool, Buffer, bool]],
+    pickle: bytes | None = None,
+    force_zip64: bool = False,
+) -> bytes:
+    """One record as an archive in memory (``lazyvault.dumps``);
+    ``force_zip64`` gives every payload member zip64 size fields."""

@@ -1,0 +1,253 @@
+"""Pickling records and stores (PEP 574, pickle protocol 5).
+
+Three ways a :class:`~lazyvault.Record` leaves its process:
+
+- **By value** (``pickle.dumps(record, protocol=p)``, any protocol 0-5):
+  the pickle carries the record entry (metadata, array entries, layout,
+  pickle flag), the pickled remainder bytes and every array as the plain,
+  read-only ``numpy.ndarray`` that views the memory-mapped payload. numpy's
+  own ``ndarray.__reduce_ex__`` then decides how the array bytes travel:
+  with protocol 5 and a ``buffer_callback`` each C- or Fortran-contiguous
+  array becomes one out-of-band :class:`pickle.PickleBuffer` viewing the
+  mapping (no copy: the main pickle holds only a few hundred bytes per
+  array, and nothing is read from disk while pickling); with protocol 5
+  and no callback, or protocols 0-4, the bytes are copied in-band.
+  ``datetime64``/``timedelta64`` arrays cannot export a buffer and always go
+  in-band. The unpickled record no longer needs the store (its arrays live
+  in a :class:`~lazyvault._source.MemorySource`); its arrays are read-only
+  whatever the protocol. Pickled bytes are deterministic: no ids, no
+  timestamps, dicts in stored order.
+- **By reference across processes**: ``multiprocessing`` pickles with its
+  ``ForkingPickler`` (``Pool`` arguments and results, queues, pipes, spawn
+  and fork start methods alike); for it a record of a store directory
+  travels as ``(store path, key, record entry, pickled remainder,
+  allow_pickle)`` and the receiving process memory-maps the same payload
+  files without opening the index (no lock). Other records (unpickled by
+  value, from an archive) travel by value. :meth:`Record.ref` returns the
+  same reference explicitly as a :class:`RecordRef`.
+- A :class:`~lazyvault.Store` pickles by path: unpickling opens it again.
+
+A reference stays valid while its payload files exist: overwriting or
+deleting the record in the store and flushing removes them.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+import numpy as np
+
+from . import _arrays
+from ._source import DirectorySource, MemorySource
+from .record import Record
+from .store import Store
+
+__all__ = ["RecordRef", "record_ref", "reduce_record", "reduce_store"]
+
+
+def _arrays_of(record: Record) -> dict[str, np.ndarray]:
+    """Every array of ``record`` as the ndarray it maps (read-only, no copy).
+
+    Raises :class:`PickleNotAllowedError` for an object array when the
+    source does not allow unpickling (it is never loaded behind the user's
+    back, not even to pickle it again).
+    """
+    return {name: record.array(name) for name in record._record["arrays"]}
+
+
+def _pickle_of(record: Record) -> bytes | None:
+    """The pickled remainder bytes of ``record`` (not unpickled), if any."""
+    if not record._record.get("pickle"):
+        return None
+    return record._source.get_pickle(record._key)
+
+
+def _rebuild_record(
+    key: str,
+    record: dict[str, Any],
+    arrays: dict[str, np.ndarray],
+    pickled: bytes | None,
+    allow_pickle: bool,
+) -> Record:
+    """Unpickles a record sent by value.
+
+    Its arrays are set read-only again (numpy gives writable arrays after
+    protocols 0-4 and for in-band datetimes; a record's arrays are always
+    read-only), and given back the stored byte order: numpy's protocol 0-4
+    path rebuilds a non-native array (``>i4`` on little-endian) with the
+    native dtype; it is converted back (one copy of an in-band copy).
+    """
+    entries = record["arrays"]
+    for name, array in list(arrays.items()):
+        entry = entries.get(name)
+        if entry is not None and not entry.get("pickled"):
+            dtype = _arrays.dtype_from_descr(entry["descr"])
+            if array.dtype != dtype:
+                arrays[name] = array = array.astype(dtype, order="K")
+        array.flags.writeable = False
+    return Record(MemorySource(arrays, pickled, allow_pickle), key, record)
+
+
+def reduce_record(record: Record, protocol: int) -> tuple[Any, ...]:
+    """``Record.__reduce_ex__``: the record by value, for every protocol.
+
+    Returns ``(_rebuild_record, (key, record entry, {name: ndarray},
+    pickled remainder, allow_pickle))``. The arrays are the read-only
+    ndarrays viewing the payload mappings, so the pickler hands them to
+    numpy: with protocol 5 and a ``buffer_callback`` they leave out-of-band
+    as :class:`pickle.PickleBuffer` views of the mapping (PEP 574, zero
+    copies, no page read); otherwise their bytes are copied into the pickle.
+    ``protocol`` does not change the tuple (numpy reads the pickler's).
+
+    ``allow_pickle`` of the source travels along: a record read from a store
+    opened without it still refuses to unpickle its remainder after the
+    round trip (the remainder bytes travel, unopened). Raises
+    :class:`PickleNotAllowedError` for a record with an object array when
+    the source does not allow unpickling.
+    """
+    del protocol
+    return (
+        _rebuild_record,
+        (
+            record._key,
+            record._record,
+            _arrays_of(record),
+            _pickle_of(record),
+            bool(record._source.allow_pickle),
+        ),
+    )
+
+
+# -- by reference -------------------------------------------------------------
+
+
+class _FixedPickle:
+    """``get_pickle`` of a record that travelled by reference: the remainder
+    bytes came along (the index is not opened in the receiving process)."""
+
+    __slots__ = ("pickled",)
+
+    def __init__(self, pickled: bytes | None) -> None:
+        self.pickled = pickled
+
+    def __call__(self, key: str) -> bytes | None:
+        return self.pickled
+
+
+def _open_reference(
+    path: str,
+    key: str,
+    record: dict[str, Any],
+    pickled: bytes | None,
+    allow_pickle: bool,
+) -> Record:
+    """A record of the store directory ``path`` rebuilt from its entry; its
+    arrays are memory-mapped from the payload files on first access."""
+    source = DirectorySource(path, allow_pickle, _FixedPickle(pickled))
+    return Record(source, key, record)
+
+
+def _reference_args(record: Record) -> tuple[str, str, dict[str, Any], bytes | None, bool]:
+    source = record._source
+    if type(source) is not DirectorySource:
+        raise ValueError(
+            f"record {record._key!r} is not read from a store directory (it was unpickled "
+            "by value or comes from an archive): it has no reference; pickle it by value"
+        )
+    return (
+        os.path.abspath(source.root),
+        record._key,
+        record._record,
+        _pickle_of(record),
+        bool(source.allow_pickle),
+    )
+
+
+def _reduce_for_multiprocessing(record: Record) -> tuple[Any, ...]:
+    """The reducer registered with ``multiprocessing``'s ``ForkingPickler``:
+    by reference for a record of a store directory, by value otherwise."""
+    if type(record._source) is DirectorySource:
+        return (_open_reference, _reference_args(record))
+    return reduce_record(record, 4)
+
+
+ForkingPickler.register(Record, _reduce_for_multiprocessing)
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class RecordRef:
+    """A small, picklable reference to a record of a store directory.
+
+    ``path``: the store's directory (absolute); ``key``; ``record``: the
+    record entry (metadata, array entries, layout); ``pickle``: the pickled
+    remainder bytes (``None`` if there is none); ``allow_pickle``: whether
+    :meth:`open`-ed records may unpickle (as the store it came from).
+
+    It pickles in a few hundred bytes with any protocol (0-5): no array data.
+    :meth:`open` memory-maps the same payload files without opening the
+    index, so any number of processes can open it while a writer holds the
+    store. It stays valid while the payloads exist: overwriting or deleting
+    the record and flushing the store removes them (``CorruptError`` then).
+    """
+
+    path: str
+    key: str
+    record: dict[str, Any]
+    pickle: bytes | None = None
+    allow_pickle: bool = False
+
+    def open(self) -> Record:
+        """The record, its arrays mapped read-only from the payload files on
+        first access (``record.store`` is ``None``)."""
+        return _open_reference(self.path, self.key, self.record, self.pickle, self.allow_pickle)
+
+    def __hash__(self) -> int:
+        return hash((self.path, self.key))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Explicit, so that every protocol (0 and 1 included) pickles the
+        # same five fields.
+        return (RecordRef, (self.path, self.key, self.record, self.pickle, self.allow_pickle))
+
+    def __repr__(self) -> str:
+        return (
+            f"RecordRef(path={self.path!r}, key={self.key!r}, "
+            f"arrays={list(self.record.get('arrays', {}))!r})"
+        )
+
+
+def record_ref(record: Record) -> RecordRef:
+    """``Record.ref()``: the :class:`RecordRef` of ``record``.
+
+    Raises ``ValueError`` for a record not read from a store directory.
+    """
+    path, key, entry, pickled, allow_pickle = _reference_args(record)
+    return RecordRef(path, key, copy.deepcopy(entry), pickled, allow_pickle)
+
+
+# -- Store ----------------------------------------------------------------------
+
+
+def _open_store(path: str, mode: str, allow_pickle: bool) -> Store:
+    """Unpickles a :class:`Store`: opens it again."""
+    return Store.open(path, mode, allow_pickle=allow_pickle)  # type: ignore[arg-type]
+
+
+def reduce_store(store: Store) -> tuple[Any, ...]:
+    """``Store.__reduce__``: a store pickles by path, as
+    ``(_open_store, (absolute path, mode, allow_pickle))``; nothing of its
+    content is copied. A store opened with ``mode="w"`` reopens with
+    ``"a"`` (it exists by then).
+
+    Unpickling opens the store, so it raises :class:`StoreLockedError` while
+    another ``Store`` (in this process or another) holds it: close the
+    original first, or pass records (they travel by reference) instead.
+    """
+    mode = store.mode
+    if mode == "w":
+        mode = "a"
+    return (_open_store, (os.path.abspath(store.path), mode, store.allow_pickle))

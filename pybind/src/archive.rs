@@ -1,0 +1,344 @@
+//! `.lvz` archives for Python: `ArchiveCore` (an archive file mapped once,
+//! or caller-provided bytes for `lazyvault.loads`), `ArchiveBuffer` (the
+//! zero-copy, read-only bytes of one array inside it) and the writers behind
+//! `Store.export(".lvz")` and `lazyvault.dumps`.
+
+use std::ffi::{c_int, c_void};
+use std::path::PathBuf;
+
+use lazyvault_store::archive::{self, Archive, ArchiveIndex};
+use lazyvault_store::query::Query;
+use lazyvault_store::schema::ArrayEntry;
+use pyo3::buffer::PyUntypedBuffer;
+use pyo3::exceptions::{PyBufferError, PyValueError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+
+use crate::convert::{self, ArrayArg};
+use crate::errors::IntoPy;
+
+enum Backing {
+    /// A file, memory-mapped read-only.
+    File(Archive),
+    /// Bytes exported by a Python object (bytes, bytearray, memoryview,
+    /// mmap, ndarray...), held (and so kept alive and unresizable) for as
+    /// long as this archive lives.
+    Buffer {
+        buffer: PyUntypedBuffer,
+        index: ArchiveIndex,
+    },
+}
+
+/// A `.lvz` archive opened for reading: its records, and its arrays as
+/// zero-copy ranges of its bytes.
+#[pyclass(module = "lazyvault._lazyvault", frozen)]
+pub struct ArchiveCore {
+    backing: Backing,
+}
+
+fn buffer_bytes(buffer: &PyUntypedBuffer) -> &[u8] {
+    let len = buffer.len_bytes();
+    if len == 0 {
+        return &[];
+    }
+    // SAFETY: a C-contiguous buffer (checked in from_buffer) of len bytes,
+    // exported for as long as `buffer` lives; the exporter cannot resize or
+    // free it while the export is held.
+    unsafe { std::slice::from_raw_parts(buffer.buf_ptr() as *const u8, len) }
+}
+
+impl ArchiveCore {
+    fn bytes(&self) -> &[u8] {
+        match &self.backing {
+            Backing::File(a) => a.bytes(),
+            Backing::Buffer { buffer, .. } => buffer_bytes(buffer),
+        }
+    }
+
+    fn index(&self) -> &ArchiveIndex {
+        match &self.backing {
+            Backing::File(a) => a.index(),
+            Backing::Buffer { index, .. } => index,
+        }
+    }
+
+    fn record(&self, key: &str) -> Option<&archive::ArchiveRecord> {
+        self.index().get(key)
+    }
+
+    /// The checked byte range of the array described by `entry`.
+    fn range(&self, entry: &ArrayEntry) -> PyResult<std::ops::Range<usize>> {
+        entry
+            .validate("array")
+            .map_err(|e| lazyvault_store::Error::Corrupt {
+                what: "record".into(),
+                detail: e.to_string(),
+            })
+            .py_err()?;
+        self.index().array_range(self.bytes(), entry).py_err()
+    }
+}
+
+fn parse_query(expr: &str) -> PyResult<Query> {
+    Query::parse(expr)
+        .map_err(lazyvault_store::Error::from)
+        .py_err()
+}
+
+#[pymethods]
+impl ArchiveCore {
+    /// Maps the archive file at `path` and reads its records.
+    #[staticmethod]
+    fn open(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+        let archive = py.detach(|| Archive::open(&path)).py_err()?;
+        Ok(ArchiveCore {
+            backing: Backing::File(archive),
+        })
+    }
+
+    /// Reads the archive held in `buffer` (any object exporting a
+    /// C-contiguous buffer; never written to).
+    #[staticmethod]
+    fn from_buffer(py: Python<'_>, buffer: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let buffer = PyUntypedBuffer::get(buffer)?;
+        if !buffer.is_c_contiguous() {
+            return Err(PyValueError::new_err(
+                "loads() needs a contiguous buffer (bytes, bytearray, memoryview, mmap, uint8 array)",
+            ));
+        }
+        let index = {
+            let bytes = buffer_bytes(&buffer);
+            py.detach(|| ArchiveIndex::parse(bytes, "archive buffer"))
+                .py_err()?
+        };
+        Ok(ArchiveCore {
+            backing: Backing::Buffer { buffer, index },
+        })
+    }
+
+    /// The archive's path (`None` for an archive in a buffer).
+    #[getter]
+    fn path(&self) -> Option<String> {
+        match &self.backing {
+            Backing::File(a) => Some(a.path().to_string_lossy().into_owned()),
+            Backing::Buffer { .. } => None,
+        }
+    }
+
+    /// Size of the archive in bytes.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.bytes().len()
+    }
+
+    /// Keys in archive order.
+    fn keys(&self) -> Vec<String> {
+        self.index().keys()
+    }
+
+    fn __len__(&self) -> usize {
+        self.index().len()
+    }
+
+    fn contains(&self, key: &str) -> bool {
+        self.record(key).is_some()
+    }
+
+    /// The record JSON of `key`, or None.
+    fn get<'py>(&self, py: Python<'py>, key: &str) -> Option<Bound<'py, PyBytes>> {
+        self.record(key).map(|r| PyBytes::new(py, &r.json))
+    }
+
+    /// The pickled remainder of `key`, or None.
+    fn get_pickle<'py>(&self, py: Python<'py>, key: &str) -> Option<Bound<'py, PyBytes>> {
+        self.record(key)
+            .and_then(|r| r.pickle.as_deref())
+            .map(|p| PyBytes::new(py, p))
+    }
+
+    /// Keys of the records matching the query `expr`, in archive order.
+    fn find(&self, py: Python<'_>, expr: &str) -> PyResult<Vec<String>> {
+        let query = parse_query(expr)?;
+        Ok(py.detach(|| self.index().find(&query)))
+    }
+
+    /// Number of records matching the query `expr`.
+    fn count(&self, py: Python<'_>, expr: &str) -> PyResult<usize> {
+        let query = parse_query(expr)?;
+        Ok(py.detach(|| self.index().count(&query)))
+    }
+
+    /// Checks every array of every record against its member (header,
+    /// size, alignment): `{"ok", "records", "arrays", "problems"}`.
+    fn verify<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let (records, arrays, problems) = py.detach(|| self.index().verify_report(self.bytes()));
+        let d = PyDict::new(py);
+        d.set_item("ok", problems.is_empty())?;
+        d.set_item("records", records)?;
+        d.set_item("arrays", arrays)?;
+        d.set_item("problems", problems)?;
+        Ok(d)
+    }
+
+    /// The data of one array (checked against its record) as a read-only
+    /// buffer viewing the archive's bytes; None for a zero-size array.
+    #[pyo3(signature = (id, descr, shape, fortran_order, nbytes, data_offset, pickled=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn map_array(
+        slf: Bound<'_, Self>,
+        id: String,
+        descr: String,
+        shape: Vec<u64>,
+        fortran_order: bool,
+        nbytes: u64,
+        data_offset: u64,
+        pickled: bool,
+    ) -> PyResult<Option<ArchiveBuffer>> {
+        let entry = convert::entry(
+            id,
+            descr,
+            shape,
+            fortran_order,
+            nbytes,
+            data_offset,
+            pickled,
+        );
+        let range = slf.get().range(&entry)?;
+        if range.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(ArchiveBuffer {
+            owner: slf.unbind(),
+            start: range.start,
+            len: range.len(),
+        }))
+    }
+
+    /// The data of one array copied into bytes (the pickle of an `object`
+    /// array), with the same checks as `map_array`.
+    #[pyo3(signature = (id, descr, shape, fortran_order, nbytes, data_offset, pickled=true))]
+    #[allow(clippy::too_many_arguments)]
+    fn read_array_bytes<'py>(
+        &self,
+        py: Python<'py>,
+        id: String,
+        descr: String,
+        shape: Vec<u64>,
+        fortran_order: bool,
+        nbytes: u64,
+        data_offset: u64,
+        pickled: bool,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let entry = convert::entry(
+            id,
+            descr,
+            shape,
+            fortran_order,
+            nbytes,
+            data_offset,
+            pickled,
+        );
+        let range = self.range(&entry)?;
+        Ok(PyBytes::new(py, &self.bytes()[range]))
+    }
+}
+
+/// The bytes of one array inside an archive, exported read-only through the
+/// buffer protocol; keeps the archive (its map or its source buffer) alive.
+#[pyclass(module = "lazyvault._lazyvault", frozen)]
+pub struct ArchiveBuffer {
+    owner: Py<ArchiveCore>,
+    start: usize,
+    len: usize,
+}
+
+#[pymethods]
+impl ArchiveBuffer {
+    fn __len__(&self) -> usize {
+        self.len
+    }
+
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        if view.is_null() {
+            return Err(PyBufferError::new_err("Py_buffer must not be null"));
+        }
+        if flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE {
+            return Err(PyBufferError::new_err(
+                "lazyvault archive arrays are read-only views; copy the array to modify it",
+            ));
+        }
+        let this = slf.get();
+        let bytes = &this.owner.get().bytes()[this.start..this.start + this.len];
+        let rc = ffi::PyBuffer_FillInfo(
+            view,
+            slf.as_ptr(),
+            bytes.as_ptr() as *mut c_void,
+            bytes.len() as ffi::Py_ssize_t,
+            1,
+            flags,
+        );
+        if rc == -1 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        Ok(())
+    }
+
+    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
+}
+
+/// Writes the archive `path` from records of the store at `root`: `items`
+/// is a list of `(key, record_json, pickle_or_None)`; payload files are
+/// copied as they are (streamed). Temporary file, fsync, verify, rename.
+#[pyfunction]
+pub fn write_store_archive(
+    py: Python<'_>,
+    path: PathBuf,
+    root: PathBuf,
+    items: Vec<(String, Vec<u8>, Option<Vec<u8>>)>,
+) -> PyResult<()> {
+    py.detach(|| {
+        archive::write_archive_file(&path, |w| {
+            for (key, json, pickle) in &items {
+                w.add_store_record(&root, key, json, pickle.as_deref())?;
+            }
+            Ok(())
+        })
+    })
+    .py_err()
+}
+
+/// One object as a one-record archive in memory (`lazyvault.dumps`): the
+/// same arguments as `StoreCore.put`. `force_zip64` writes every payload
+/// member with zip64 size fields, as members of 4 GiB or more get (for
+/// tests of readers' zip64 path).
+#[pyfunction]
+#[pyo3(signature = (key, meta_json, layout_json, arrays, pickle=None, force_zip64=false))]
+pub fn dumps_archive<'py>(
+    py: Python<'py>,
+    key: &str,
+    meta_json: &str,
+    layout_json: &str,
+    arrays: Vec<ArrayArg>,
+    pickle: Option<&[u8]>,
+    force_zip64: bool,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let meta = convert::meta_from_json(meta_json)?;
+    let layout = convert::layout_from_json(layout_json)?;
+    let sources: Vec<_> = arrays.iter().map(ArrayArg::as_source).collect();
+    // Two passes (size, then bytes) so that the archive is written straight
+    // into the bytes object: no second copy of the arrays.
+    let fill = |w: &mut archive::ArchiveWriter<archive::MemorySink<'_>>| {
+        w.force_zip64(force_zip64);
+        w.add_record(key, meta.clone(), layout.clone(), &sources, pickle)
+    };
+    let size = py.detach(|| archive::archive_size(fill)).py_err()?;
+    PyBytes::new_with(py, size, |buf| {
+        py.detach(|| archive::write_archive_into(buf, fill))
+            .py_err()
+    })
+}
