@@ -108,3 +108,20 @@ pub fn read_array_bytes<'py>(
         .py_err()?;
     Ok(PyBytes::new(py, &data))
 }
+
+/// The complete `.npy` header (magic to `'\n'`, a multiple of 64 bytes long)
+/// that numpy writes for an array of `descr` (Python-literal text), order and
+/// `shape`: version 1.0, or 3.0 when the descr needs characters outside
+/// latin-1 (NEP 1). Raises `ValueError` for a descr that does not parse or a
+/// header over numpy's default 10,000-byte read limit.
+#[pyfunction]
+pub fn npy_header<'py>(
+    py: Python<'py>,
+    descr: &str,
+    fortran_order: bool,
+    shape: Vec<u64>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let header = lazyvault_store::npy::write_header(descr, fortran_order, &shape)
+        .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+    Ok(PyBytes::new(py, &header))
+}

@@ -16,7 +16,9 @@ from .errors import (
     CorruptError,
     ForkedStoreError,
     FormatVersionError,
+    InteropError,
     InvalidArrayError,
+    InvalidFileError,
     InvalidKeyError,
     KeyTypeError,
     LazyvaultError,
@@ -29,6 +31,7 @@ from .errors import (
     StoreExistsError,
     StoreLockedError,
     StoreNotFoundError,
+    UnknownFormatError,
 )
 from .record import ArrayInfo, Record
 from .store import Results, Store
@@ -41,7 +44,9 @@ __all__ = [
     "CorruptError",
     "ForkedStoreError",
     "FormatVersionError",
+    "InteropError",
     "InvalidArrayError",
+    "InvalidFileError",
     "InvalidKeyError",
     "KeyTypeError",
     "LazyvaultError",
@@ -58,6 +63,7 @@ __all__ = [
     "StoreExistsError",
     "StoreLockedError",
     "StoreNotFoundError",
+    "UnknownFormatError",
     "__version__",
     "dumps",
     "loads",

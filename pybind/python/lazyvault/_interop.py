@@ -83,7 +83,6 @@ import os
 import struct
 import tokenize
 import uuid
-import warnings
 import zipfile
 import zlib
 from collections.abc import Iterable, Iterator
@@ -94,7 +93,14 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 from . import _arrays, _lazyvault
-from .errors import InvalidArrayError, KeyTypeError, LazyvaultError, PickleNotAllowedError
+from .errors import (
+    InteropError,
+    InvalidArrayError,
+    InvalidFileError,
+    KeyTypeError,
+    PickleNotAllowedError,
+    UnknownFormatError,
+)
 
 if TYPE_CHECKING:
     from .record import Record
@@ -110,21 +116,6 @@ __all__ = [
     "import_file",
     "member_name",
 ]
-
-
-class InteropError(LazyvaultError, ValueError):
-    """A file cannot be imported or exported (a ``ValueError``)."""
-
-
-class UnknownFormatError(InteropError):
-    """The file's content is none of ``.npy``, ``.npz``, ``.safetensors``,
-    ``.lvz``; or an export path has an extension lazyvault does not write."""
-
-
-class InvalidFileError(InteropError):
-    """The file claims a known format but is malformed, truncated or
-    hostile (header larger than the file, overlapping tensors, a
-    decompression bomb...). Nothing was written to the store."""
 
 
 # -- limits -----------------------------------------------------------------
@@ -1084,14 +1075,9 @@ def _npy_member_bytes(rec: Record, name: str, entry: dict[str, Any]) -> tuple[by
 
 
 def _write_npy_header(fp: IO[bytes], d: dict[str, Any]) -> None:
-    """numpy's own header writer (v1.0, or 2.0/3.0 when needed; padded so
-    the data start at a multiple of 64)."""
-    from numpy.lib import _format_impl
-
-    with warnings.catch_warnings():
-        # "Stored array in format 3.0" (non-latin-1 field names): intended
-        warnings.simplefilter("ignore", UserWarning)
-        _format_impl._write_array_header(fp, d, None)
+    """The header lazyvault's core writes: numpy's layout (v1.0, or 3.0 for
+    non-latin-1 names), data at a multiple of 64."""
+    fp.write(_lazyvault.npy_header(repr(d["descr"]), bool(d["fortran_order"]), list(d["shape"])))
 
 
 def _write_npz(f: IO[bytes], records: list[Record]) -> None:

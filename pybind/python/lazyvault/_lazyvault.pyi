@@ -168,3 +168,9 @@ def dumps_archive(
 ) -> bytes:
     """One record as an archive in memory (``lazyvault.dumps``);
     ``force_zip64`` gives every payload member zip64 size fields."""
+
+def npy_header(descr: str, fortran_order: bool, shape: Sequence[int]) -> bytes:
+    """The ``.npy`` header numpy writes for (descr, order, shape): magic to
+    newline, a multiple of 64 bytes (version 1.0, or 3.0 for non-latin-1
+    descrs; NEP 1). ``ValueError`` for a bad descr or a header over 10,000
+    bytes."""

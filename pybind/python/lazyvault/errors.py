@@ -123,3 +123,18 @@ class PickleNotAllowedError(LazyvaultError, ValueError):
     """Loading this part needs unpickling, which can run arbitrary code; open
     the store with ``allow_pickle=True`` if you trust it (numpy's ``np.load``
     made the same choice after CVE-2019-6446)."""
+
+
+class InteropError(LazyvaultError, ValueError):
+    """A file cannot be imported or exported (a ``ValueError``)."""
+
+
+class UnknownFormatError(InteropError):
+    """The file's content is none of ``.npy``, ``.npz``, ``.safetensors``,
+    ``.lvz``; or an export path has an extension lazyvault does not write."""
+
+
+class InvalidFileError(InteropError):
+    """The file claims a known format but is malformed, truncated or
+    hostile (header larger than the file, overlapping tensors, a
+    decompression bomb...). Nothing was written to the store."""
