@@ -3,14 +3,14 @@
 //! zero-copy, read-only bytes of one array inside it) and the writers behind
 //! `Store.export(".lvz")` and `lazyvault.dumps`.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 use std::path::PathBuf;
 
 use lazyvault_store::archive::{self, Archive, ArchiveIndex};
 use lazyvault_store::query::Query;
 use lazyvault_store::schema::ArrayEntry;
 use pyo3::buffer::PyUntypedBuffer;
-use pyo3::exceptions::{PyBufferError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -264,28 +264,9 @@ impl ArchiveBuffer {
         view: *mut ffi::Py_buffer,
         flags: c_int,
     ) -> PyResult<()> {
-        if view.is_null() {
-            return Err(PyBufferError::new_err("Py_buffer must not be null"));
-        }
-        if flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE {
-            return Err(PyBufferError::new_err(
-                "lazyvault archive arrays are read-only views; copy the array to modify it",
-            ));
-        }
         let this = slf.get();
         let bytes = &this.owner.get().bytes()[this.start..this.start + this.len];
-        let rc = ffi::PyBuffer_FillInfo(
-            view,
-            slf.as_ptr(),
-            bytes.as_ptr() as *mut c_void,
-            bytes.len() as ffi::Py_ssize_t,
-            1,
-            flags,
-        );
-        if rc == -1 {
-            return Err(PyErr::fetch(slf.py()));
-        }
-        Ok(())
+        crate::array::export_read_only(slf.as_any(), bytes, view, flags)
     }
 
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}

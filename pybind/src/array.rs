@@ -35,32 +35,48 @@ impl MappedBuffer {
         view: *mut ffi::Py_buffer,
         flags: c_int,
     ) -> PyResult<()> {
-        if view.is_null() {
-            return Err(PyBufferError::new_err("Py_buffer must not be null"));
-        }
-        if flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE {
-            return Err(PyBufferError::new_err(
-                "lazyvault arrays are read-only memory maps; copy the array to modify it",
-            ));
-        }
         let bytes = slf.get().payload.as_bytes();
-        // PyBuffer_FillInfo sets obj (with a new reference), len, readonly,
-        // format "B" and the 1-d shape/strides as the flags ask.
-        let rc = ffi::PyBuffer_FillInfo(
-            view,
-            slf.as_ptr(),
-            bytes.as_ptr() as *mut c_void,
-            bytes.len() as ffi::Py_ssize_t,
-            1,
-            flags,
-        );
-        if rc == -1 {
-            return Err(PyErr::fetch(slf.py()));
-        }
-        Ok(())
+        export_read_only(slf.as_any(), bytes, view, flags)
     }
 
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
+}
+
+/// Fills `view` with a read-only, 1-d, `"B"` buffer over `bytes`, owned by
+/// `owner` (which must keep `bytes` alive). Refuses `PyBUF_WRITABLE`: a write
+/// from Python into a read-only map would be a segfault, not an exception.
+///
+/// # Safety
+/// `view` comes from the interpreter's `__getbuffer__` call; `bytes` must
+/// stay valid while `owner` lives.
+pub unsafe fn export_read_only(
+    owner: &Bound<'_, PyAny>,
+    bytes: &[u8],
+    view: *mut ffi::Py_buffer,
+    flags: c_int,
+) -> PyResult<()> {
+    if view.is_null() {
+        return Err(PyBufferError::new_err("Py_buffer must not be null"));
+    }
+    if flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE {
+        return Err(PyBufferError::new_err(
+            "lazyvault arrays are read-only views of a memory map; copy the array to modify it",
+        ));
+    }
+    // PyBuffer_FillInfo sets obj (with a new reference), len, readonly,
+    // format "B" and the 1-d shape/strides as the flags ask.
+    let rc = ffi::PyBuffer_FillInfo(
+        view,
+        owner.as_ptr(),
+        bytes.as_ptr() as *mut c_void,
+        bytes.len() as ffi::Py_ssize_t,
+        1,
+        flags,
+    );
+    if rc == -1 {
+        return Err(PyErr::fetch(owner.py()));
+    }
+    Ok(())
 }
 
 /// Maps the payload `id` of the store at `root` after checking it against the
