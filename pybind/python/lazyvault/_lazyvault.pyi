@@ -4,9 +4,25 @@ Users call the Python API (:class:`lazyvault.Store`); these are the pieces
 it is built on. Errors are the classes of :mod:`lazyvault.errors`.
 """
 
-from collections.abc import Buffer, Sequence
+from collections.abc import Sequence
 from os import PathLike
 from typing import Any, final
+from typing_extensions import Buffer
+
+__all__ = [
+    "StoreCore",
+    "MappedBuffer",
+    "ArchiveCore",
+    "ArchiveBuffer",
+    "write_store_archive",
+    "dumps_archive",
+    "map_array",
+    "read_array_bytes",
+    "npy_header",
+    "check_query",
+    "FORMAT_VERSION",
+    "__version__",
+]
 
 FORMAT_VERSION: str
 """On-disk format version this build writes, ``"MAJOR.MINOR"``."""
@@ -22,7 +38,6 @@ class MappedBuffer:
     """
 
     def __len__(self) -> int: ...
-    def __buffer__(self, flags: int, /) -> memoryview: ...
 
 def map_array(
     root: str,
@@ -147,7 +162,6 @@ class ArchiveBuffer:
     buffer that keeps the archive (its map or source buffer) alive."""
 
     def __len__(self) -> int: ...
-    def __buffer__(self, flags: int, /) -> memoryview: ...
 
 def write_store_archive(
     path: str | PathLike[str],
