@@ -347,3 +347,22 @@ def test_by_value_keeps_allow_pickle_of_its_store(store: lv.Store) -> None:
         assert back.m == "x" and back.a.tolist() == [0, 1, 2]
         with pytest.raises(lv.PickleNotAllowedError):
             back.load()
+
+
+def test_stale_record_keeps_its_own_remainder(tmp_path) -> None:
+    # found by a break-it trial: the remainder was looked up by key, so a
+    # proxy read before an overwrite mixed old arrays with the new remainder
+    path = tmp_path / "stale.lv"
+    store = lv.Store.open(path, allow_pickle=True)
+    store["k"] = {"img": np.arange(3.0), "s": {1, 2}}
+    old = store["k"]
+    store["k"] = {"img": np.full(3, 7.0), "s": {"NEW"}}
+    assert old.load()["s"] == {1, 2}
+    assert pickle.loads(pickle.dumps(old)).load()["s"] == {1, 2}
+    assert old.ref().open().load()["s"] == {1, 2}
+    store["k"] = {"img": np.zeros(1)}  # no remainder at all now
+    assert old.load()["s"] == {1, 2}
+    store.close()
+    # read before close: the remainder travels with the proxy
+    assert old.load()["s"] == {1, 2}
+    assert pickle.loads(pickle.dumps(old, protocol=5)).load()["s"] == {1, 2}

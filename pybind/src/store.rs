@@ -80,6 +80,18 @@ impl StoreCore {
         Ok(json.map(|j| PyBytes::new(py, &j)))
     }
 
+    /// `(record JSON, pickled remainder or None)` of `key`, read together,
+    /// or None.
+    #[allow(clippy::type_complexity)]
+    fn get_full<'py>(
+        &self,
+        py: Python<'py>,
+        key: &str,
+    ) -> PyResult<Option<(Bound<'py, PyBytes>, Option<Bound<'py, PyBytes>>)>> {
+        let got = self.inner.get_with_pickle(key).py_err()?;
+        Ok(got.map(|(r, p)| (PyBytes::new(py, &r), p.map(|p| PyBytes::new(py, &p)))))
+    }
+
     /// The pickled remainder of `key`, or None.
     fn get_pickle<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let p = self.inner.get_pickle(key).py_err()?;

@@ -431,6 +431,24 @@ impl Store {
         }
     }
 
+    /// The record JSON of `key` and its pickled remainder, read together:
+    /// writers are held off between the two reads, so the remainder always
+    /// belongs to that record (never to a record that replaced it).
+    pub fn get_with_pickle(&self, key: &str) -> Result<Option<(Vec<u8>, Option<Vec<u8>>)>> {
+        check_key(key)?;
+        let guard = self.index()?;
+        let index = guard.as_ref().expect("checked open");
+        let _writers = self
+            .pending_removal
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let Some(record) = index.get(key)? else {
+            return Ok(None);
+        };
+        let pickle = index.get_pickle(key)?;
+        Ok(Some((record, pickle)))
+    }
+
     /// The pickled remainder of `key`, if it has one.
     pub fn get_pickle(&self, key: &str) -> Result<Option<Vec<u8>>> {
         check_key(key)?;

@@ -831,7 +831,7 @@ def copy_record(store: Store, key: str, rec: Record) -> None:
     key = _check_key(key)
     record = rec._record
     arrays = [_record_payload_args(rec, n, e) for n, e in record["arrays"].items()]
-    pickled = rec._source.get_pickle(rec.key) if record.get("pickle") else None
+    pickled = rec._remainder()
     store._core.put(
         key,
         json.dumps(record["meta"], ensure_ascii=False, allow_nan=False),

@@ -7,21 +7,22 @@ it is built on. Errors are the classes of :mod:`lazyvault.errors`.
 from collections.abc import Sequence
 from os import PathLike
 from typing import Any, final
+
 from typing_extensions import Buffer
 
 __all__ = [
-    "StoreCore",
-    "MappedBuffer",
-    "ArchiveCore",
+    "FORMAT_VERSION",
     "ArchiveBuffer",
-    "write_store_archive",
+    "ArchiveCore",
+    "MappedBuffer",
+    "StoreCore",
+    "__version__",
+    "check_query",
     "dumps_archive",
     "map_array",
-    "read_array_bytes",
     "npy_header",
-    "check_query",
-    "FORMAT_VERSION",
-    "__version__",
+    "read_array_bytes",
+    "write_store_archive",
 ]
 
 FORMAT_VERSION: str
@@ -94,6 +95,8 @@ class StoreCore:
         record. ``data`` is C-contiguous bytes."""
     def get(self, key: str) -> bytes | None:
         """The record JSON of ``key`` (see schema/FORMAT.md)."""
+    def get_full(self, key: str) -> tuple[bytes, bytes | None] | None:
+        """``(record JSON, pickled remainder or None)`` read together."""
     def get_pickle(self, key: str) -> bytes | None: ...
     def contains(self, key: str) -> bool: ...
     def delete(self, key: str) -> bool: ...

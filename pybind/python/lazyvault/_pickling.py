@@ -63,7 +63,7 @@ def _pickle_of(record: Record) -> bytes | None:
     """The pickled remainder bytes of ``record`` (not unpickled), if any."""
     if not record._record.get("pickle"):
         return None
-    return record._source.get_pickle(record._key)
+    return record._remainder()
 
 
 def _rebuild_record(

@@ -54,7 +54,7 @@ class Record:
     copy), cached on the proxy. ``load()`` rebuilds the original object.
     """
 
-    __slots__ = ("__weakref__", "_cache", "_key", "_record", "_source", "_store")
+    __slots__ = ("__weakref__", "_cache", "_key", "_pickle", "_record", "_source", "_store")
 
     def __init__(
         self,
@@ -62,8 +62,10 @@ class Record:
         key: str,
         record: dict[str, Any],
         store: Store | None = None,
+        pickle: bytes | None = None,
     ) -> None:
         self._source = source
+        self._pickle = pickle  # the remainder read with the record, if any
         self._store = store
         self._key = key
         self._record = record
@@ -128,7 +130,7 @@ class Record:
         return _split.join(
             self._record["layout"],
             self.array,
-            lambda: self._source.get_pickle(self._key),
+            self._remainder,
             self._source.allow_pickle,
             f"record {self._key!r}",
         )
@@ -147,6 +149,15 @@ class Record:
         from . import _pickling
 
         return _pickling.reduce_record(self, protocol)
+
+    def _remainder(self) -> bytes | None:
+        """The pickled remainder of this record (read with it when it came
+        from a store, so never the remainder of a record that replaced it)."""
+        if not self._record.get("pickle"):
+            return None
+        if self._pickle is not None:
+            return self._pickle
+        return self._source.get_pickle(self._key)
 
     def __getattr__(self, name: str) -> Any:
         # Only reached when normal lookup fails: fields from the record.

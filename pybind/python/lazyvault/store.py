@@ -152,10 +152,11 @@ class Store(MutableMapping[str, Record]):
         for ``""``.
         """
         key = _check_key(key)
-        raw = self._core.get(key)
-        if raw is None:
+        got = self._core.get_full(key)
+        if got is None:
             raise MissingKeyError(key)
-        return Record(self._source, key, json.loads(raw), self)
+        raw, remainder = got
+        return Record(self._source, key, json.loads(raw), self, remainder)
 
     def __setitem__(self, key: str, obj: Any) -> None:
         """Stores ``obj`` under ``key``, replacing what was there.
