@@ -512,3 +512,33 @@ def test_zip64_members_read_by_numpy_and_lazyvault() -> None:
     with np.load(io.BytesIO(data)) as npz:
         assert npz[info.filename[:-4]].tolist() == obj["x"].tolist()
     assert_same_object(lv.loads(data), obj)
+
+
+def _member_data_offset(blob: bytes, name: str) -> int:
+    """Where a stored member's data starts in a zip held in memory."""
+    with zipfile.ZipFile(io.BytesIO(blob)) as z:
+        info = z.getinfo(name)
+    start = info.header_offset
+    name_len, extra_len = np.frombuffer(blob, "<u2", 2, start + 26)
+    return start + 30 + int(name_len) + int(extra_len)
+
+
+def test_flipped_bytes_in_checked_members_are_refused() -> None:
+    # found by a break-it trial: CRCs were never checked, so a flipped bit in
+    # records.jsonl changed keys silently, and one in an object-array member
+    # crashed numpy's unpickler under allow_pickle=True
+    blob = lv.dumps({"obj": np.array([1, "a", None], dtype=object), "x": 1})
+    with zipfile.ZipFile(io.BytesIO(blob)) as z:
+        names = z.namelist()
+    records = _member_data_offset(blob, "lazyvault/records.jsonl")
+    bad = bytearray(blob)
+    bad[records + 2] ^= 0x01
+    with pytest.raises(lv.CorruptError, match="CRC"):
+        lv.loads(bytes(bad))
+    (member,) = [n for n in names if n.startswith("arrays/")]
+    start = _member_data_offset(blob, member)
+    bad = bytearray(blob)
+    bad[start + 128 + 20] ^= 0x80  # inside the pickle after the 128-byte header
+    with pytest.raises(lv.CorruptError, match="CRC"):
+        lv.loads(bytes(bad), allow_pickle=True)
+    assert lv.loads(blob, allow_pickle=True)["x"] == 1

@@ -240,6 +240,11 @@ impl ArchiveCore {
             pickled,
         );
         let range = self.range(&entry)?;
+        // these bytes are about to be unpickled: check them against the
+        // zip's CRC-32 first (a flipped byte can crash numpy's unpickler)
+        self.index()
+            .check_member_crc(self.bytes(), &entry)
+            .py_err()?;
         Ok(PyBytes::new(py, &self.bytes()[range]))
     }
 }

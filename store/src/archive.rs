@@ -585,6 +585,20 @@ pub struct ArchiveIndex {
     by_key: HashMap<String, usize>,
     /// Payload id → byte range of the member's data (the whole `.npy` file).
     members: HashMap<String, Range<usize>>,
+    /// Payload id → the member's CRC-32 from the central directory.
+    member_crcs: HashMap<String, u32>,
+}
+
+/// Checks a member's bytes against the CRC-32 the zip recorded for it.
+fn check_crc(data: &[u8], expected: u32, what: &str) -> Result<()> {
+    let found = crc32fast::hash(data);
+    if found != expected {
+        return Err(corrupt(
+            what,
+            format!("CRC-32 mismatch (zip says {expected:08x}, data gives {found:08x})"),
+        ));
+    }
+    Ok(())
 }
 
 fn is_payload_id(id: &str) -> bool {
@@ -648,6 +662,7 @@ impl ArchiveIndex {
         let mut members = HashMap::new();
         let mut manifest_range = None;
         let mut records_range = None;
+        let mut member_crcs = HashMap::new();
         for i in 0..zip.len() {
             let file = zip
                 .by_index_data(i)
@@ -728,12 +743,14 @@ impl ArchiveIndex {
                     )
                 })?;
             let range = data_start..data_end;
+            let crc = file.crc32();
             match kind {
-                0 => manifest_range = Some(range),
-                1 => records_range = Some(range),
+                0 => manifest_range = Some((range, crc)),
+                1 => records_range = Some((range, crc)),
                 _ => {
                     let id = &name[ARRAYS_PREFIX.len()..name.len() - 4];
                     members.insert(id.to_owned(), range);
+                    member_crcs.insert(id.to_owned(), crc);
                 }
             }
         }
@@ -745,7 +762,16 @@ impl ArchiveIndex {
                 format!("not a lazyvault archive: no {MANIFEST_MEMBER} member"),
             )
         })?;
+        // The small members are checked in full: their bytes drive keys,
+        // metadata and unpickling. Array members are checked by verify() and
+        // before unpickling (a full read would defeat the memory map).
+        let (manifest_range, manifest_crc) = manifest_range;
         let manifest_bytes = &bytes[manifest_range];
+        check_crc(
+            manifest_bytes,
+            manifest_crc,
+            &format!("{what}: {MANIFEST_MEMBER}"),
+        )?;
         let manifest: ArchiveManifest = serde_json::from_slice(manifest_bytes)
             .map_err(|e| corrupt(&format!("{what}: {MANIFEST_MEMBER}"), e))?;
         Manifest {
@@ -766,6 +792,12 @@ impl ArchiveIndex {
         }
         let records_range =
             records_range.ok_or_else(|| corrupt(what, format!("no {RECORDS_MEMBER} member")))?;
+        let (records_range, records_crc) = records_range;
+        check_crc(
+            &bytes[records_range.clone()],
+            records_crc,
+            &format!("{what}: {RECORDS_MEMBER}"),
+        )?;
         let text = std::str::from_utf8(&bytes[records_range])
             .map_err(|e| corrupt(&format!("{what}: {RECORDS_MEMBER}"), e))?;
         let mut records = Vec::new();
@@ -832,6 +864,7 @@ impl ArchiveIndex {
             records,
             by_key,
             members,
+            member_crcs,
         })
     }
 
@@ -947,6 +980,18 @@ impl ArchiveIndex {
         Ok(start..end)
     }
 
+    /// Checks the whole member of `entry` against its CRC-32 (reads every
+    /// byte: used before unpickling a payload and by verify).
+    pub fn check_member_crc(&self, bytes: &[u8], entry: &ArrayEntry) -> Result<()> {
+        let what = format!("{}: member {ARRAYS_PREFIX}{}.npy", self.what, entry.id);
+        let (Some(range), Some(&crc)) =
+            (self.members.get(&entry.id), self.member_crcs.get(&entry.id))
+        else {
+            return Err(corrupt(&what, "member is missing"));
+        };
+        check_crc(&bytes[range.clone()], crc, &what)
+    }
+
     /// Checks every array of every record like [`ArchiveIndex::verify_all`]
     /// but reports all problems: `(records, arrays, problems)`.
     pub fn verify_report(&self, bytes: &[u8]) -> (u64, u64, Vec<String>) {
@@ -955,7 +1000,10 @@ impl ArchiveIndex {
         for record in &self.records {
             for (name, entry) in &record.record.arrays {
                 arrays += 1;
-                if let Err(e) = self.array_range(bytes, entry) {
+                if let Err(e) = self
+                    .array_range(bytes, entry)
+                    .and_then(|_| self.check_member_crc(bytes, entry))
+                {
                     problems.push(format!("record {:?} array {name:?}: {e}", record.key));
                 }
             }
@@ -968,6 +1016,7 @@ impl ArchiveIndex {
         for record in &self.records {
             for entry in record.record.arrays.values() {
                 self.array_range(bytes, entry)?;
+                self.check_member_crc(bytes, entry)?;
             }
         }
         Ok(())
