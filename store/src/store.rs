@@ -23,6 +23,9 @@ pub const INDEX_DIR: &str = "index";
 /// The lock file naming the process that holds the store.
 pub const LOCK_FILE: &str = "lazyvault.lock";
 
+/// A record's JSON and its pickled remainder, if any, as stored.
+pub type RecordBytes = (Vec<u8>, Option<Vec<u8>>);
+
 /// How to open a store, as in Python's `open()` and h5py.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -434,7 +437,7 @@ impl Store {
     /// The record JSON of `key` and its pickled remainder, read together:
     /// writers are held off between the two reads, so the remainder always
     /// belongs to that record (never to a record that replaced it).
-    pub fn get_with_pickle(&self, key: &str) -> Result<Option<(Vec<u8>, Option<Vec<u8>>)>> {
+    pub fn get_with_pickle(&self, key: &str) -> Result<Option<RecordBytes>> {
         check_key(key)?;
         let guard = self.index()?;
         let index = guard.as_ref().expect("checked open");
