@@ -163,3 +163,17 @@ def test_by_value_records_travel_by_value(store_path: Path) -> None:
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         total, meta, source, _ = pool.apply(summarize, (by_value,))
     assert (total, meta, source) == (499_500.0, {}, "MemorySource")
+
+
+def test_passing_an_open_store_to_a_pool_raises_instead_of_hanging(tmp_path: Path) -> None:
+    # found by a break-it trial: the worker died unpickling the Store (lock
+    # held by the parent) and Pool.map waited forever
+    store = lv.Store.open(tmp_path / "held.lv")
+    store["k"] = {"v": 1}
+    try:
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            result = pool.map_async(len, [store])
+            with pytest.raises(lv.StoreLockedError):
+                result.get(timeout=60)
+    finally:
+        store.close()

@@ -233,8 +233,13 @@ def record_ref(record: Record) -> RecordRef:
 
 
 def _open_store(path: str, mode: str, allow_pickle: bool) -> Store:
-    """Unpickles a :class:`Store`: opens it again."""
-    return Store.open(path, mode, allow_pickle=allow_pickle)  # type: ignore[arg-type]
+    """Unpickles a :class:`Store`: it opens again at its first use, so a
+    lock held elsewhere surfaces as StoreLockedError from that use (inside a
+    Pool task, where the task's caller sees it) rather than from unpickling
+    (which kills a Pool worker and hangs ``map``)."""
+    if mode not in ("r", "a", "w"):
+        raise ValueError(f"bad store mode {mode!r}")
+    return Store._deferred(path, mode, allow_pickle)
 
 
 def reduce_store(store: Store) -> tuple[Any, ...]:
@@ -243,9 +248,10 @@ def reduce_store(store: Store) -> tuple[Any, ...]:
     content is copied. A store opened with ``mode="w"`` reopens with
     ``"a"`` (it exists by then).
 
-    Unpickling opens the store, so it raises :class:`StoreLockedError` while
-    another ``Store`` (in this process or another) holds it: close the
-    original first, or pass records (they travel by reference) instead.
+    The unpickled store opens at its first use, which raises
+    :class:`StoreLockedError` while another ``Store`` (in this process or
+    another) holds it: close the original first, or pass records (they travel
+    by reference) instead.
     """
     mode = store.mode
     if mode == "w":

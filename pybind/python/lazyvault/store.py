@@ -43,6 +43,25 @@ def _check_key(key: object) -> str:
     return key
 
 
+class _DeferredCore:
+    """Stands in for the core of a Store until its first use, then opens it
+    and replaces itself."""
+
+    def __init__(self, store: Store, path: str, mode: str) -> None:
+        self._store, self.root, self._mode = store, path, mode
+
+    def _open(self) -> _lazyvault.StoreCore:
+        core = _lazyvault.StoreCore(self.root, self._mode)
+        self._store._core = core
+        return core
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._open(), name)
+
+    def __len__(self) -> int:
+        return len(self._open())
+
+
 def _query_text(expr: object) -> str:
     """The query as text the core can take, or QueryError / TypeError."""
     if not isinstance(expr, str):
@@ -64,15 +83,26 @@ class Store(MutableMapping[str, Record]):
     """
 
     def __init__(self, core: _lazyvault.StoreCore, allow_pickle: bool = False) -> None:
-        if not isinstance(core, _lazyvault.StoreCore):
+        if not isinstance(core, (_lazyvault.StoreCore, _DeferredCore)):
             raise TypeError("open a store with lazyvault.Store.open(path, mode)")
         if type(allow_pickle) is not bool:
             raise TypeError(f"allow_pickle must be True or False, not {allow_pickle!r}")
         self._core = core
         self._path = core.root
         self._allow_pickle = bool(allow_pickle)
-        self._source = DirectorySource(self._path, self._allow_pickle, core.get_pickle)
+        self._source = DirectorySource(
+            self._path, self._allow_pickle, lambda key: self._core.get_pickle(key)
+        )
         _open_stores.add(self)
+
+    @classmethod
+    def _deferred(cls, path: str, mode: str, allow_pickle: bool) -> Store:
+        """A Store that opens ``path`` at its first use (how a pickled Store
+        comes back: unpickling never fails on a lock, the first use raises
+        StoreLockedError where the caller can see it)."""
+        store = cls.__new__(cls)
+        cls.__init__(store, _DeferredCore(store, path, mode), allow_pickle)  # type: ignore[arg-type]
+        return store
 
     # A Store is a handle, like a file object: equal only to itself (the
     # Mapping default would compare every record, loading everything).
@@ -232,7 +262,8 @@ class Store(MutableMapping[str, Record]):
 
     def close(self) -> None:
         """Flushes and releases the index and the writer lock. Idempotent."""
-        self._core.close()
+        if not isinstance(self._core, _DeferredCore):  # never opened: nothing to do
+            self._core.close()
         _open_stores.discard(self)
 
     def __enter__(self) -> Store:
