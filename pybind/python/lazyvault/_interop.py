@@ -98,7 +98,9 @@ from .errors import (
     InvalidArrayError,
     InvalidFileError,
     KeyTypeError,
+    LazyvaultError,
     PickleNotAllowedError,
+    StorageError,
     UnknownFormatError,
 )
 
@@ -224,7 +226,12 @@ def import_file(store: Store, path: str | os.PathLike[str], key: str | None = No
     path = os.fspath(path)
     if key is not None and not isinstance(key, str):
         raise KeyTypeError(f"keys are str, not {type(key).__name__}")
-    fmt = detect_format(path)
+    try:
+        fmt = detect_format(path)
+    except LazyvaultError:
+        raise
+    except OSError as e:  # missing file, a directory, no permission
+        raise StorageError(e.errno or 0, e.strerror or str(e), path) from None
     default_key = key if key is not None else Path(path).stem
     if fmt == "npy":
         store[default_key] = {"data": _read_npy(path, store.allow_pickle)}
@@ -323,7 +330,9 @@ def read_npy_header(fp: IO[bytes], what: str) -> NpyHeader:
 
 
 def _empty(header: NpyHeader) -> np.ndarray:
-    return np.empty(header.shape, dtype=header.dtype, order=header.order)
+    # zeros, not empty: a zero-itemsize dtype (S0) gets itemsize 1 from numpy
+    # and np.empty would hand back uninitialised memory
+    return np.zeros(header.shape, dtype=header.dtype, order=header.order)
 
 
 def _map(path: str, header: NpyHeader, offset: int) -> np.ndarray:
@@ -773,6 +782,11 @@ def _import_lvz(store: Store, path: str, key: str | None) -> list[str]:
         raise InteropError(f"{path}: a .lvz archive, but this lazyvault cannot read them") from None
     archive = _archive.open_archive(path, allow_pickle=store.allow_pickle)
     try:
+        # check every array (headers, sizes, CRC-32) before writing anything,
+        # so a damaged archive leaves the store unchanged
+        report = archive.verify()
+        if not report["ok"]:
+            raise InvalidFileError(f"{path}: damaged archive: {report['problems'][0]}")
         keys = list(archive)
         if key is not None and len(keys) != 1:
             raise InteropError(
@@ -988,6 +1002,15 @@ def export(
             f"{path}: export writes .lvz, .npz or .safetensors, not {ext or 'no extension'!r}"
         )
     records = [store[k] for k in selected]
+    for rec in records:
+        if rec._record.get("pickle"):
+            # npz and safetensors carry metadata and arrays only: refuse
+            # rather than drop the fields kept in the pickled remainder
+            raise InteropError(
+                f"record {rec.key!r} has values that only pickle can hold (sets, "
+                f"complex numbers, custom objects...); {ext} cannot carry them: export "
+                "it to .lvz instead"
+            )
     with _atomic_output(path) as f:
         writer(f, records)
 
