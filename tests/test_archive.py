@@ -542,3 +542,27 @@ def test_flipped_bytes_in_checked_members_are_refused() -> None:
     with pytest.raises(lv.CorruptError, match="CRC"):
         lv.loads(bytes(bad), allow_pickle=True)
     assert lv.loads(blob, allow_pickle=True)["x"] == 1
+
+
+def test_damaged_records_raise_corrupt_error_not_builtins() -> None:
+    # found by a break-it trial: KeyError/ValueError/SyntaxError escaped
+    from lazyvault._source import MemorySource
+
+    arr = np.arange(3)
+    bad_layouts = [{"eict": {}}, {"array": "missing"}, {"dict": 1}, {"a": 1, "b": 2}]
+    for layout in bad_layouts:
+        record = {
+            "meta": {},
+            "arrays": {"x": {"descr": "'<i8'", "shape": [3], "fortran_order": False}},
+            "layout": layout,
+        }
+        rec = lv.Record(MemorySource({"x": arr}, None), "k", record)
+        with pytest.raises(lv.CorruptError):
+            rec.load()
+    record = {
+        "meta": {},
+        "arrays": {"x": {"descr": "'<h2'", "shape": [3], "fortran_order": False, "nbytes": 6}},
+        "layout": None,
+    }
+    with pytest.raises(lv.CorruptError):
+        lv.Record(MemorySource({}, None), "k", record).arrays

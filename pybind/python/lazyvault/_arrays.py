@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InvalidArrayError
+from .errors import CorruptError, InvalidArrayError
 
 # What numpy's own writer uses for object arrays (numpy/lib/format.py).
 _OBJECT_PICKLE_PROTOCOL = 4
@@ -24,8 +24,12 @@ def descr_of(dtype: np.dtype) -> str:
 
 @functools.lru_cache(maxsize=1024)
 def dtype_from_descr(descr: str) -> np.dtype:
-    """The dtype that a ``.npy`` descr text describes (no payload needed)."""
-    return np.lib.format.descr_to_dtype(ast.literal_eval(descr))
+    """The dtype that a ``.npy`` descr text describes (no payload needed).
+    Raises :class:`CorruptError` for text that describes no dtype."""
+    try:
+        return np.lib.format.descr_to_dtype(ast.literal_eval(descr))
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as e:
+        raise CorruptError(f"bad dtype description {descr!r}: {e}") from None
 
 
 def payload_args(name: str, array: np.ndarray) -> tuple[Any, ...]:

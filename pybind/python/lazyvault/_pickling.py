@@ -114,12 +114,23 @@ def reduce_record(record: Record, protocol: int) -> tuple[Any, ...]:
         _rebuild_record,
         (
             record._key,
-            record._record,
+            _without_payload_ids(record._record),
             _arrays_of(record),
             _pickle_of(record),
             bool(record._source.allow_pickle),
         ),
     )
+
+
+_NO_ID = "0" * 32
+
+
+def _without_payload_ids(record: dict[str, Any]) -> dict[str, Any]:
+    """The record entry with its random payload ids blanked: a record by
+    value carries its arrays, so the ids mean nothing to the receiver, and
+    without them equal records pickle to equal bytes."""
+    arrays = {name: {**e, "id": _NO_ID} for name, e in record["arrays"].items()}
+    return {**record, "arrays": arrays}
 
 
 # -- by reference -------------------------------------------------------------

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import PickleNotAllowedError
+from .errors import CorruptError, LazyvaultError, PickleNotAllowedError
 
 _MISSING = object()
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1  # what serde_json holds exactly
@@ -353,4 +353,11 @@ def join(
             return obj
         raise ValueError(f"{what}: unknown layout node {kind!r}")
 
-    return build(layout)
+    try:
+        return build(layout)
+    except LazyvaultError:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, EOFError) as e:
+        # a layout or remainder that does not describe an object: damage
+        # (or a class that changed since it was stored)
+        raise CorruptError(f"{what}: cannot rebuild the object: {e!r}") from e

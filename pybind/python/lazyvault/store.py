@@ -197,6 +197,13 @@ class Store(MutableMapping[str, Record]):
         or :meth:`close`.
         """
         key = _check_key(key)
+        if isinstance(obj, Record):
+            # a record from this or another store (or an archive): copy it as
+            # a record (metadata, layout, payloads), never pickle the proxy
+            from . import _interop
+
+            _interop.copy_record(self, key, obj)
+            return
         parts, splitter = _split.split(obj)
         pickled = splitter.pickle_leftovers(parts.leftovers) if parts.leftovers else None
         arrays = [_arrays.payload_args(name, a) for name, a in splitter.arrays.items()]
