@@ -923,37 +923,7 @@ impl ArchiveIndex {
         let data = &bytes[member.clone()];
         let header =
             npy::parse_header(data, npy::NUMPY_MAX_HEADER_LEN).map_err(|e| corrupt(&what(), e))?;
-        if header.descr != entry.descr
-            || header.shape != entry.shape
-            || header.fortran_order != entry.fortran_order
-            || header.data_offset != entry.data_offset
-        {
-            return Err(corrupt(
-                &what(),
-                format!(
-                    "header (descr {}, shape {:?}, fortran_order {}, data at {}) does not match \
-                     the record (descr {}, shape {:?}, fortran_order {}, data at {})",
-                    header.descr,
-                    header.shape,
-                    header.fortran_order,
-                    header.data_offset,
-                    entry.descr,
-                    entry.shape,
-                    entry.fortran_order,
-                    entry.data_offset
-                ),
-            ));
-        }
-        if !entry.pickled && header.nbytes() != Some(entry.nbytes) {
-            return Err(corrupt(
-                &what(),
-                format!(
-                    "record says {} bytes, header implies {:?}",
-                    entry.nbytes,
-                    header.nbytes()
-                ),
-            ));
-        }
+        crate::payload::check_header_matches(&header, entry).map_err(|d| corrupt(&what(), d))?;
         let start = usize::try_from(entry.data_offset)
             .ok()
             .and_then(|o| member.start.checked_add(o));

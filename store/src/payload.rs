@@ -131,6 +131,41 @@ impl MappedPayload {
     }
 }
 
+/// Checks that a payload's `.npy` header says what its record says (dtype,
+/// shape, order, data offset and, unless pickled, byte count); returns the
+/// disagreement as text. Shared by payload files and archive members.
+pub(crate) fn check_header_matches(
+    header: &npy::NpyHeader,
+    entry: &ArrayEntry,
+) -> std::result::Result<(), String> {
+    if header.descr != entry.descr
+        || header.shape != entry.shape
+        || header.fortran_order != entry.fortran_order
+        || header.data_offset != entry.data_offset
+    {
+        return Err(format!(
+            "header (descr {}, shape {:?}, fortran_order {}, data at {}) does not match \
+             the record (descr {}, shape {:?}, fortran_order {}, data at {})",
+            header.descr,
+            header.shape,
+            header.fortran_order,
+            header.data_offset,
+            entry.descr,
+            entry.shape,
+            entry.fortran_order,
+            entry.data_offset
+        ));
+    }
+    if !entry.pickled && header.nbytes() != Some(entry.nbytes) {
+        return Err(format!(
+            "record says {} bytes, header implies {:?}",
+            entry.nbytes,
+            header.nbytes()
+        ));
+    }
+    Ok(())
+}
+
 /// Opens the payload of `entry` under `root` and checks it before any
 /// mapping: the id is well-formed, the `.npy` header agrees with the record,
 /// and the file holds all the data (a short file is an error, never SIGBUS).
@@ -155,37 +190,7 @@ pub fn open_payload(root: &Path, entry: &ArrayEntry) -> Result<(File, PathBuf)> 
     let what = || format!("payload {}", path.display());
     let header = npy::read_header(&mut file, npy::NUMPY_MAX_HEADER_LEN)
         .map_err(|e| Error::corrupt(what(), e))?;
-    if header.descr != entry.descr
-        || header.shape != entry.shape
-        || header.fortran_order != entry.fortran_order
-        || header.data_offset != entry.data_offset
-    {
-        return Err(Error::corrupt(
-            what(),
-            format!(
-                "header (descr {}, shape {:?}, fortran_order {}, data at {}) does not match \
-                 the record (descr {}, shape {:?}, fortran_order {}, data at {})",
-                header.descr,
-                header.shape,
-                header.fortran_order,
-                header.data_offset,
-                entry.descr,
-                entry.shape,
-                entry.fortran_order,
-                entry.data_offset
-            ),
-        ));
-    }
-    if !entry.pickled && header.nbytes() != Some(entry.nbytes) {
-        return Err(Error::corrupt(
-            what(),
-            format!(
-                "record says {} bytes, header implies {:?}",
-                entry.nbytes,
-                header.nbytes()
-            ),
-        ));
-    }
+    check_header_matches(&header, entry).map_err(|detail| Error::corrupt(what(), detail))?;
     let file_len = file.metadata().map_err(Error::io(&path))?.len();
     let end = entry
         .data_offset
