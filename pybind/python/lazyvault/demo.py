@@ -37,7 +37,9 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
+import sys
 import tempfile
 import textwrap
 import time
@@ -606,16 +608,19 @@ def format_report(fig: dict[str, Any]) -> str:
     lines.append(f"wall      {fig['wall_seconds']:.2f} s")
     q0 = fig["queries"][0]["expr"] if fig["queries"] else "width >= 640"
     key = fig["touched"][0]["key"] if fig["touched"] else ""
+    # the CLI of this very interpreter: bare `lazyvault` may not be on PATH
+    cli = shlex.quote(os.path.join(os.path.dirname(sys.executable), "lazyvault"))
     lines += [
         "",
         "check it" + ("" if fig["kept"] else " (run with --keep first)") + f": S={fig['store']}",
+        f"  LV={cli}",
         "  find $S/arrays -name '*.npy' | wc -l       # payload files",
         "  find $S/arrays -name '*.npy' -printf '%s\\n' | awk '{s+=$1} END {print s}'"
         "   # their bytes",
         "                                             # (du -sb $S/arrays also counts directories)",
-        "  lazyvault ls $S | wc -l                    # records",
-        f'  lazyvault ls $S "{q0}" | wc -l    # a query\'s hits',
-        f"  lazyvault show $S {key}         # one record: metadata and arrays, no payload read",
+        "  $LV ls $S | wc -l                          # records",
+        f'  $LV ls $S "{q0}" | wc -l    # a query\'s hits',
+        f"  $LV show $S {key}               # one record: metadata and arrays, no payload read",
         "  faulted in: Rss of the mappings under $S/arrays in /proc/self/smaps, read by the demo",
     ]
     return "\n".join(lines)
