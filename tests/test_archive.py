@@ -352,7 +352,7 @@ def test_archives_are_read_only(tmp_path: Path) -> None:
         with pytest.raises(lv.ReadOnlyError, match="read-only"):
             lv.Store.open(path, mode)
     with lv.Store.open(path, "r") as archive:
-        with pytest.raises(TypeError):
+        with pytest.raises(lv.ReadOnlyError):
             archive["a"] = 1  # type: ignore[index]
     with pytest.raises(ValueError):
         lv.Store.open(path, "x")  # type: ignore[arg-type]

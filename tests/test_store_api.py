@@ -331,3 +331,41 @@ def test_misuse_gives_clear_errors(store: lv.Store, store_path: Path) -> None:
         list(store["k"])
     with pytest.raises(lv.QueryError):
         store.find("v == '\ud800'")
+
+
+def test_final_trial_regressions(tmp_path: Path) -> None:
+    """Found by the last fresh-user trial."""
+    import gc as _gc
+
+    # a store dropped without close() releases its lock at once (no cycle)
+    def save() -> None:
+        s = lv.Store.open(tmp_path / "u.lv")
+        s["k"] = {"v": 1}
+
+    _gc.disable()
+    try:
+        save()
+        with lv.Store.open(tmp_path / "u.lv") as s:
+            assert s["k"].v == 1
+    finally:
+        _gc.enable()
+    # a mistyped archive path does not become a directory store
+    with pytest.raises(lv.StoreNotFoundError):
+        lv.Store.open(tmp_path / "typo.lvz")
+    assert not (tmp_path / "typo.lvz").exists()
+    # loads checks allow_pickle like Store.open
+    with pytest.raises(TypeError):
+        lv.loads(lv.dumps({"s": {1}}), allow_pickle="no")  # type: ignore[arg-type]
+    # archives are read-only mappings
+    with lv.Store.open(tmp_path / "a.lv") as s:
+        s["k"] = {"x": np.ones(3)}
+        s.export(tmp_path / "out.lvz")
+    with lv.Store.open(tmp_path / "out.lvz") as archive:
+        with pytest.raises(lv.ReadOnlyError):
+            archive["k"] = 1  # type: ignore[index]
+        with pytest.raises(lv.ReadOnlyError):
+            del archive["k"]  # type: ignore[attr-defined]
+    # the CLI verifies an archive without a traceback
+    from lazyvault._cli import main
+
+    assert main(["verify", str(tmp_path / "out.lvz")]) == 0

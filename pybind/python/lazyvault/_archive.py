@@ -23,7 +23,14 @@ import numpy as np
 
 from . import _arrays, _lazyvault, _split
 from ._source import refuse_pickled_array
-from .errors import ClosedError, CorruptError, KeyTypeError, LazyvaultError, MissingKeyError
+from .errors import (
+    ClosedError,
+    CorruptError,
+    KeyTypeError,
+    LazyvaultError,
+    MissingKeyError,
+    ReadOnlyError,
+)
 from .record import Record
 
 if TYPE_CHECKING:
@@ -132,6 +139,12 @@ class Archive(Mapping[str, Record]):
     ``close()`` drops the archive; arrays already handed out stay valid
     (they keep the mapping alive).
     """
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        raise ReadOnlyError("a .lvz archive is read-only: import it into a store to change it")
+
+    def __delitem__(self, key: str) -> None:
+        raise ReadOnlyError("a .lvz archive is read-only: import it into a store to change it")
 
     def __init__(
         self,
@@ -336,6 +349,8 @@ def loads(buffer: Any, *, allow_pickle: bool = False) -> Any:
     ``allow_pickle=True`` (as ``np.load``), otherwise
     :class:`PickleNotAllowedError`.
     """
+    if type(allow_pickle) is not bool:
+        raise TypeError(f"allow_pickle must be True or False, not {allow_pickle!r}")
     try:
         core = _lazyvault.ArchiveCore.from_buffer(buffer)
     except (TypeError, BufferError) as e:

@@ -148,7 +148,7 @@ def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
         )
         for problem in report["problems"]:
             out.write(f"  problem: {problem}\n")
-        orphans = report["orphans"]
+        orphans = report.get("orphans", [])  # archives have none
         if orphans:
             out.write(
                 f"  {len(orphans):,} orphan payload file(s), referenced by no record "

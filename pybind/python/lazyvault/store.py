@@ -12,7 +12,14 @@ from typing import Any, Literal, overload
 from . import _archive, _arrays, _lazyvault, _split
 from ._source import DirectorySource
 from ._split import _text_ok
-from .errors import InvalidKeyError, KeyTypeError, MissingKeyError, QueryError, ReadOnlyError
+from .errors import (
+    InvalidKeyError,
+    KeyTypeError,
+    MissingKeyError,
+    QueryError,
+    ReadOnlyError,
+    StoreNotFoundError,
+)
 from .record import Record
 
 _open_stores: weakref.WeakSet[Store] = weakref.WeakSet()
@@ -90,8 +97,11 @@ class Store(MutableMapping[str, Record]):
         self._core = core
         self._path = core.root
         self._allow_pickle = bool(allow_pickle)
+        # a weak reference: a Store dropped without close() must be freed (and
+        # its lock released) at once, not when the cycle collector runs
+        this = weakref.ref(self)
         self._source = DirectorySource(
-            self._path, self._allow_pickle, lambda key: self._core.get_pickle(key)
+            self._path, self._allow_pickle, lambda key: this()._core.get_pickle(key)
         )
         _open_stores.add(self)
 
@@ -151,6 +161,9 @@ class Store(MutableMapping[str, Record]):
                     "import it into a store (store.import_file(path))"
                 )
             return _archive.open_archive(path, allow_pickle=allow_pickle)
+        if os.fspath(path).endswith(".lvz") and not os.path.exists(path):
+            # a mistyped archive name must not become a new directory store
+            raise StoreNotFoundError(f"{os.fspath(path)}: no such archive")
         return cls(_lazyvault.StoreCore(os.fspath(path), mode or "a"), allow_pickle)
 
     @property
