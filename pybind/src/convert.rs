@@ -108,6 +108,7 @@ pub fn entry(
         nbytes,
         data_offset,
         pickled,
+        checksum: None,
     }
 }
 

@@ -41,6 +41,12 @@ pub struct ArrayEntry {
     /// header. Loading it needs `allow_pickle=True`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pickled: bool,
+    /// Checksum of the data bytes recorded at write time, as
+    /// `"<algorithm>:<hex digest>"` (today `"xxh3-64:"` and 16 hex digits);
+    /// absent in archives and in records of older writers. Checked by
+    /// `verify`, never on the read path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksum: Option<String>,
 }
 
 /// The record of one key.
@@ -151,6 +157,7 @@ mod tests {
             nbytes: 96,
             data_offset: 128,
             pickled: false,
+            checksum: None,
         }
     }
 

@@ -61,6 +61,9 @@ pub enum Error {
     /// consistently (wrong byte count for its dtype and shape, bad descr).
     #[error("array {name:?}: {detail}")]
     InvalidArray { name: String, detail: String },
+    /// A key or a record's metadata beyond what the format can hold.
+    #[error("{0} cannot be stored")]
+    TooLarge(String),
     /// The index (sled) failed.
     #[error("index: {0}")]
     Index(String),

@@ -1,17 +1,39 @@
 //! The index: the only module that knows sled (DESIGN.md invariant 7).
 //!
 //! One sled tree holds, under one-byte prefixes, the record JSON of each key
-//! (`r`), the pickled remainder of the keys that have one (`p`), and the
-//! record count (`#count`), so that a put or delete changes all three in one
-//! atomic batch and `len()` costs no scan.
+//! (`r`), the pickled remainder of the keys that have one (`p`), the
+//! generation of each key's sidecar (`s`, u64 LE), the record count
+//! (`#count`) and the last generation used (`#gen`), so that a put or delete
+//! changes them all in one atomic batch and `len()` costs no scan.
 
 use std::path::Path;
 
 use crate::error::{Error, Result};
+use crate::fsio::fault;
 
 const RECORD: u8 = b'r';
 const PICKLE: u8 = b'p';
+const SIDECAR: u8 = b's';
 const COUNT: &[u8] = b"#count";
+const GENERATION: &[u8] = b"#gen";
+
+/// What a put or delete replaced: the old record JSON and the generation of
+/// its sidecar (`None` for a record written before sidecars existed).
+pub(crate) type Replaced = (Vec<u8>, Option<u64>);
+
+fn decode_u64(v: &[u8], what: &str) -> Result<u64> {
+    let bytes: [u8; 8] = v
+        .try_into()
+        .map_err(|_| Error::corrupt("index", format!("{what} is not 8 bytes")))?;
+    Ok(u64::from_le_bytes(bytes))
+}
+
+fn injected(e: std::io::Error) -> Error {
+    Error::Io {
+        path: "index".into(),
+        source: e,
+    }
+}
 
 fn prefixed(prefix: u8, key: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(1 + key.len());
@@ -22,7 +44,15 @@ fn prefixed(prefix: u8, key: &str) -> Vec<u8> {
 
 fn index_err(e: sled::Error) -> Error {
     match e {
-        sled::Error::Corruption { .. } => Error::corrupt("index", e),
+        sled::Error::Corruption { .. } => Error::corrupt(
+            "index",
+            format!("{e}; `lazyvault repair PATH` rebuilds it from the record sidecars"),
+        ),
+        // Keep the errno (ENOSPC, EIO) for the caller.
+        sled::Error::Io(source) => Error::Io {
+            path: "index".into(),
+            source,
+        },
         other => Error::Index(other.to_string()),
     }
 }
@@ -43,8 +73,22 @@ impl Index {
         // threads may release it a moment after close(): retry briefly.
         // (sled's error text is the only way to recognise it, NOTES.md.)
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+        let repair_hint = "; `lazyvault repair PATH` rebuilds the index from the record sidecars";
         let opened = loop {
-            match sled::Config::new().path(dir).open() {
+            // sled panics on some damaged files instead of returning an error.
+            let attempt = std::panic::catch_unwind(|| sled::Config::new().path(dir).open())
+                .map_err(|panic| {
+                    let text = panic
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                        .unwrap_or_else(|| "sled panicked".to_owned());
+                    Error::corrupt(
+                        format!("index {}", dir.display()),
+                        format!("cannot be opened ({text}){repair_hint}"),
+                    )
+                })?;
+            match attempt {
                 Err(sled::Error::Io(io))
                     if io.to_string().contains("could not acquire lock")
                         && std::time::Instant::now() < deadline =>
@@ -59,10 +103,11 @@ impl Index {
                 path: dir.to_owned(),
                 source: io,
             },
-            e @ sled::Error::Corruption { .. } => {
-                Error::corrupt(format!("index {}", dir.display()), e)
-            }
-            other => Error::Index(format!("{}: {other}", dir.display())),
+            e @ sled::Error::Corruption { .. } => Error::corrupt(
+                format!("index {}", dir.display()),
+                format!("{e}{repair_hint}"),
+            ),
+            other => Error::Index(format!("{}: {other}{repair_hint}", dir.display())),
         })?;
         let tree = db.open_tree("lazyvault").map_err(index_err)?;
         Ok(Index { db, tree })
@@ -93,53 +138,101 @@ impl Index {
     }
 
     pub(crate) fn len(&self) -> Result<u64> {
-        Ok(match self.tree.get(COUNT).map_err(index_err)? {
-            Some(v) => {
-                let bytes: [u8; 8] = v
-                    .as_ref()
-                    .try_into()
-                    .map_err(|_| Error::corrupt("index", "record count is not 8 bytes"))?;
-                u64::from_le_bytes(bytes)
-            }
-            None => 0,
-        })
+        match self.tree.get(COUNT).map_err(index_err)? {
+            Some(v) => decode_u64(&v, "the record count"),
+            None => Ok(0),
+        }
     }
 
-    /// Sets `key` to `record` (and its pickle, or none) in one atomic batch.
-    /// Returns the record it replaced. The caller serialises writers.
+    /// The last sidecar generation used (0 when none was, or `None` for an
+    /// index written before sidecars existed that holds records).
+    pub(crate) fn generation(&self) -> Result<Option<u64>> {
+        match self.tree.get(GENERATION).map_err(index_err)? {
+            Some(v) => decode_u64(&v, "the generation counter").map(Some),
+            None if self.len()? == 0 => Ok(Some(0)),
+            None => Ok(None),
+        }
+    }
+
+    /// The generation of `key`'s sidecar.
+    pub(crate) fn sidecar_generation(&self, key: &str) -> Result<Option<u64>> {
+        match self.tree.get(prefixed(SIDECAR, key)).map_err(index_err)? {
+            Some(v) => decode_u64(&v, "a sidecar generation").map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Sets `key` to `record` (and its pickle, or none) whose sidecar is
+    /// `generation`, in one atomic batch; raises the generation counter to
+    /// `generation` if below. Returns what it replaced. The caller
+    /// serialises writers.
     pub(crate) fn put(
         &self,
         key: &str,
         record: &[u8],
         pickle: Option<&[u8]>,
-    ) -> Result<Option<Vec<u8>>> {
+        generation: u64,
+    ) -> Result<Option<Replaced>> {
+        fault::check("index", std::path::Path::new(key)).map_err(injected)?;
         let rkey = prefixed(RECORD, key);
         let old = self.tree.get(&rkey).map_err(index_err)?;
+        let old_generation = match old {
+            Some(_) => self.sidecar_generation(key)?,
+            None => None,
+        };
         let mut batch = sled::Batch::default();
         batch.insert(rkey, record);
         match pickle {
             Some(p) => batch.insert(prefixed(PICKLE, key), p),
             None => batch.remove(prefixed(PICKLE, key)),
         }
+        batch.insert(prefixed(SIDECAR, key), &generation.to_le_bytes());
         if old.is_none() {
             batch.insert(COUNT, &(self.len()? + 1).to_le_bytes());
         }
+        if self.generation()?.is_none_or(|g| g < generation) {
+            batch.insert(GENERATION, &generation.to_le_bytes());
+        }
         self.tree.apply_batch(batch).map_err(index_err)?;
-        Ok(old.map(|v| v.to_vec()))
+        Ok(old.map(|v| (v.to_vec(), old_generation)))
     }
 
-    /// Removes `key`; returns its record if it was there.
-    pub(crate) fn remove(&self, key: &str) -> Result<Option<Vec<u8>>> {
+    /// Raises the generation counter to `generation` if below.
+    pub(crate) fn raise_generation(&self, generation: u64) -> Result<()> {
+        if self.generation()?.is_none_or(|g| g < generation) {
+            self.tree
+                .insert(GENERATION, &generation.to_le_bytes())
+                .map_err(index_err)?;
+        }
+        Ok(())
+    }
+
+    /// Removes `key`; returns what it replaced if it was there.
+    pub(crate) fn remove(&self, key: &str) -> Result<Option<Replaced>> {
+        fault::check("index", std::path::Path::new(key)).map_err(injected)?;
         let rkey = prefixed(RECORD, key);
         let Some(old) = self.tree.get(&rkey).map_err(index_err)? else {
             return Ok(None);
         };
+        let old_generation = self.sidecar_generation(key)?;
         let mut batch = sled::Batch::default();
         batch.remove(rkey);
         batch.remove(prefixed(PICKLE, key));
+        batch.remove(prefixed(SIDECAR, key));
         batch.insert(COUNT, &self.len()?.saturating_sub(1).to_le_bytes());
         self.tree.apply_batch(batch).map_err(index_err)?;
-        Ok(Some(old.to_vec()))
+        Ok(Some((old.to_vec(), old_generation)))
+    }
+
+    /// Calls `f(key, generation)` for every key's sidecar generation.
+    pub(crate) fn scan_sidecars(&self, mut f: impl FnMut(&str, u64) -> Result<()>) -> Result<()> {
+        for item in self.tree.scan_prefix([SIDECAR]) {
+            let (k, v) = item.map_err(index_err)?;
+            let key = std::str::from_utf8(&k[1..])
+                .map_err(|_| Error::corrupt("index", "a key is not UTF-8"))?;
+            f(key, decode_u64(&v, "a sidecar generation")?)?;
+        }
+        Ok(())
     }
 
     /// Calls `f(key, record_json)` for every record in key order (UTF-8 byte
@@ -156,6 +249,7 @@ impl Index {
 
     /// Makes every change so far durable.
     pub(crate) fn flush(&self) -> Result<()> {
+        fault::check("index-flush", std::path::Path::new("index")).map_err(injected)?;
         self.db.flush().map_err(index_err)?;
         Ok(())
     }

@@ -20,13 +20,16 @@
 
 pub mod archive;
 mod error;
+mod fsio;
 mod index;
 pub mod npy;
 mod payload;
 pub mod query;
+pub mod sidecar;
 mod store;
 
 pub use error::{Error, Result};
+pub use fsio::fault;
 pub use lazyvault_schema as schema;
 pub use payload::{map_payload, open_payload, read_payload, ArraySource, MappedPayload};
-pub use store::{GcReport, Mode, Store, VerifyReport, INDEX_DIR, LOCK_FILE};
+pub use store::{GcReport, Mode, RepairReport, Store, VerifyReport, INDEX_DIR, LOCK_FILE};

@@ -1,14 +1,15 @@
 //! Payload files: writing a `.npy` file crash-safely, and mapping one back
 //! after checking that it is what its record says (DESIGN.md invariants 2, 3, 5).
 
-use std::fs::{self, File};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use lazyvault_schema::{ArrayEntry, PAYLOAD_DIR};
 use memmap2::{Mmap, MmapOptions};
 
 use crate::error::{Error, Result};
+use crate::fsio;
 use crate::npy;
 
 /// An array to be written as a payload: its description and its bytes.
@@ -72,6 +73,7 @@ pub(crate) fn prepare_payload(src: &ArraySource<'_>) -> Result<(Vec<u8>, ArrayEn
         nbytes: src.data.len() as u64,
         data_offset: header.len() as u64,
         pickled: src.pickled,
+        checksum: None,
     };
     Ok((header, entry))
 }
@@ -85,31 +87,33 @@ pub(crate) fn write_payload(root: &Path, src: &ArraySource<'_>) -> Result<(Array
     let (header, entry) = prepare_payload(src)?;
     let id = uuid::Uuid::new_v4().simple().to_string();
     let dir = root.join(PAYLOAD_DIR).join(&id[..2]);
-    fs::create_dir_all(&dir).map_err(Error::io(&dir))?;
+    fsio::create_dir_all(&dir).map_err(Error::io(&dir))?;
     let path = dir.join(format!("{id}.npy"));
     let tmp = dir.join(format!("{id}.npy{TMP_SUFFIX}"));
-    let write = || -> std::io::Result<()> {
-        let mut f = File::options().write(true).create_new(true).open(&tmp)?;
-        f.write_all(&header)?;
-        f.write_all(src.data)?;
-        f.sync_all()
-    };
-    if let Err(e) = write() {
-        let _ = fs::remove_file(&tmp);
-        return Err(Error::Io {
-            path: tmp,
-            source: e,
-        });
-    }
-    fs::rename(&tmp, &path).map_err(Error::io(&path))?;
-    Ok((ArrayEntry { id, ..entry }, dir))
+    fsio::write_new_file(&path, &tmp, &[&header, src.data]).map_err(Error::io(&tmp))?;
+    let checksum = Some(checksum(src.data));
+    Ok((
+        ArrayEntry {
+            id,
+            checksum,
+            ..entry
+        },
+        dir,
+    ))
 }
+
+/// The checksum recorded for a payload's data bytes: `"xxh3-64:"` and the
+/// 64-bit XXH3 hash as 16 lowercase hex digits (FORMAT.md).
+pub(crate) fn checksum(data: &[u8]) -> String {
+    format!("{CHECKSUM_PREFIX}{:016x}", xxhash_rust::xxh3::xxh3_64(data))
+}
+
+/// The algorithm tag of [`checksum`].
+pub(crate) const CHECKSUM_PREFIX: &str = "xxh3-64:";
 
 /// fsyncs a directory so that the renames and creations in it are durable.
 pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(Error::io(dir))
+    fsio::sync_dir(dir).map_err(Error::io(dir))
 }
 
 /// The data bytes of one payload, memory-mapped read-only. Zero-size arrays

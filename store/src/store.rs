@@ -14,9 +14,11 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
-use crate::index::Index;
+use crate::fsio;
+use crate::index::{self, Index};
 use crate::payload::{self, ArraySource, TMP_SUFFIX};
 use crate::query::{ArrayFacts, Query, RecordView};
+use crate::sidecar::{self, SIDECAR_DIR};
 
 /// Directory of the sled index inside a store.
 pub const INDEX_DIR: &str = "index";
@@ -65,10 +67,43 @@ pub struct VerifyReport {
     pub records: u64,
     /// Payloads checked.
     pub arrays: u64,
-    /// One line per damaged or missing payload or undecodable record.
+    /// Payloads whose data was hashed against the checksum recorded at
+    /// write time.
+    pub checksummed: u64,
+    /// One line per damaged or missing payload or sidecar, or undecodable
+    /// record.
     pub problems: Vec<String>,
-    /// Payload or temporary files that no record references (`gc()` removes them).
+    /// Payload, sidecar or temporary files that no record references
+    /// (`gc()` removes them).
     pub orphans: Vec<PathBuf>,
+}
+
+/// What [`Store::repair`] did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RepairReport {
+    /// Records in the rebuilt index.
+    pub records: u64,
+    /// Sidecar files read.
+    pub sidecars: u64,
+    /// Older sidecars of a key that a newer one replaced (orphans for `gc()`).
+    pub superseded: u64,
+    /// Sidecars not used, one line each with the reason (damaged file,
+    /// missing or damaged payload). Their files are left in place.
+    pub skipped: Vec<String>,
+    /// Where the old index directory was moved, if there was one; nothing
+    /// reads it again, remove it once the store checks out.
+    pub moved_index: Option<PathBuf>,
+}
+
+/// The writer's state, behind the mutex that serialises writers.
+struct WriterState {
+    /// Files (relative to the root) of records replaced or deleted since the
+    /// last flush: payloads and sidecars. They are unlinked only after the
+    /// index change that dropped them is durable, so a crash never leaves a
+    /// record whose files are gone (invariant 3).
+    pending_removal: Vec<String>,
+    /// The generation the next put's sidecar gets.
+    next_generation: u64,
 }
 
 impl VerifyReport {
@@ -88,11 +123,8 @@ pub struct Store {
     mode: Mode,
     opener_pid: u32,
     index: RwLock<Option<Index>>,
-    /// Serialises writers. Holds the payload ids replaced or deleted since the
-    /// last flush: they are unlinked only after the index change that
-    /// dropped them is durable, so a crash never leaves a record whose
-    /// payload is gone (invariant 3).
-    pending_removal: Mutex<Vec<ArrayEntry>>,
+    /// Serialises writers.
+    writer: Mutex<WriterState>,
     lock_file: Mutex<Option<File>>,
 }
 
@@ -167,13 +199,21 @@ impl RecordView for ScanView<'_> {
 
 fn write_file_durably(path: &Path, contents: &[u8]) -> Result<()> {
     let tmp = path.with_extension(format!("json{TMP_SUFFIX}"));
-    let mut f = File::create(&tmp).map_err(Error::io(&tmp))?;
-    f.write_all(contents)
-        .and_then(|_| f.sync_all())
-        .map_err(Error::io(&tmp))?;
-    fs::rename(&tmp, path).map_err(Error::io(path))?;
+    fsio::write_new_file(path, &tmp, &[contents]).map_err(Error::io(&tmp))?;
     payload::sync_dir(path.parent().unwrap_or(Path::new(".")))
 }
+
+/// Unlinks `relpaths` under `root`, ignoring failures: a file left behind
+/// is an orphan that `gc()` removes, never a loss.
+fn remove_quietly(root: &Path, relpaths: impl IntoIterator<Item = String>) {
+    for rel in relpaths {
+        let _ = fsio::remove_file(&root.join(rel));
+    }
+}
+
+/// How many absent generations in a row end the search for sidecars left
+/// by puts that a crash cut off before their index entry.
+const UNCOMMITTED_PROBE: u64 = 64;
 
 fn check_key(key: &str) -> Result<()> {
     if key.is_empty() {
@@ -221,7 +261,9 @@ impl Store {
                 source,
             })?;
         } else {
-            fs::create_dir_all(root.join(PAYLOAD_DIR)).map_err(Error::io(&root))?;
+            for dir in [PAYLOAD_DIR, SIDECAR_DIR] {
+                fs::create_dir_all(root.join(dir)).map_err(Error::io(&root))?;
+            }
             let manifest = Manifest::new(format!("lazyvault {}", env!("CARGO_PKG_VERSION")));
             write_file_durably(&manifest_path, &manifest.to_json())?;
         }
@@ -231,18 +273,60 @@ impl Store {
             // delete every payload.
             return Err(Error::corrupt(
                 format!("store {}", root.display()),
-                format!("the index directory {} is missing", index_dir.display()),
+                format!(
+                    "the index directory {} is missing; `lazyvault repair {}` rebuilds it \
+                     from the record sidecars",
+                    index_dir.display(),
+                    root.display()
+                ),
             ));
         }
         let index = Index::open(&index_dir)?;
+        let next_generation = if mode == Mode::ReadOnly {
+            0
+        } else {
+            Self::prepare_writer(&root, &index)?
+        };
         Ok(Store {
             root,
             mode,
             opener_pid: std::process::id(),
             index: RwLock::new(Some(index)),
-            pending_removal: Mutex::new(Vec::new()),
+            writer: Mutex::new(WriterState {
+                pending_removal: Vec::new(),
+                next_generation,
+            }),
             lock_file: Mutex::new(Some(lock_file)),
         })
+    }
+
+    /// Before the first write of a session: removes the sidecars of puts a
+    /// crash cut off before their index entry. Their generations follow the
+    /// last one the index holds; left in place, a repair would resurrect
+    /// them (a record whose put failed, or that was deleted since).
+    /// Returns the next generation.
+    fn prepare_writer(root: &Path, index: &Index) -> Result<u64> {
+        // An index from before sidecars existed counts from 0; verify()
+        // reports its records as having no sidecar.
+        let last = index.generation()?.unwrap_or(0);
+        let mut misses = 0;
+        let mut generation = last + 1;
+        let mut removed = BTreeSet::new();
+        while misses < UNCOMMITTED_PROBE {
+            let path = root.join(sidecar::relpath(generation));
+            if fs::symlink_metadata(&path).is_ok() {
+                fsio::remove_file(&path).map_err(Error::io(&path))?;
+                removed.insert(path.parent().expect("in a directory").to_owned());
+                misses = 0;
+            } else {
+                misses += 1;
+            }
+            generation += 1;
+        }
+        for dir in &removed {
+            payload::sync_dir(dir)?;
+        }
+        Ok(last + 1)
     }
 
     /// Whether `root` holds nothing, or only what an interrupted creation
@@ -255,7 +339,7 @@ impl Store {
             let name = entry.file_name();
             let ours = match name.to_str() {
                 Some(n) if n == LOCK_FILE || n == tmp_manifest => true,
-                Some(PAYLOAD_DIR) => fs::read_dir(entry.path())
+                Some(PAYLOAD_DIR | SIDECAR_DIR) => fs::read_dir(entry.path())
                     .map(|mut d| d.next().is_none())
                     .unwrap_or(false),
                 _ => false,
@@ -333,25 +417,29 @@ impl Store {
         Ok(guard)
     }
 
-    fn writer(&self) -> Result<MutexGuard<'_, Vec<ArrayEntry>>> {
+    fn writer(&self) -> Result<MutexGuard<'_, WriterState>> {
         if self.mode == Mode::ReadOnly {
             return Err(Error::ReadOnly);
         }
-        Ok(self
-            .pending_removal
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()))
+        Ok(self.writer_lock())
     }
 
-    /// Writes the payloads of `arrays`, then sets `key` to the record made of
-    /// `meta`, `layout`, the new array entries and `pickle` (invariant 3:
-    /// payloads durable first, then the index entry). The payloads of a record
-    /// this replaces are removed at the next [`Store::flush`].
+    fn writer_lock(&self) -> MutexGuard<'_, WriterState> {
+        self.writer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Writes the payloads of `arrays` and the record's sidecar, then sets
+    /// `key` to the record made of `meta`, `layout`, the new array entries
+    /// and `pickle` (invariant 3: files durable first, then the index entry).
+    /// The files of a record this replaces are removed at the next
+    /// [`Store::flush`].
     ///
     /// # Errors
     /// [`Error::EmptyKey`], [`Error::ReadOnly`], [`Error::InvalidArray`] for
-    /// an array whose bytes do not match its dtype and shape, I/O errors.
-    /// On error the old record (if any) is untouched.
+    /// an array whose bytes do not match its dtype and shape, I/O errors
+    /// (`ENOSPC`, `EIO`, ... kept in [`Error::Io`]). On error the old record
+    /// (if any) is untouched and the files written for the new one are
+    /// removed.
     pub fn put(
         &self,
         key: &str,
@@ -363,10 +451,14 @@ impl Store {
         check_key(key)?;
         let index_guard = self.index()?;
         let index = index_guard.as_ref().expect("checked open");
-        let mut pending = self.writer()?;
-        let mut entries = IndexMap::with_capacity(arrays.len());
-        let mut dirs = BTreeSet::new();
-        let written = (|| -> Result<()> {
+        let mut writer = self.writer()?;
+        // A generation is used once even if this put fails.
+        let generation = writer.next_generation;
+        writer.next_generation += 1;
+        let mut written: Vec<String> = Vec::with_capacity(arrays.len() + 1);
+        let committed = (|| -> Result<Option<index::Replaced>> {
+            let mut entries = IndexMap::with_capacity(arrays.len());
+            let mut dirs = BTreeSet::new();
             for src in arrays {
                 if entries.contains_key(&src.name) {
                     return Err(Error::InvalidArray {
@@ -375,46 +467,57 @@ impl Store {
                     });
                 }
                 let (entry, dir) = payload::write_payload(&self.root, src)?;
+                written.push(entry.relpath());
                 entries.insert(src.name.clone(), entry);
                 dirs.insert(dir);
             }
             if !dirs.is_empty() {
                 dirs.insert(self.root.join(PAYLOAD_DIR));
             }
+            let record = Record {
+                meta,
+                arrays: entries,
+                layout,
+                pickle: pickle.is_some(),
+            }
+            .to_json();
+            dirs.insert(sidecar::write(
+                &self.root, generation, key, &record, pickle,
+            )?);
+            written.push(sidecar::relpath(generation));
+            dirs.insert(self.root.join(SIDECAR_DIR));
             for dir in &dirs {
                 payload::sync_dir(dir)?;
             }
-            Ok(())
+            index.put(key, &record, pickle, generation)
         })();
-        if let Err(e) = written {
-            // Nothing references these payloads: remove them now.
-            for entry in entries.values() {
-                let _ = fs::remove_file(self.root.join(entry.relpath()));
-            }
-            return Err(e);
-        }
-        let record = Record {
-            meta,
-            arrays: entries,
-            layout,
-            pickle: pickle.is_some(),
-        };
-        let old = match index.put(key, &record.to_json(), pickle) {
-            Ok(old) => old,
+        match committed {
             Err(e) => {
-                for entry in record.arrays.values() {
-                    let _ = fs::remove_file(self.root.join(entry.relpath()));
-                }
-                return Err(e);
+                // Nothing references these files: remove them now.
+                remove_quietly(&self.root, written);
+                Err(e)
             }
-        };
-        if let Some(old) = old {
-            // A damaged old record leaves orphans for gc(), nothing worse.
-            if let Ok(old) = Record::from_json(&old) {
-                pending.extend(old.arrays.into_values());
+            Ok(old) => {
+                if let Some(old) = old {
+                    Self::retire(&mut writer, old);
+                }
+                Ok(())
             }
         }
-        Ok(())
+    }
+
+    /// Queues the files of a replaced or deleted record for removal after
+    /// the next index flush. A damaged old record leaves orphans for gc(),
+    /// nothing worse.
+    fn retire(writer: &mut WriterState, (record, generation): index::Replaced) {
+        if let Ok(old) = Record::from_json(&record) {
+            writer
+                .pending_removal
+                .extend(old.arrays.values().map(ArrayEntry::relpath));
+        }
+        if let Some(g) = generation {
+            writer.pending_removal.push(sidecar::relpath(g));
+        }
     }
 
     /// The record JSON of `key` as stored (see FORMAT.md), or `None`.
@@ -441,10 +544,7 @@ impl Store {
         check_key(key)?;
         let guard = self.index()?;
         let index = guard.as_ref().expect("checked open");
-        let _writers = self
-            .pending_removal
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let _writers = self.writer_lock();
         let Some(record) = index.get(key)? else {
             return Ok(None);
         };
@@ -483,13 +583,11 @@ impl Store {
         check_key(key)?;
         let guard = self.index()?;
         let index = guard.as_ref().expect("checked open");
-        let mut pending = self.writer()?;
+        let mut writer = self.writer()?;
         match index.remove(key)? {
             None => Ok(false),
             Some(old) => {
-                if let Ok(old) = Record::from_json(&old) {
-                    pending.extend(old.arrays.into_values());
-                }
+                Self::retire(&mut writer, old);
                 Ok(true)
             }
         }
@@ -551,24 +649,18 @@ impl Store {
         Ok(n)
     }
 
-    /// Makes every change so far durable, then removes the payloads that the
-    /// durable index no longer references.
+    /// Makes every change so far durable, then removes the payloads and
+    /// sidecars that the durable index no longer references. If the index
+    /// flush fails, nothing is removed and the error is returned.
     pub fn flush(&self) -> Result<()> {
         let guard = self.index()?;
         let index = guard.as_ref().expect("checked open");
         if self.mode == Mode::ReadOnly {
             return Ok(());
         }
-        let mut pending = self.writer()?;
+        let mut writer = self.writer()?;
         index.flush()?;
-        for entry in pending.drain(..) {
-            match fs::remove_file(self.root.join(entry.relpath())) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                // Left for gc(): an orphan is harmless.
-                Err(_) => {}
-            }
-        }
+        remove_quietly(&self.root, writer.pending_removal.drain(..));
         Ok(())
     }
 
@@ -613,63 +705,63 @@ impl Store {
             .is_none()
     }
 
-    /// Ids of every payload referenced by a record.
-    fn referenced_ids(&self) -> Result<HashSet<String>> {
+    /// Ids of every payload and generations of every sidecar referenced by
+    /// a record.
+    fn referenced(&self) -> Result<Referenced> {
         let guard = self.index()?;
-        let mut ids = HashSet::new();
-        guard.as_ref().expect("checked open").scan(|key, bytes| {
+        let index = guard.as_ref().expect("checked open");
+        let mut refs = Referenced::default();
+        index.scan(|key, bytes| {
             let record = Record::from_json(bytes)
                 .map_err(|e| Error::corrupt(format!("record {key:?}"), e))?;
-            ids.extend(record.arrays.into_values().map(|a| a.id));
+            refs.payloads
+                .extend(record.arrays.into_values().map(|a| a.id));
             Ok(())
         })?;
-        Ok(ids)
+        index.scan_sidecars(|_, g| {
+            refs.sidecars.insert(g);
+            Ok(())
+        })?;
+        Ok(refs)
     }
 
-    /// Files under `arrays/` that no record references: payloads left by a
-    /// crash or an unflushed overwrite, and temporary files.
-    fn orphans(&self, referenced: &HashSet<String>) -> Result<Vec<(PathBuf, u64)>> {
-        let mut out = Vec::new();
-        let dir = self.root.join(PAYLOAD_DIR);
-        let Ok(subdirs) = fs::read_dir(&dir) else {
-            return Ok(out);
-        };
-        for sub in subdirs {
-            let sub = sub.map_err(Error::io(&dir))?;
-            if !sub.file_type().map_err(Error::io(sub.path()))?.is_dir() {
-                continue;
+    /// Files under `records/` and `arrays/` that no record references:
+    /// sidecars and payloads left by a crash or an unflushed overwrite, and
+    /// temporary files. Sidecars come first, so that `gc()` interrupted
+    /// half-way never leaves a sidecar whose payloads it removed.
+    fn orphans(&self, refs: &Referenced) -> Result<Vec<(PathBuf, u64)>> {
+        let mut sidecars = Vec::new();
+        walk_two_levels(&self.root.join(SIDECAR_DIR), |path, name, size| {
+            if !sidecar::parse_name(name).is_some_and(|g| refs.sidecars.contains(&g)) {
+                sidecars.push((path, size));
             }
-            for file in fs::read_dir(sub.path()).map_err(Error::io(sub.path()))? {
-                let file = file.map_err(Error::io(sub.path()))?;
-                let name = file.file_name();
-                let Some(name) = name.to_str() else { continue };
-                let id = name
-                    .strip_suffix(TMP_SUFFIX)
-                    .unwrap_or(name)
-                    .strip_suffix(".npy");
-                let Some(id) = id else { continue };
-                if name.ends_with(TMP_SUFFIX) || !referenced.contains(id) {
-                    let size = file.metadata().map(|m| m.len()).unwrap_or(0);
-                    out.push((file.path(), size));
-                }
+        })?;
+        let mut payloads = Vec::new();
+        walk_two_levels(&self.root.join(PAYLOAD_DIR), |path, name, size| {
+            let id = name.strip_suffix(".npy");
+            if !id.is_some_and(|id| refs.payloads.contains(id)) {
+                payloads.push((path, size));
             }
-        }
-        out.sort();
-        Ok(out)
+        })?;
+        sidecars.sort();
+        payloads.sort();
+        sidecars.extend(payloads);
+        Ok(sidecars)
     }
 
-    /// Removes payload and temporary files that no record references. Flushes
-    /// first, so nothing the durable index still references is removed.
+    /// Removes payload, sidecar and temporary files that no record
+    /// references. Flushes first, so nothing the durable index still
+    /// references is removed.
     pub fn gc(&self) -> Result<GcReport> {
         if self.mode == Mode::ReadOnly {
             return Err(Error::ReadOnly);
         }
         self.flush()?;
         let _writer = self.writer()?;
-        let referenced = self.referenced_ids()?;
+        let refs = self.referenced()?;
         let mut report = GcReport::default();
-        for (path, size) in self.orphans(&referenced)? {
-            fs::remove_file(&path).map_err(Error::io(&path))?;
+        for (path, size) in self.orphans(&refs)? {
+            fsio::remove_file(&path).map_err(Error::io(&path))?;
             report.removed_files += 1;
             report.removed_bytes += size;
         }
@@ -677,45 +769,277 @@ impl Store {
     }
 
     /// Checks every record against its payloads (present, header matching,
-    /// long enough) and lists orphan files. Maps nothing.
-    pub fn verify(&self) -> Result<VerifyReport> {
+    /// long enough, and with `checksums` the data hashed against the
+    /// checksum recorded at write time) and its sidecar (present, intact,
+    /// the same record and pickle), and lists orphan files.
+    /// `progress(done, total)` is called as records are checked.
+    pub fn verify_with(
+        &self,
+        checksums: bool,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<VerifyReport> {
         let guard = self.index()?;
+        let index = guard.as_ref().expect("checked open");
+        let total = index.len()?;
         let mut report = VerifyReport::default();
-        let mut referenced = HashSet::new();
-        guard.as_ref().expect("checked open").scan(|key, bytes| {
+        let mut refs = Referenced::default();
+        index.scan(|key, bytes| {
             report.records += 1;
+            self.verify_sidecar(index, key, bytes, &mut refs, &mut report.problems)?;
             let record = match Record::from_json(bytes) {
                 Ok(r) => r,
                 Err(e) => {
                     report.problems.push(format!("record {key:?}: {e}"));
+                    progress(report.records, total);
                     return Ok(());
                 }
             };
             for (name, entry) in &record.arrays {
                 report.arrays += 1;
-                referenced.insert(entry.id.clone());
-                if let Err(e) = payload::open_payload(&self.root, entry) {
+                refs.payloads.insert(entry.id.clone());
+                let checked = if checksums {
+                    self.verify_checksum(entry).map(|hashed| {
+                        report.checksummed += u64::from(hashed);
+                    })
+                } else {
+                    payload::open_payload(&self.root, entry).map(drop)
+                };
+                if let Err(e) = checked {
                     report
                         .problems
                         .push(format!("record {key:?} array {name:?}: {e}"));
                 }
             }
+            progress(report.records, total);
             Ok(())
         })?;
         drop(guard);
-        let pending = self
-            .pending_removal
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        referenced.extend(pending.iter().map(|e| e.id.clone()));
-        drop(pending);
-        report.orphans = self
-            .orphans(&referenced)?
-            .into_iter()
-            .map(|(p, _)| p)
-            .collect();
+        let writer = self.writer_lock();
+        for rel in &writer.pending_removal {
+            // Files of replaced records, removed at the next flush.
+            let name = rel.rsplit('/').next().unwrap_or_default();
+            if let Some(g) = sidecar::parse_name(name) {
+                refs.sidecars.insert(g);
+            } else if let Some(id) = name.strip_suffix(".npy") {
+                refs.payloads.insert(id.to_owned());
+            }
+        }
+        drop(writer);
+        report.orphans = self.orphans(&refs)?.into_iter().map(|(p, _)| p).collect();
         Ok(report)
     }
+
+    /// [`Store::verify_with`] with checksums and no progress reports.
+    pub fn verify(&self) -> Result<VerifyReport> {
+        self.verify_with(true, &mut |_, _| {})
+    }
+
+    /// Checks that `key`'s sidecar exists and holds exactly `record` and
+    /// the index's pickle.
+    fn verify_sidecar(
+        &self,
+        index: &Index,
+        key: &str,
+        record: &[u8],
+        refs: &mut Referenced,
+        problems: &mut Vec<String>,
+    ) -> Result<()> {
+        let Some(generation) = index.sidecar_generation(key)? else {
+            problems.push(format!("record {key:?}: no sidecar in the index"));
+            return Ok(());
+        };
+        refs.sidecars.insert(generation);
+        let path = self.root.join(sidecar::relpath(generation));
+        let found = match sidecar::read(&path) {
+            Ok(found) => found,
+            Err(e) => {
+                problems.push(format!("record {key:?}: {e}"));
+                return Ok(());
+            }
+        };
+        let pickle = index.get_pickle(key)?;
+        if found.key != key
+            || found.generation != generation
+            || found.record != record
+            || found.pickle != pickle
+        {
+            problems.push(format!(
+                "record {key:?}: sidecar {} holds a different record (key {:?}, generation {})",
+                path.display(),
+                found.key,
+                found.generation
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks a payload and, if it has a recorded checksum, hashes its data;
+    /// returns whether it hashed.
+    fn verify_checksum(&self, entry: &ArrayEntry) -> Result<bool> {
+        let mapped = payload::map_payload(&self.root, entry)?;
+        let Some(expected) = entry.checksum.as_deref() else {
+            return Ok(false);
+        };
+        if !expected.starts_with(payload::CHECKSUM_PREFIX) {
+            // A newer writer's algorithm: not ours to judge.
+            return Ok(false);
+        }
+        let actual = payload::checksum(mapped.as_bytes());
+        if actual != expected {
+            return Err(Error::corrupt(
+                format!("payload {}", self.root.join(entry.relpath()).display()),
+                format!("data checksum is {actual}, the record says {expected}"),
+            ));
+        }
+        Ok(true)
+    }
+
+    /// Rebuilds the index of the store at `path` from its record sidecars
+    /// and payloads (DESIGN.md invariant 7), for a lost or damaged index.
+    ///
+    /// Takes the store's lock; moves the old index directory aside (to
+    /// `index.damaged-<n>`, never deleted); for each key keeps the newest
+    /// sidecar (highest generation) that is intact and whose payloads are
+    /// present with matching headers and sizes; writes and flushes a new
+    /// index. Files it does not use stay in place: `gc()` removes them once
+    /// the store checks out. Records whose put was cut off by a crash after
+    /// the sidecar was written come back as if the put had finished.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] / [`Error::NotAStore`] for a path that is not a
+    /// store, [`Error::Locked`] while a `Store` holds it, I/O errors.
+    pub fn repair(path: impl AsRef<Path>) -> Result<RepairReport> {
+        let root = path.as_ref().to_owned();
+        if !root.is_dir() {
+            return Err(Error::NotFound(root));
+        }
+        let manifest_path = root.join(MANIFEST_FILE);
+        if !manifest_path.is_file() {
+            return Err(Error::NotAStore(root));
+        }
+        let bytes = fs::read(&manifest_path).map_err(Error::io(&manifest_path))?;
+        Manifest::from_json(&bytes).map_err(|source| Error::Format {
+            path: manifest_path.clone(),
+            source,
+        })?;
+        let lock_file = Self::lock(&root)?;
+        let mut report = RepairReport::default();
+        let index_dir = root.join(INDEX_DIR);
+        if fs::symlink_metadata(&index_dir).is_ok() {
+            let moved = (1u32..)
+                .map(|n| root.join(format!("{INDEX_DIR}.damaged-{n}")))
+                .find(|p| fs::symlink_metadata(p).is_err())
+                .expect("a free name");
+            fs::rename(&index_dir, &moved).map_err(Error::io(&moved))?;
+            payload::sync_dir(&root)?;
+            report.moved_index = Some(moved);
+        }
+        // Pass 1: every sidecar's key and generation (records stay on disk,
+        // so memory holds only keys).
+        let mut by_key: std::collections::HashMap<String, Vec<(u64, PathBuf)>> =
+            std::collections::HashMap::new();
+        let mut newest = 0;
+        walk_two_levels(&root.join(SIDECAR_DIR), |path, name, _| {
+            if name.ends_with(TMP_SUFFIX) {
+                return;
+            }
+            report.sidecars += 1;
+            if let Some(g) = sidecar::parse_name(name) {
+                newest = newest.max(g);
+            }
+            match sidecar::read(&path) {
+                Ok(s) if sidecar::parse_name(name) == Some(s.generation) => {
+                    by_key.entry(s.key).or_default().push((s.generation, path));
+                }
+                Ok(s) => report.skipped.push(format!(
+                    "{}: holds generation {}, not the one its name says",
+                    path.display(),
+                    s.generation
+                )),
+                Err(e) => report.skipped.push(e.to_string()),
+            }
+        })?;
+        // Pass 2: per key, the newest usable sidecar goes into a new index.
+        let index = Index::open(&index_dir)?;
+        let mut keys: Vec<_> = by_key.into_iter().collect();
+        keys.sort();
+        for (key, mut candidates) in keys {
+            candidates.sort_by(|a, b| b.cmp(a));
+            let mut chosen = false;
+            for (generation, path) in candidates {
+                if chosen {
+                    report.superseded += 1;
+                    continue;
+                }
+                match Self::usable_sidecar(&root, &path) {
+                    Ok(s) => {
+                        index.put(&key, &s.record, s.pickle.as_deref(), generation)?;
+                        report.records += 1;
+                        chosen = true;
+                    }
+                    Err(e) => report.skipped.push(e.to_string()),
+                }
+            }
+        }
+        // Sidecars it did not use stay orphans for gc(), not "uncommitted"
+        // ones that the next open would remove unreported.
+        index.raise_generation(newest)?;
+        index.flush()?;
+        drop(index);
+        drop(lock_file);
+        report.skipped.sort();
+        Ok(report)
+    }
+
+    /// A sidecar whose record decodes and whose payloads all check out.
+    fn usable_sidecar(root: &Path, path: &Path) -> Result<sidecar::Sidecar> {
+        let s = sidecar::read(path)?;
+        let record = Record::from_json(&s.record)
+            .map_err(|e| Error::corrupt(format!("sidecar {}", path.display()), e))?;
+        for (name, entry) in &record.arrays {
+            payload::open_payload(root, entry).map_err(|e| {
+                Error::corrupt(
+                    format!(
+                        "sidecar {} (key {:?}) array {name:?}",
+                        path.display(),
+                        s.key
+                    ),
+                    e,
+                )
+            })?;
+        }
+        Ok(s)
+    }
+}
+
+/// What the index references, for telling orphans apart.
+#[derive(Default)]
+struct Referenced {
+    payloads: HashSet<String>,
+    sidecars: HashSet<u64>,
+}
+
+/// Calls `f(path, file_name, size)` for every file in the subdirectories of
+/// `dir` (the `<2 hex>/` fan-out of `arrays/` and `records/`); a missing
+/// `dir` has none.
+fn walk_two_levels(dir: &Path, mut f: impl FnMut(PathBuf, &str, u64)) -> Result<()> {
+    let Ok(subdirs) = fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for sub in subdirs {
+        let sub = sub.map_err(Error::io(dir))?;
+        if !sub.file_type().map_err(Error::io(sub.path()))?.is_dir() {
+            continue;
+        }
+        for file in fs::read_dir(sub.path()).map_err(Error::io(sub.path()))? {
+            let file = file.map_err(Error::io(sub.path()))?;
+            let name = file.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+            f(file.path(), name, size);
+        }
+    }
+    Ok(())
 }
 
 impl Drop for Store {

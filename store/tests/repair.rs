@@ -1,0 +1,341 @@
+//! The index is derived data (DESIGN.md invariant 7): deleting or damaging
+//! it loses no committed record, `Store::repair` rebuilds it from the record
+//! sidecars and payloads.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use lazyvault_store::schema::Record;
+use lazyvault_store::{map_payload, sidecar, ArraySource, Error, Mode, Store, INDEX_DIR};
+use serde_json::{json, Map, Value};
+
+type Snapshot = BTreeMap<String, (Vec<u8>, Option<Vec<u8>>, Vec<Vec<u8>>)>;
+
+fn meta(v: Value) -> Map<String, Value> {
+    v.as_object().cloned().expect("object")
+}
+
+fn u8_array<'a>(name: &str, data: &'a [u8]) -> ArraySource<'a> {
+    ArraySource {
+        name: name.into(),
+        descr: "'|u1'".into(),
+        dtype: "uint8".into(),
+        shape: vec![data.len() as u64],
+        fortran_order: false,
+        data,
+        pickled: false,
+    }
+}
+
+/// Every record's JSON, pickle and payload bytes.
+fn snapshot(store: &Store) -> Snapshot {
+    let mut out = BTreeMap::new();
+    for key in store.keys().unwrap() {
+        let (json, pickle) = store.get_with_pickle(&key).unwrap().unwrap();
+        let record = Record::from_json(&json).unwrap();
+        let arrays = record
+            .arrays
+            .values()
+            .map(|e| map_payload(store.root(), e).unwrap().as_bytes().to_vec())
+            .collect();
+        out.insert(key, (json, pickle, arrays));
+    }
+    out
+}
+
+/// A store with overwrites, deletes, pickles and zero-size arrays, closed.
+fn populated(dir: &Path) -> (PathBuf, Snapshot) {
+    let path = dir.join("s.lv");
+    let store = Store::open(&path, Mode::Append).unwrap();
+    for i in 0..30u8 {
+        let data = vec![i; usize::from(i) * 100];
+        let pickle = (i % 3 == 0).then(|| vec![0x80, 5, i, b'.']);
+        store
+            .put(
+                &format!("run/{}", i % 20),
+                meta(json!({"i": i, "even": i % 2 == 0})),
+                json!({"note": "layout"}),
+                &[u8_array("a", &data), u8_array("empty", &[])],
+                pickle.as_deref(),
+            )
+            .unwrap();
+        if i % 7 == 6 {
+            store.delete(&format!("run/{}", i % 5)).unwrap();
+        }
+        if i % 10 == 9 {
+            store.flush().unwrap();
+        }
+    }
+    store
+        .put("🦀/../etc", meta(json!({})), Value::Null, &[], None)
+        .unwrap();
+    let snap = snapshot(&store);
+    store.close().unwrap();
+    (path, snap)
+}
+
+fn reopen_and_check(path: &Path, expected: &Snapshot) {
+    let store = Store::open(path, Mode::Append).unwrap();
+    assert_eq!(&snapshot(&store), expected);
+    assert_eq!(store.len().unwrap(), expected.len() as u64);
+    store.gc().unwrap();
+    let report = store.verify().unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    assert!(report.orphans.is_empty(), "{:?}", report.orphans);
+    // The repaired store keeps working.
+    store
+        .put("after", meta(json!({"x": 1})), Value::Null, &[], None)
+        .unwrap();
+    store.close().unwrap();
+}
+
+#[test]
+fn a_deleted_index_is_refused_then_rebuilt_losing_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, expected) = populated(dir.path());
+    assert!(expected.len() > 10);
+    fs::remove_dir_all(path.join(INDEX_DIR)).unwrap();
+    match Store::open(&path, Mode::Append) {
+        Err(Error::Corrupt { detail, .. }) => assert!(detail.contains("repair"), "{detail}"),
+        other => panic!("expected Corrupt, got {:?}", other.err()),
+    }
+    let report = Store::repair(&path).unwrap();
+    assert_eq!(report.records, expected.len() as u64);
+    assert!(report.skipped.is_empty(), "{:?}", report.skipped);
+    assert_eq!(report.moved_index, None);
+    reopen_and_check(&path, &expected);
+}
+
+#[test]
+fn a_damaged_index_is_refused_or_reported_then_rebuilt_losing_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, expected) = populated(dir.path());
+    // Overwrite every byte of every index file with noise.
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    for entry in fs::read_dir(path.join(INDEX_DIR)).unwrap() {
+        let p = entry.unwrap().path();
+        if p.is_file() {
+            let len = fs::metadata(&p).unwrap().len() as usize;
+            let noise: Vec<u8> = (0..len)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    seed as u8
+                })
+                .collect();
+            fs::write(&p, noise).unwrap();
+        }
+    }
+    // sled may refuse the files or open them having lost records; either
+    // way the store must not look intact.
+    if let Ok(store) = Store::open(&path, Mode::ReadOnly) {
+        let intact = store
+            .keys()
+            .map(|k| k.len() == expected.len())
+            .unwrap_or(false);
+        let report = store.verify();
+        assert!(!intact || report.is_err() || !report.unwrap().orphans.is_empty());
+        store.close().unwrap();
+    }
+    let report = Store::repair(&path).unwrap();
+    let moved = report.moved_index.clone().expect("old index moved aside");
+    assert!(moved.is_dir(), "the damaged index is kept for inspection");
+    assert_eq!(report.records, expected.len() as u64);
+    reopen_and_check(&path, &expected);
+    // Repairing a healthy store gives the same store.
+    let again = Store::repair(&path).unwrap();
+    assert_eq!(again.records, expected.len() as u64 + 1);
+}
+
+#[test]
+fn repair_falls_back_to_the_newest_sidecar_whose_payloads_are_intact() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.lv");
+    let store = Store::open(&path, Mode::Append).unwrap();
+    store
+        .put(
+            "k",
+            meta(json!({"v": 1})),
+            Value::Null,
+            &[u8_array("a", b"one")],
+            None,
+        )
+        .unwrap();
+    store.flush().unwrap();
+    let old_sidecar: Vec<PathBuf> = sidecar_files(&path);
+    assert_eq!(old_sidecar.len(), 1);
+    let saved = fs::read(&old_sidecar[0]).unwrap();
+    let old_record = store.get("k").unwrap().unwrap();
+    let saved_payload = fs::read(path.join(old_record.arrays["a"].relpath())).unwrap();
+    store
+        .put(
+            "k",
+            meta(json!({"v": 2})),
+            Value::Null,
+            &[u8_array("a", b"two")],
+            None,
+        )
+        .unwrap();
+    let new_record = store.get("k").unwrap().unwrap();
+    store.close().unwrap();
+    // As if a crash had come between the index flush and the unlinks, and
+    // the new payload were then lost.
+    fs::write(&old_sidecar[0], saved).unwrap();
+    fs::write(path.join(old_record.arrays["a"].relpath()), saved_payload).unwrap();
+    fs::remove_file(path.join(new_record.arrays["a"].relpath())).unwrap();
+    fs::remove_dir_all(path.join(INDEX_DIR)).unwrap();
+
+    let report = Store::repair(&path).unwrap();
+    assert_eq!(report.records, 1);
+    assert_eq!(report.skipped.len(), 1, "{:?}", report.skipped);
+    assert!(
+        report.skipped[0].contains("missing"),
+        "{:?}",
+        report.skipped
+    );
+    let store = Store::open(&path, Mode::Append).unwrap();
+    assert_eq!(store.get("k").unwrap().unwrap().meta["v"], json!(1));
+    // verify() lists the unused newer sidecar as an orphan; gc() removes it.
+    let report = store.verify().unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    assert_eq!(report.orphans.len(), 1, "{:?}", report.orphans);
+    assert_eq!(store.gc().unwrap().removed_files, 1);
+    store.close().unwrap();
+}
+
+#[test]
+fn sidecars_of_puts_cut_off_by_a_crash_are_removed_at_the_next_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.lv");
+    let store = Store::open(&path, Mode::Append).unwrap();
+    for i in 0..3 {
+        store
+            .put(
+                &format!("k{i}"),
+                meta(json!({"i": i})),
+                Value::Null,
+                &[],
+                None,
+            )
+            .unwrap();
+    }
+    store.close().unwrap();
+    // Generations 4 and 6 were written but never reached the index.
+    for generation in [4u64, 6] {
+        let file = path.join(sidecar::relpath(generation));
+        fs::create_dir_all(file.parent().unwrap()).unwrap();
+        fs::write(
+            &file,
+            sidecar::encode(
+                generation,
+                "ghost",
+                br#"{"meta":{},"arrays":{},"layout":null}"#,
+                None,
+            ),
+        )
+        .unwrap();
+    }
+    let store = Store::open(&path, Mode::Append).unwrap();
+    assert!(!path.join(sidecar::relpath(4)).exists());
+    assert!(!path.join(sidecar::relpath(6)).exists());
+    store.close().unwrap();
+    fs::remove_dir_all(path.join(INDEX_DIR)).unwrap();
+    let report = Store::repair(&path).unwrap();
+    assert_eq!(report.records, 3);
+    let store = Store::open(&path, Mode::ReadOnly).unwrap();
+    assert_eq!(store.keys().unwrap(), ["k0", "k1", "k2"]);
+}
+
+#[test]
+fn verify_reports_damaged_sidecars_and_payload_checksums() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.lv");
+    let store = Store::open(&path, Mode::Append).unwrap();
+    let data = vec![7u8; 4096];
+    store
+        .put(
+            "k",
+            meta(json!({})),
+            Value::Null,
+            &[u8_array("a", &data)],
+            None,
+        )
+        .unwrap();
+    store.flush().unwrap();
+    let record = store.get("k").unwrap().unwrap();
+    let checksum = record.arrays["a"]
+        .checksum
+        .clone()
+        .expect("recorded at write");
+    assert!(
+        checksum.starts_with("xxh3-64:") && checksum.len() == 8 + 16,
+        "{checksum}"
+    );
+    assert_eq!(store.verify().unwrap().checksummed, 1);
+
+    // Flip one data byte: header and size still match, only the checksum tells.
+    let payload = path.join(record.arrays["a"].relpath());
+    let mut bytes = fs::read(&payload).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    fs::write(&payload, &bytes).unwrap();
+    let report = store.verify().unwrap();
+    assert_eq!(report.problems.len(), 1);
+    assert!(
+        report.problems[0].contains("checksum"),
+        "{:?}",
+        report.problems
+    );
+    let quick = store.verify_with(false, &mut |_, _| {}).unwrap();
+    assert!(quick.is_ok(), "without checksums the flip is not seen");
+
+    // A damaged sidecar is a problem too.
+    let side = sidecar_files(&path).pop().unwrap();
+    let mut bytes = fs::read(&side).unwrap();
+    bytes[45] ^= 0x20;
+    fs::write(&side, &bytes).unwrap();
+    let report = store.verify_with(false, &mut |_, _| {}).unwrap();
+    assert!(
+        report.problems.iter().any(|p| p.contains("CRC")),
+        "{:?}",
+        report.problems
+    );
+    let mut seen = Vec::new();
+    store
+        .verify_with(false, &mut |done, total| seen.push((done, total)))
+        .unwrap();
+    assert_eq!(seen, [(1, 1)]);
+}
+
+#[test]
+fn repair_refuses_what_is_not_a_store_and_a_held_store() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(matches!(
+        Store::repair(dir.path().join("nope")),
+        Err(Error::NotFound(_))
+    ));
+    fs::create_dir(dir.path().join("plain")).unwrap();
+    assert!(matches!(
+        Store::repair(dir.path().join("plain")),
+        Err(Error::NotAStore(_))
+    ));
+    let store = Store::open(dir.path().join("held"), Mode::Append).unwrap();
+    assert!(matches!(
+        Store::repair(dir.path().join("held")),
+        Err(Error::Locked { .. })
+    ));
+    store.close().unwrap();
+}
+
+fn sidecar_files(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for sub in fs::read_dir(root.join(sidecar::SIDECAR_DIR)).unwrap() {
+        for f in fs::read_dir(sub.unwrap().path()).unwrap() {
+            out.push(f.unwrap().path());
+        }
+    }
+    out.sort();
+    out
+}
