@@ -179,7 +179,7 @@ def test_gc_removes_orphans(small_store: Path) -> None:
     shutil.copy(original, orphan)
     proc = cli("verify", small_store)
     assert proc.returncode == 0  # orphans are not problems
-    assert "1 orphan payload file" in proc.stdout and orphan.name in proc.stdout
+    assert "1 orphan file" in proc.stdout and orphan.name in proc.stdout
     size = orphan.stat().st_size
     proc = cli("gc", small_store, "--json")
     assert proc.returncode == 0, proc.stderr

@@ -1,7 +1,7 @@
 //! Conversions between Python values and the engine's types, in one place.
 
 use lazyvault_store::schema::ArrayEntry;
-use lazyvault_store::{ArraySource, GcReport, VerifyReport};
+use lazyvault_store::{ArraySource, GcReport, RepairReport, VerifyReport};
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -126,6 +126,7 @@ pub fn verify_report<'py>(py: Python<'py>, r: &VerifyReport) -> PyResult<Bound<'
     d.set_item("ok", r.is_ok())?;
     d.set_item("records", r.records)?;
     d.set_item("arrays", r.arrays)?;
+    d.set_item("checksummed", r.checksummed)?;
     d.set_item("problems", &r.problems)?;
     let orphans: Vec<String> = r
         .orphans
@@ -133,5 +134,21 @@ pub fn verify_report<'py>(py: Python<'py>, r: &VerifyReport) -> PyResult<Bound<'
         .map(|p| p.to_string_lossy().into_owned())
         .collect();
     d.set_item("orphans", orphans)?;
+    Ok(d)
+}
+
+/// `repair()` report as a dict.
+pub fn repair_report<'py>(py: Python<'py>, r: &RepairReport) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("records", r.records)?;
+    d.set_item("sidecars", r.sidecars)?;
+    d.set_item("superseded", r.superseded)?;
+    d.set_item("skipped", &r.skipped)?;
+    d.set_item(
+        "moved_index",
+        r.moved_index
+            .as_ref()
+            .map(|p| p.to_string_lossy().into_owned()),
+    )?;
     Ok(d)
 }

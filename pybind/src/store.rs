@@ -144,8 +144,49 @@ impl StoreCore {
         convert::gc_report(py, &report)
     }
 
-    fn verify<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let report = py.detach(|| self.inner.verify()).py_err()?;
-        convert::verify_report(py, &report)
+    /// Checks the store; `progress(done, total)` (records) is called at most
+    /// about ten times a second and once at the end; an exception it raises
+    /// (or Ctrl-C) stops the check and propagates.
+    #[pyo3(signature = (checksums=true, progress=None))]
+    fn verify<'py>(
+        &self,
+        py: Python<'py>,
+        checksums: bool,
+        progress: Option<Py<PyAny>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let mut failure: Option<PyErr> = None;
+        let mut last = std::time::Instant::now();
+        let report = py.detach(|| {
+            self.inner.verify_with(checksums, &mut |done, total| {
+                if last.elapsed() < std::time::Duration::from_millis(100) && done < total {
+                    return true;
+                }
+                last = std::time::Instant::now();
+                Python::attach(|py| {
+                    let called = py.check_signals().and_then(|()| match &progress {
+                        Some(cb) => cb.call1(py, (done, total)).map(drop),
+                        None => Ok(()),
+                    });
+                    match called {
+                        Ok(()) => true,
+                        Err(e) => {
+                            failure = Some(e);
+                            false
+                        }
+                    }
+                })
+            })
+        });
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        convert::verify_report(py, &report.py_err()?)
+    }
+
+    /// Rebuilds the index of the store at `path` from its record sidecars.
+    #[staticmethod]
+    fn repair<'py>(py: Python<'py>, path: std::path::PathBuf) -> PyResult<Bound<'py, PyDict>> {
+        let report = py.detach(|| Store::repair(&path)).py_err()?;
+        convert::repair_report(py, &report)
     }
 }

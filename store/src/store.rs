@@ -772,11 +772,12 @@ impl Store {
     /// long enough, and with `checksums` the data hashed against the
     /// checksum recorded at write time) and its sidecar (present, intact,
     /// the same record and pickle), and lists orphan files.
-    /// `progress(done, total)` is called as records are checked.
+    /// `progress(done, total)` is called after each record; returning
+    /// `false` stops the check with [`Error::Cancelled`].
     pub fn verify_with(
         &self,
         checksums: bool,
-        progress: &mut dyn FnMut(u64, u64),
+        progress: &mut dyn FnMut(u64, u64) -> bool,
     ) -> Result<VerifyReport> {
         let guard = self.index()?;
         let index = guard.as_ref().expect("checked open");
@@ -790,8 +791,7 @@ impl Store {
                 Ok(r) => r,
                 Err(e) => {
                     report.problems.push(format!("record {key:?}: {e}"));
-                    progress(report.records, total);
-                    return Ok(());
+                    return Self::go_on(progress(report.records, total));
                 }
             };
             for (name, entry) in &record.arrays {
@@ -810,8 +810,7 @@ impl Store {
                         .push(format!("record {key:?} array {name:?}: {e}"));
                 }
             }
-            progress(report.records, total);
-            Ok(())
+            Self::go_on(progress(report.records, total))
         })?;
         drop(guard);
         let writer = self.writer_lock();
@@ -831,7 +830,15 @@ impl Store {
 
     /// [`Store::verify_with`] with checksums and no progress reports.
     pub fn verify(&self) -> Result<VerifyReport> {
-        self.verify_with(true, &mut |_, _| {})
+        self.verify_with(true, &mut |_, _| true)
+    }
+
+    fn go_on(proceed: bool) -> Result<()> {
+        if proceed {
+            Ok(())
+        } else {
+            Err(Error::Cancelled)
+        }
     }
 
     /// Checks that `key`'s sidecar exists and holds exactly `record` and

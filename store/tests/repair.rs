@@ -288,7 +288,7 @@ fn verify_reports_damaged_sidecars_and_payload_checksums() {
         "{:?}",
         report.problems
     );
-    let quick = store.verify_with(false, &mut |_, _| {}).unwrap();
+    let quick = store.verify_with(false, &mut |_, _| true).unwrap();
     assert!(quick.is_ok(), "without checksums the flip is not seen");
 
     // A damaged sidecar is a problem too.
@@ -296,7 +296,7 @@ fn verify_reports_damaged_sidecars_and_payload_checksums() {
     let mut bytes = fs::read(&side).unwrap();
     bytes[45] ^= 0x20;
     fs::write(&side, &bytes).unwrap();
-    let report = store.verify_with(false, &mut |_, _| {}).unwrap();
+    let report = store.verify_with(false, &mut |_, _| true).unwrap();
     assert!(
         report.problems.iter().any(|p| p.contains("CRC")),
         "{:?}",
@@ -304,7 +304,10 @@ fn verify_reports_damaged_sidecars_and_payload_checksums() {
     );
     let mut seen = Vec::new();
     store
-        .verify_with(false, &mut |done, total| seen.push((done, total)))
+        .verify_with(false, &mut |done, total| {
+            seen.push((done, total));
+            true
+        })
         .unwrap();
     assert_eq!(seen, [(1, 1)]);
 }

@@ -3,8 +3,8 @@
 Subcommands: ``demo`` (ingest real camera frames, query them, print figures),
 ``ls`` (keys, optionally those matching a query), ``show`` (one record's
 metadata and array descriptions, opening no payload), ``verify`` (integrity
-report) and ``gc`` (remove orphan payloads). ``ls``, ``show`` and ``verify``
-open the store read-only.
+report), ``gc`` (remove orphan files) and ``repair`` (rebuild the index).
+``ls``, ``show`` and ``verify`` open the store read-only.
 
 Exit codes: 0 success; 1 a lazyvault error (message on stderr as
 ``lazyvault: <message>``, no traceback) or problems found by ``verify``;
@@ -40,7 +40,8 @@ examples:
   lazyvault ls runs.lv "temperature > 250"   list the keys of the matching records
   lazyvault show runs.lv run-001             one record: metadata and arrays (no payload read)
   lazyvault verify runs.lv                   check every record against its payload files
-  lazyvault gc runs.lv                       remove payload files no record references
+  lazyvault gc runs.lv                       remove files no record references
+  lazyvault repair runs.lv                   rebuild a lost or damaged index from the sidecars
 
 exit status: 0 ok, 1 lazyvault error or verify problems, 2 usage error.
 """
@@ -135,23 +136,32 @@ def _cmd_show(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _progress(args: argparse.Namespace) -> bool | None:
+    return False if args.json or args.no_progress else None
+
+
 def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
     with Store.open(args.path, mode="r") as store:
-        report = store.verify()
+        if isinstance(store, Store):
+            report = store.verify(checksums=not args.quick, progress=_progress(args))
+        else:  # a .lvz archive: CRC-32 of every member
+            report = store.verify()
     if args.json:
         _dump(report, out)
     else:
         status = "ok" if report["ok"] else f"{len(report['problems'])} problem(s)"
         out.write(
             f"{args.path}: {status}: {report['records']:,} records, "
-            f"{report['arrays']:,} arrays checked\n"
+            f"{report['arrays']:,} arrays checked"
+            + (f", {report['checksummed']:,} checksums" if "checksummed" in report else "")
+            + "\n"
         )
         for problem in report["problems"]:
             out.write(f"  problem: {problem}\n")
         orphans = report.get("orphans", [])  # archives have none
         if orphans:
             out.write(
-                f"  {len(orphans):,} orphan payload file(s), referenced by no record "
+                f"  {len(orphans):,} orphan file(s), referenced by no record "
                 f"(`{PROG} gc {args.path}` removes them):\n"
             )
             for orphan in orphans:
@@ -169,9 +179,26 @@ def _cmd_gc(args: argparse.Namespace, out: TextIO) -> int:
         _dump(report, out)
     else:
         out.write(
-            f"{args.path}: removed {report['removed_files']:,} orphan payload file(s), "
+            f"{args.path}: removed {report['removed_files']:,} orphan file(s), "
             f"{report['removed_bytes']:,} bytes\n"
         )
+    return 0
+
+
+def _cmd_repair(args: argparse.Namespace, out: TextIO) -> int:
+    report = Store.repair(args.path)
+    if args.json:
+        _dump(report, out)
+        return 0
+    out.write(
+        f"{args.path}: index rebuilt: {report['records']:,} records from "
+        f"{report['sidecars']:,} sidecar file(s) ({report['superseded']:,} superseded)\n"
+    )
+    if report["moved_index"]:
+        out.write(f"  the old index was moved to {report['moved_index']} (remove it when done)\n")
+    for skipped in report["skipped"]:
+        out.write(f"  skipped: {skipped}\n")
+    out.write(f"  next: `{PROG} verify {args.path}`, then `{PROG} gc {args.path}`\n")
     return 0
 
 
@@ -246,20 +273,37 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add(
         "verify",
-        "check every record against its payload files (exit 1 if there are problems)",
-        "lazyvault verify runs.lv --json",
+        "check every record against its sidecar and payload files, hashing the data "
+        "against the checksums recorded at write time (exit 1 if there are problems)",
+        "lazyvault verify runs.lv --quick --json",
         _cmd_verify,
     )
-    p.add_argument("path", metavar="PATH", help="the store")
+    p.add_argument("path", metavar="PATH", help="the store, or a .lvz archive")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="check headers and sizes only, do not read the data to check its checksum",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
     p = add(
         "gc",
-        "remove payload files that no record references (left by a crash)",
+        "remove payload and sidecar files that no record references (left by a crash)",
         "lazyvault gc runs.lv",
         _cmd_gc,
     )
     p.add_argument("path", metavar="PATH", help="the store (opened for writing)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    p = add(
+        "repair",
+        "rebuild a lost or damaged index from the record sidecars (the old index is moved "
+        "aside, nothing is deleted)",
+        "lazyvault repair runs.lv && lazyvault verify runs.lv && lazyvault gc runs.lv",
+        _cmd_repair,
+    )
+    p.add_argument("path", metavar="PATH", help="the store")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
 

@@ -4,7 +4,7 @@ Users call the Python API (:class:`lazyvault.Store`); these are the pieces
 it is built on. Errors are the classes of :mod:`lazyvault.errors`.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from os import PathLike
 from typing import Any, final
 
@@ -107,7 +107,15 @@ class StoreCore:
     def flush(self) -> None: ...
     def close(self) -> None: ...
     def gc(self) -> dict[str, int]: ...
-    def verify(self) -> dict[str, Any]: ...
+    def verify(
+        self, checksums: bool = True, progress: Callable[[int, int], Any] | None = None
+    ) -> dict[str, Any]:
+        """Checks records, sidecars and payloads; ``progress(done, total)``
+        is called about ten times a second; an exception it raises stops
+        the check."""
+    @staticmethod
+    def repair(path: str | PathLike[str]) -> dict[str, Any]:
+        """Rebuilds the index from the record sidecars (see ``Store.repair``)."""
 
 @final
 class ArchiveCore:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Iterator, KeysView, MutableMappi
 from typing import Any, Literal, overload
 
 from . import _archive, _arrays, _lazyvault, _split
+from ._progress import ProgressArg, progress_callback
 from ._source import DirectorySource
 from ._split import _text_ok
 from .errors import (
@@ -292,18 +293,53 @@ class Store(MutableMapping[str, Record]):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def verify(self) -> dict[str, Any]:
-        """Checks every record against its payloads without mapping them.
+    def verify(self, *, checksums: bool = True, progress: ProgressArg = None) -> dict[str, Any]:
+        """Checks every record against its payload files and its sidecar.
 
-        Returns ``{"ok": bool, "records": int, "arrays": int, "problems":
-        [str], "orphans": [path]}``.
+        For each record: the sidecar exists, is intact (CRC-32) and holds
+        the same record; each payload exists, its ``.npy`` header agrees with
+        the record and the file holds all the data; with ``checksums`` (the
+        default) the data is also hashed against the XXH3-64 checksum
+        recorded at write time, which reads every payload byte. Files no
+        record references are listed as orphans (``gc()`` removes them).
+
+        ``progress``: a tqdm bar when None and interactive, or True; False
+        for none; or a callable ``f(done, total)`` (records).
+
+        Returns ``{"ok": bool, "records": int, "arrays": int, "checksummed":
+        int, "problems": [str], "orphans": [path]}``. Raises ``TypeError``
+        for a non-bool ``checksums``.
         """
-        return self._core.verify()
+        if not isinstance(checksums, bool):
+            raise TypeError(f"checksums must be a bool, not {type(checksums).__name__}")
+        with progress_callback(progress, "verify", "record") as callback:
+            return self._core.verify(checksums, callback)
 
     def gc(self) -> dict[str, int]:
-        """Removes payload files no record references (left by a crash or an
-        overwrite). Returns ``{"removed_files": n, "removed_bytes": n}``."""
+        """Removes payload and sidecar files no record references (left by a
+        crash or an overwrite) and temporary files. Flushes first.
+        Returns ``{"removed_files": n, "removed_bytes": n}``."""
         return self._core.gc()
+
+    @staticmethod
+    def repair(path: str | os.PathLike[str]) -> dict[str, Any]:
+        """Rebuilds a lost or damaged index from the store's record sidecars.
+
+        Every put writes its record (key, metadata JSON, pickled remainder)
+        to a sidecar file before the index entry, so the index is derived
+        data (DESIGN.md invariant 7). ``repair`` takes the store's lock,
+        moves the old index directory aside to ``index.damaged-<n>`` (never
+        deleting it), and keeps for each key the newest sidecar that is
+        intact and whose payloads are present with matching headers. Unused
+        files stay in place; run ``gc()`` once the store checks out.
+
+        Returns ``{"records": n, "sidecars": n, "superseded": n, "skipped":
+        [str], "moved_index": path or None}``. Raises ``StoreNotFoundError``,
+        ``NotAStoreError``, or ``StoreLockedError`` while a Store holds it.
+        """
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path must be a str or os.PathLike, not {type(path).__name__}")
+        return _lazyvault.StoreCore.repair(os.fspath(path))
 
     # -- pickling, archives, interop (thin: the work is in their modules) ----
 

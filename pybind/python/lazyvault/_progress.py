@@ -1,0 +1,67 @@
+"""Progress bars for long operations, with tqdm (terminals and notebooks).
+
+``progress=None`` means "when someone is watching": a bar is shown when
+stderr is a terminal or the code runs in a Jupyter kernel, never in scripts
+whose output goes to a file or a pipe. ``True`` forces a bar, ``False``
+turns it off, and a callable ``f(done, total)`` receives the counts instead.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+__all__ = ["ProgressArg", "progress_callback"]
+
+ProgressArg = bool | Callable[[int, int], Any] | None
+
+
+def _interactive() -> bool:
+    if "ipykernel" in sys.modules:
+        return True
+    stream = sys.stderr
+    return stream is not None and hasattr(stream, "isatty") and stream.isatty()
+
+
+@contextmanager
+def progress_callback(
+    progress: ProgressArg, desc: str, unit: str
+) -> Iterator[Callable[[int, int], None] | None]:
+    """A ``(done, total)`` callback for the Rust core, or None for no report.
+
+    Raises ``TypeError`` for a ``progress`` that is neither None, a bool nor
+    a callable.
+    """
+    if progress is None:
+        progress = _interactive()
+    if progress is False:
+        yield None
+        return
+    if progress is not True:
+        if not callable(progress):
+            raise TypeError(
+                f"progress must be None, True, False or a callable(done, total), "
+                f"not {type(progress).__name__}"
+            )
+        user = progress
+
+        def forward(done: int, total: int) -> None:
+            user(done, total)
+
+        yield forward
+        return
+    from tqdm.auto import tqdm
+
+    bar = tqdm(desc=desc, unit=unit, total=None, leave=False)
+
+    def update(done: int, total: int) -> None:
+        if bar.total != total:
+            bar.total = total
+        bar.update(done - bar.n)
+
+    try:
+        yield update
+    finally:
+        bar.close()
