@@ -43,7 +43,8 @@ pub struct ArrayEntry {
     pub pickled: bool,
     /// Checksum of the data bytes recorded at write time, as
     /// `"<algorithm>:<hex digest>"` (today `"xxh3-64:"` and 16 hex digits);
-    /// absent in archives and in records of older writers. Checked by
+    /// absent in records built straight into an archive and in records of
+    /// older writers. Checked by
     /// `verify`, never on the read path.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checksum: Option<String>,

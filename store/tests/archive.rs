@@ -339,7 +339,7 @@ fn hostile_member_names_and_foreign_zips_are_refused() {
     // a newer major version
     let newer = String::from_utf8(manifest.clone())
         .unwrap()
-        .replace("\"1.0\"", "\"2.0\"");
+        .replace("\"1.1\"", "\"2.0\"");
     let bytes = zip_with(&[
         (MANIFEST_MEMBER, newer.as_bytes(), stored),
         (RECORDS_MEMBER, b"", stored),

@@ -154,7 +154,7 @@ fn newer_major_version_is_refused() {
     Store::open(&path, Mode::Create).unwrap().close().unwrap();
     let manifest = path.join("lazyvault.json");
     let text = fs::read_to_string(&manifest).unwrap();
-    fs::write(&manifest, text.replace("\"1.0\"", "\"9.0\"")).unwrap();
+    fs::write(&manifest, text.replace("\"1.1\"", "\"9.0\"")).unwrap();
     let err = Store::open(&path, Mode::Append).err().expect("refused");
     assert!(matches!(err, Error::Format { .. }), "{err}");
     assert!(err.to_string().contains("9.0"));
