@@ -104,6 +104,10 @@ struct WriterState {
     pending_removal: Vec<String>,
     /// The generation the next put's sidecar gets.
     next_generation: u64,
+    /// Fan-out directories (`arrays/<xx>`, `records/<gg>`) whose entry in
+    /// their parent this session has already fsynced: the parent need not
+    /// be fsynced again for them.
+    durable_dirs: HashSet<PathBuf>,
 }
 
 impl VerifyReport {
@@ -295,6 +299,7 @@ impl Store {
             writer: Mutex::new(WriterState {
                 pending_removal: Vec::new(),
                 next_generation,
+                durable_dirs: HashSet::new(),
             }),
             lock_file: Mutex::new(Some(lock_file)),
         })
@@ -471,9 +476,6 @@ impl Store {
                 entries.insert(src.name.clone(), entry);
                 dirs.insert(dir);
             }
-            if !dirs.is_empty() {
-                dirs.insert(self.root.join(PAYLOAD_DIR));
-            }
             let record = Record {
                 meta,
                 arrays: entries,
@@ -485,10 +487,20 @@ impl Store {
                 &self.root, generation, key, &record, pickle,
             )?);
             written.push(sidecar::relpath(generation));
-            dirs.insert(self.root.join(SIDECAR_DIR));
+            // The files' directories, and the first time this session uses
+            // one, its parent (which may have just gained it).
+            let new_dirs: Vec<PathBuf> = dirs
+                .iter()
+                .filter(|d| !writer.durable_dirs.contains(*d))
+                .cloned()
+                .collect();
+            for dir in &new_dirs {
+                dirs.insert(dir.parent().expect("a fan-out directory").to_owned());
+            }
             for dir in &dirs {
                 payload::sync_dir(dir)?;
             }
+            writer.durable_dirs.extend(new_dirs);
             index.put(key, &record, pickle, generation)
         })();
         match committed {
