@@ -64,6 +64,9 @@ pub enum Error {
     /// A key or a record's metadata beyond what the format can hold.
     #[error("{0} cannot be stored")]
     TooLarge(String),
+    /// A field name that cannot have a secondary index.
+    #[error("index field: {0}")]
+    InvalidField(String),
     /// A long operation stopped because its progress callback asked to.
     #[error("cancelled")]
     Cancelled,

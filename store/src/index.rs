@@ -8,14 +8,45 @@
 
 use std::path::Path;
 
+use std::sync::RwLock;
+
+use serde_json::{Map, Value};
+
 use crate::error::{Error, Result};
 use crate::fsio::fault;
+use crate::query::IndexLookup;
+use crate::secondary;
 
 const RECORD: u8 = b'r';
 const PICKLE: u8 = b'p';
 const SIDECAR: u8 = b's';
 const COUNT: &[u8] = b"#count";
 const GENERATION: &[u8] = b"#gen";
+/// `#idx:` + field name: a secondary index on that field exists.
+const INDEX_DEF: &[u8] = b"#idx:";
+/// Entries written per batch while building a secondary index.
+const BUILD_BATCH: usize = 10_000;
+
+/// The metadata of a record JSON, for index maintenance (other members are
+/// skipped unparsed).
+#[derive(serde::Deserialize)]
+struct MetaOnly {
+    meta: Map<String, Value>,
+}
+
+fn meta_of(record: &[u8]) -> Map<String, Value> {
+    // A record that does not decode has no index entries.
+    serde_json::from_slice::<MetaOnly>(record)
+        .map(|m| m.meta)
+        .unwrap_or_default()
+}
+
+/// One secondary index: its dotted name and the path segments.
+#[derive(Debug, Clone)]
+struct IndexDef {
+    name: String,
+    segs: Vec<String>,
+}
 
 /// What a put or delete replaced: the old record JSON and the generation of
 /// its sidecar (`None` for a record written before sidecars existed).
@@ -63,6 +94,8 @@ fn index_err(e: sled::Error) -> Error {
 pub(crate) struct Index {
     db: sled::Db,
     tree: sled::Tree,
+    /// The secondary indexes, loaded at open.
+    defs: RwLock<Vec<IndexDef>>,
 }
 
 impl Index {
@@ -110,7 +143,22 @@ impl Index {
             other => Error::Index(format!("{}: {other}{repair_hint}", dir.display())),
         })?;
         let tree = db.open_tree("lazyvault").map_err(index_err)?;
-        Ok(Index { db, tree })
+        let mut defs = Vec::new();
+        for item in tree.scan_prefix(INDEX_DEF) {
+            let (k, _) = item.map_err(index_err)?;
+            let name = std::str::from_utf8(&k[INDEX_DEF.len()..])
+                .map_err(|_| Error::corrupt("index", "an index name is not UTF-8"))?;
+            let segs = secondary::parse_field(name).map_err(|e| Error::corrupt("index", e))?;
+            defs.push(IndexDef {
+                name: name.to_owned(),
+                segs,
+            });
+        }
+        Ok(Index {
+            db,
+            tree,
+            defs: RwLock::new(defs),
+        })
     }
 
     /// The record JSON of `key`.
@@ -187,6 +235,7 @@ impl Index {
             None => batch.remove(prefixed(PICKLE, key)),
         }
         batch.insert(prefixed(SIDECAR, key), &generation.to_le_bytes());
+        self.update_entries(&mut batch, key, old.as_deref(), Some(record));
         if old.is_none() {
             batch.insert(COUNT, &(self.len()? + 1).to_le_bytes());
         }
@@ -219,9 +268,145 @@ impl Index {
         batch.remove(rkey);
         batch.remove(prefixed(PICKLE, key));
         batch.remove(prefixed(SIDECAR, key));
+        self.update_entries(&mut batch, key, Some(&old), None);
         batch.insert(COUNT, &self.len()?.saturating_sub(1).to_le_bytes());
         self.tree.apply_batch(batch).map_err(index_err)?;
         Ok(Some((old.to_vec(), old_generation)))
+    }
+
+    /// Adds to `batch` the secondary-index changes of `key` going from
+    /// `old` to `new` (record JSON; `None` for absent).
+    fn update_entries(
+        &self,
+        batch: &mut sled::Batch,
+        key: &str,
+        old: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) {
+        let defs = self.defs.read().unwrap_or_else(|p| p.into_inner());
+        if defs.is_empty() {
+            return;
+        }
+        let old_meta = old.map(meta_of).unwrap_or_default();
+        let new_meta = new.map(meta_of).unwrap_or_default();
+        for def in defs.iter() {
+            let before = secondary::field_value(&old_meta, &def.segs)
+                .and_then(|v| secondary::entry(&def.name, v, key));
+            let after = secondary::field_value(&new_meta, &def.segs)
+                .and_then(|v| secondary::entry(&def.name, v, key));
+            if before == after {
+                continue;
+            }
+            if let Some(e) = before {
+                batch.remove(e);
+            }
+            if let Some(e) = after {
+                batch.insert(e, &[]);
+            }
+        }
+    }
+
+    /// Names of the secondary indexes, sorted.
+    pub(crate) fn indexes(&self) -> Vec<String> {
+        let defs = self.defs.read().unwrap_or_else(|p| p.into_inner());
+        let mut names: Vec<String> = defs.iter().map(|d| d.name.clone()).collect();
+        names.sort();
+        names
+    }
+
+    /// Whether `segs` (a dotted path) has a secondary index.
+    pub(crate) fn is_indexed(&self, segs: &[String]) -> bool {
+        let defs = self.defs.read().unwrap_or_else(|p| p.into_inner());
+        defs.iter().any(|d| d.segs == segs)
+    }
+
+    /// Builds a secondary index on `name` from every record, then records
+    /// that it exists (so a crash while building leaves no index, only
+    /// entries that the next build clears). The caller serialises writers.
+    pub(crate) fn create_index(&self, name: &str, segs: Vec<String>) -> Result<()> {
+        if self.indexes().iter().any(|n| n == name) {
+            return Ok(());
+        }
+        self.clear_entries(name)?;
+        let mut batch = sled::Batch::default();
+        let mut pending = 0;
+        self.scan(|key, record| {
+            let meta = meta_of(record);
+            if let Some(e) =
+                secondary::field_value(&meta, &segs).and_then(|v| secondary::entry(name, v, key))
+            {
+                batch.insert(e, &[]);
+                pending += 1;
+                if pending == BUILD_BATCH {
+                    self.tree
+                        .apply_batch(std::mem::take(&mut batch))
+                        .map_err(index_err)?;
+                    pending = 0;
+                }
+            }
+            Ok(())
+        })?;
+        batch.insert([INDEX_DEF, name.as_bytes()].concat(), &[]);
+        self.tree.apply_batch(batch).map_err(index_err)?;
+        self.defs
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(IndexDef {
+                name: name.to_owned(),
+                segs,
+            });
+        Ok(())
+    }
+
+    /// Removes the secondary index `name`; returns whether it existed.
+    pub(crate) fn drop_index(&self, name: &str) -> Result<bool> {
+        let existed = {
+            let mut defs = self.defs.write().unwrap_or_else(|p| p.into_inner());
+            let before = defs.len();
+            defs.retain(|d| d.name != name);
+            defs.len() != before
+        };
+        self.tree
+            .remove([INDEX_DEF, name.as_bytes()].concat())
+            .map_err(index_err)?;
+        self.clear_entries(name)?;
+        Ok(existed)
+    }
+
+    fn clear_entries(&self, name: &str) -> Result<()> {
+        let mut batch = sled::Batch::default();
+        let mut pending = 0;
+        for item in self.tree.scan_prefix(secondary::field_prefix(name)) {
+            let (k, _) = item.map_err(index_err)?;
+            batch.remove(k);
+            pending += 1;
+            if pending == BUILD_BATCH {
+                self.tree
+                    .apply_batch(std::mem::take(&mut batch))
+                    .map_err(index_err)?;
+                pending = 0;
+            }
+        }
+        self.tree.apply_batch(batch).map_err(index_err)
+    }
+
+    /// Keys whose `field` entry falls in `lookup`, sorted, without
+    /// duplicates: candidates, to be checked against the whole query.
+    pub(crate) fn lookup(&self, field: &str, lookup: &IndexLookup) -> Result<Vec<String>> {
+        let skip = secondary::field_prefix(field).len();
+        let mut keys = Vec::new();
+        for (start, end) in secondary::ranges(field, lookup) {
+            for item in self.tree.range(start..end) {
+                let (k, _) = item.map_err(index_err)?;
+                let key = secondary::entry_key(&k[skip..]).ok_or_else(|| {
+                    Error::corrupt("index", "a secondary index entry is malformed")
+                })?;
+                keys.push(key.to_owned());
+            }
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        Ok(keys)
     }
 
     /// Calls `f(key, generation)` for every key's sidecar generation.

@@ -25,6 +25,7 @@ mod index;
 pub mod npy;
 mod payload;
 pub mod query;
+mod secondary;
 pub mod sidecar;
 mod store;
 
@@ -32,4 +33,6 @@ pub use error::{Error, Result};
 pub use fsio::fault;
 pub use lazyvault_schema as schema;
 pub use payload::{map_payload, open_payload, read_payload, ArraySource, MappedPayload};
-pub use store::{GcReport, Mode, RepairReport, Store, VerifyReport, INDEX_DIR, LOCK_FILE};
+pub use store::{
+    GcReport, Mode, RepairReport, Store, VerifyReport, INDEXES_FILE, INDEX_DIR, LOCK_FILE,
+};

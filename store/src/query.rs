@@ -155,6 +155,217 @@ impl fmt::Display for Query {
 }
 
 // ---------------------------------------------------------------------------
+// Index plans
+// ---------------------------------------------------------------------------
+
+/// How a secondary index on one metadata field can narrow a query: the
+/// records whose field value is one of `Points`, or lies in `Range`. The
+/// index gives candidates only; the whole query is still evaluated on each,
+/// so a plan needs to be a superset, never exact.
+#[derive(Debug, Clone, PartialEq)]
+pub enum IndexLookup {
+    /// Field equal to one of these scalars (`==`, `in [...]`).
+    Points(Vec<Value>),
+    /// Field within bounds of one kind (numbers or strings); each bound is
+    /// `(value, inclusive)`.
+    Range {
+        lower: Option<(Value, bool)>,
+        upper: Option<(Value, bool)>,
+    },
+}
+
+/// A secondary-index plan: the field (dotted path segments) and the lookup.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IndexPlan {
+    pub field: Vec<String>,
+    pub lookup: IndexLookup,
+}
+
+impl Query {
+    /// The best index plan for this query given which fields are indexed
+    /// (`indexed(&["params", "lr"])`), or `None` for a full scan.
+    ///
+    /// Only a condition that every match must satisfy can narrow the
+    /// scan: the query itself, or one item of a top-level `and`. Usable
+    /// conditions compare a metadata path of plain field names (no list
+    /// index, not an array fact) with a scalar literal: `==`, `in [...]` of
+    /// scalars, and `< <= > >=` with a number or a string; several ranges
+    /// on one field are intersected. Points beat ranges, two-sided ranges
+    /// beat one-sided.
+    pub fn index_plan(&self, indexed: &dyn Fn(&[String]) -> bool) -> Option<IndexPlan> {
+        let items: &[Node] = match &self.root {
+            Node::And(items) => items,
+            other => std::slice::from_ref(other),
+        };
+        let mut points: Option<IndexPlan> = None;
+        let mut ranges: Vec<IndexPlan> = Vec::new();
+        for item in items {
+            let Some(plan) = conjunct_plan(item, indexed) else {
+                continue;
+            };
+            match plan.lookup {
+                IndexLookup::Points(_) => {
+                    let fewer = match (&points, &plan.lookup) {
+                        (
+                            Some(IndexPlan {
+                                lookup: IndexLookup::Points(old),
+                                ..
+                            }),
+                            IndexLookup::Points(new),
+                        ) => new.len() < old.len(),
+                        _ => true,
+                    };
+                    if fewer {
+                        points = Some(plan);
+                    }
+                }
+                IndexLookup::Range { .. } => {
+                    match ranges.iter_mut().find(|r| r.field == plan.field) {
+                        Some(existing) => intersect(existing, plan),
+                        None => ranges.push(plan),
+                    }
+                }
+            }
+        }
+        if points.is_some() {
+            return points;
+        }
+        ranges.into_iter().max_by_key(|r| match &r.lookup {
+            IndexLookup::Range { lower, upper } => {
+                usize::from(lower.is_some()) + usize::from(upper.is_some())
+            }
+            IndexLookup::Points(_) => 0,
+        })
+    }
+}
+
+fn scalar(v: &Value) -> bool {
+    !matches!(v, Value::Array(_) | Value::Object(_))
+}
+
+fn same_kind(a: &Value, b: &Value) -> bool {
+    matches!(
+        (a, b),
+        (Value::Number(_), Value::Number(_)) | (Value::String(_), Value::String(_))
+    )
+}
+
+/// Tightens `into`'s range with `other`'s (same field); ranges over
+/// different kinds (a number and a string bound) match nothing, which an
+/// empty point set says.
+fn intersect(into: &mut IndexPlan, other: IndexPlan) {
+    let (
+        IndexLookup::Range { lower, upper },
+        IndexLookup::Range {
+            lower: lower2,
+            upper: upper2,
+        },
+    ) = (&mut into.lookup, other.lookup)
+    else {
+        return;
+    };
+    let kind = lower
+        .as_ref()
+        .or(upper.as_ref())
+        .map(|(v, _)| v.clone())
+        .expect("a range has a bound");
+    let kind2 = lower2
+        .as_ref()
+        .or(upper2.as_ref())
+        .map(|(v, _)| v.clone())
+        .expect("a range has a bound");
+    if !same_kind(&kind, &kind2) {
+        into.lookup = IndexLookup::Points(Vec::new());
+        return;
+    }
+    let tighter = |a: &Option<(Value, bool)>, b: Option<(Value, bool)>, want: Ordering| match (a, b)
+    {
+        (None, b) => b,
+        (a, None) => a.clone(),
+        (Some((x, xi)), Some((y, yi))) => match cmp_literal(x, &y) {
+            Some(o) if o == want => Some((x.clone(), *xi)),
+            Some(Ordering::Equal) => Some((x.clone(), *xi && yi)),
+            Some(_) => Some((y, yi)),
+            None => Some((x.clone(), *xi)),
+        },
+    };
+    *lower = tighter(lower, lower2, Ordering::Greater);
+    *upper = tighter(upper, upper2, Ordering::Less);
+}
+
+fn cmp_literal(a: &Value, b: &Value) -> Option<Ordering> {
+    match (V::from_json(a), V::from_json(b)) {
+        (V::Num(x), V::Num(y)) => cmp_num(x, y),
+        (V::Str(x), V::Str(y)) => Some(x.cmp(y)),
+        _ => None,
+    }
+}
+
+/// The plan one condition allows on its own.
+fn conjunct_plan(node: &Node, indexed: &dyn Fn(&[String]) -> bool) -> Option<IndexPlan> {
+    let Node::Compare { lhs, op, rhs } = node else {
+        return None;
+    };
+    let (path, op, literal) = match (lhs, rhs) {
+        (Operand::Path(p), Operand::Literal(v)) => (p, *op, v),
+        (Operand::Literal(v), Operand::Path(p)) => (
+            p,
+            match op {
+                CmpOp::Lt => CmpOp::Gt,
+                CmpOp::Le => CmpOp::Ge,
+                CmpOp::Gt => CmpOp::Lt,
+                CmpOp::Ge => CmpOp::Le,
+                CmpOp::Eq => CmpOp::Eq,
+                // `5 in x`: membership in the field, not indexable
+                _ => return None,
+            },
+            v,
+        ),
+        _ => return None,
+    };
+    let readable_as_fact = path.root == Root::Field && path.fact.is_some();
+    if path.root == Root::Key || readable_as_fact {
+        return None;
+    }
+    let field: Vec<String> = path
+        .segs
+        .iter()
+        .map(|s| match s {
+            Seg::Field(f) => Some(f.clone()),
+            Seg::Index(_) => None,
+        })
+        .collect::<Option<_>>()?;
+    if field.is_empty() || !indexed(&field) {
+        return None;
+    }
+    let lookup = match op {
+        CmpOp::Eq if scalar(literal) => IndexLookup::Points(vec![literal.clone()]),
+        CmpOp::In => match literal {
+            Value::Array(items) if items.iter().all(scalar) => IndexLookup::Points(items.clone()),
+            _ => return None,
+        },
+        CmpOp::Lt | CmpOp::Le | CmpOp::Gt | CmpOp::Ge
+            if matches!(literal, Value::Number(_) | Value::String(_)) =>
+        {
+            let bound = Some((literal.clone(), matches!(op, CmpOp::Le | CmpOp::Ge)));
+            if matches!(op, CmpOp::Lt | CmpOp::Le) {
+                IndexLookup::Range {
+                    lower: None,
+                    upper: bound,
+                }
+            } else {
+                IndexLookup::Range {
+                    lower: bound,
+                    upper: None,
+                }
+            }
+        }
+        _ => return None,
+    };
+    Some(IndexPlan { field, lookup })
+}
+
+// ---------------------------------------------------------------------------
 // Syntax tree
 // ---------------------------------------------------------------------------
 

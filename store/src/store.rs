@@ -24,6 +24,9 @@ use crate::sidecar::{self, SIDECAR_DIR};
 pub const INDEX_DIR: &str = "index";
 /// The lock file naming the process that holds the store.
 pub const LOCK_FILE: &str = "lazyvault.lock";
+/// The list of secondary indexes, kept outside sled so `repair` can
+/// rebuild them: `{"indexes": ["temperature", "params.lr"]}`.
+pub const INDEXES_FILE: &str = "indexes.json";
 
 /// A record's JSON and its pickled remainder, if any, as stored.
 pub type RecordBytes = (Vec<u8>, Option<Vec<u8>>);
@@ -90,6 +93,8 @@ pub struct RepairReport {
     /// Sidecars not used, one line each with the reason (damaged file,
     /// missing or damaged payload). Their files are left in place.
     pub skipped: Vec<String>,
+    /// Secondary indexes rebuilt (from `indexes.json`).
+    pub indexes: Vec<String>,
     /// Where the old index directory was moved, if there was one; nothing
     /// reads it again, remove it once the store checks out.
     pub moved_index: Option<PathBuf>,
@@ -616,8 +621,10 @@ impl Store {
         Ok(keys)
     }
 
-    /// Calls `f(key, record)` for each record matching `query` (all records
-    /// when `None`), in key order. Reads only the index, never a payload.
+    /// Calls `f(key)` for each record matching `query` (all records when
+    /// `None`), in key order. Reads only the index, never a payload. When a
+    /// secondary index can narrow the query (see [`Store::explain`]), only
+    /// its candidates are read, and the whole query is evaluated on each.
     pub fn scan_matching(
         &self,
         query: Option<&Query>,
@@ -625,6 +632,24 @@ impl Store {
     ) -> Result<()> {
         let guard = self.index()?;
         let index = guard.as_ref().expect("checked open");
+        if let Some(q) = query {
+            if let Some(plan) = q.index_plan(&|segs| index.is_indexed(segs)) {
+                for key in index.lookup(&plan.field.join("."), &plan.lookup)? {
+                    let Some(bytes) = index.get(&key)? else {
+                        continue;
+                    };
+                    let record: ScanRecord = serde_json::from_slice(&bytes)
+                        .map_err(|e| Error::corrupt(format!("record {key:?}"), e))?;
+                    if q.matches(&ScanView {
+                        key: &key,
+                        record: &record,
+                    }) {
+                        f(&key)?;
+                    }
+                }
+                return Ok(());
+            }
+        }
         index.scan(|key, bytes| {
             let Some(query) = query else {
                 return f(key);
@@ -639,6 +664,110 @@ impl Store {
             }
             Ok(())
         })
+    }
+
+    /// How [`Store::find`] would run `query`: `"index <field>: <lookup>,
+    /// <n> candidates"` when a secondary index narrows it, else `"full scan
+    /// of <n> records"` with the reason.
+    pub fn explain(&self, query: &Query) -> Result<String> {
+        let guard = self.index()?;
+        let index = guard.as_ref().expect("checked open");
+        match query.index_plan(&|segs| index.is_indexed(segs)) {
+            Some(plan) => {
+                let field = plan.field.join(".");
+                let candidates = index.lookup(&field, &plan.lookup)?.len();
+                let lookup = match &plan.lookup {
+                    crate::query::IndexLookup::Points(values) => {
+                        let shown: Vec<String> = values.iter().map(Value::to_string).collect();
+                        format!("equal to one of [{}]", shown.join(", "))
+                    }
+                    crate::query::IndexLookup::Range { lower, upper } => {
+                        let bound = |b: &Option<(Value, bool)>, incl: &str, excl: &str| {
+                            b.as_ref().map(|(v, inclusive)| {
+                                format!("{} {v}", if *inclusive { incl } else { excl })
+                            })
+                        };
+                        [bound(lower, ">=", ">"), bound(upper, "<=", "<")]
+                            .into_iter()
+                            .flatten()
+                            .collect::<Vec<_>>()
+                            .join(" and ")
+                    }
+                };
+                Ok(format!(
+                    "index {field}: {lookup}, {candidates} candidate record(s), each checked \
+                     against the whole query"
+                ))
+            }
+            None => {
+                let indexes = index.indexes();
+                let why = if indexes.is_empty() {
+                    "no secondary index".to_owned()
+                } else {
+                    format!(
+                        "no condition every match must meet uses an indexed field ({}) with \
+                         ==, in [...] or a range",
+                        indexes.join(", ")
+                    )
+                };
+                Ok(format!("full scan of {} records ({why})", index.len()?))
+            }
+        }
+    }
+
+    /// Creates a secondary index on the metadata field `field` (a dotted
+    /// path: `"temperature"`, `"params.lr"`), built from every record now
+    /// and kept current by every put and delete. Equality, `in [...]` and
+    /// range queries on the field then read only the matching records.
+    /// Creating an existing index does nothing. Scalar values (null,
+    /// booleans, numbers, strings) are indexed; lists and objects are not
+    /// (no indexable condition can match them).
+    ///
+    /// # Errors
+    /// [`Error::InvalidField`] for a name that is not a dotted field path,
+    /// [`Error::ReadOnly`], I/O errors.
+    pub fn create_index(&self, field: &str) -> Result<()> {
+        let segs = crate::secondary::parse_field(field).map_err(Error::InvalidField)?;
+        let guard = self.index()?;
+        let index = guard.as_ref().expect("checked open");
+        let _writer = self.writer()?;
+        if index.indexes().iter().any(|n| n == field) {
+            return Ok(());
+        }
+        // Listed before it is built: a crash in between leaves an entry
+        // that repair builds and open ignores (the index's own record in
+        // sled is written last).
+        let mut names = index.indexes();
+        names.push(field.to_owned());
+        self.write_index_list(&names)?;
+        index.create_index(field, segs)?;
+        index.flush()
+    }
+
+    /// Removes the secondary index on `field`; returns whether it existed.
+    pub fn drop_index(&self, field: &str) -> Result<bool> {
+        let guard = self.index()?;
+        let index = guard.as_ref().expect("checked open");
+        let _writer = self.writer()?;
+        let existed = index.drop_index(field)?;
+        index.flush()?;
+        self.write_index_list(&index.indexes())?;
+        Ok(existed)
+    }
+
+    /// The fields that have a secondary index, sorted.
+    pub fn indexes(&self) -> Result<Vec<String>> {
+        let guard = self.index()?;
+        Ok(guard.as_ref().expect("checked open").indexes())
+    }
+
+    fn write_index_list(&self, names: &[String]) -> Result<()> {
+        let mut sorted = names.to_vec();
+        sorted.sort();
+        let mut text = serde_json::to_vec_pretty(&serde_json::json!({ "indexes": sorted }))
+            .expect("serializes");
+        text.push(b'\n');
+        write_file_durably(&self.root.join(INDEXES_FILE), &text)
     }
 
     /// Keys of the records whose metadata match `query`.
@@ -998,6 +1127,22 @@ impl Store {
                     }
                     Err(e) => report.skipped.push(e.to_string()),
                 }
+            }
+        }
+        // Secondary indexes listed in indexes.json are built again.
+        let list_path = root.join(INDEXES_FILE);
+        if let Ok(text) = fs::read(&list_path) {
+            let names: Vec<String> = serde_json::from_slice::<Value>(&text)
+                .ok()
+                .and_then(|v| serde_json::from_value(v.get("indexes")?.clone()).ok())
+                .ok_or_else(|| {
+                    Error::corrupt(format!("{}", list_path.display()), "not a list of indexes")
+                })?;
+            for name in names {
+                let segs = crate::secondary::parse_field(&name)
+                    .map_err(|e| Error::corrupt(format!("{}", list_path.display()), e))?;
+                index.create_index(&name, segs)?;
+                report.indexes.push(name);
             }
         }
         // Sidecars it did not use stay orphans for gc(), not "uncommitted"
