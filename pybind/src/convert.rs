@@ -144,6 +144,7 @@ pub fn repair_report<'py>(py: Python<'py>, r: &RepairReport) -> PyResult<Bound<'
     d.set_item("sidecars", r.sidecars)?;
     d.set_item("superseded", r.superseded)?;
     d.set_item("skipped", &r.skipped)?;
+    d.set_item("indexes", &r.indexes)?;
     d.set_item(
         "moved_index",
         r.moved_index

@@ -72,6 +72,8 @@ pub fn to_pyerr(err: Error) -> PyErr {
             Error::Forked { .. } => raise(py, "ForkedStoreError", (msg,), &[]),
             Error::EmptyKey => raise(py, "InvalidKeyError", (msg,), &[]),
             Error::InvalidArray { .. } => raise(py, "InvalidArrayError", (msg,), &[]),
+            Error::InvalidField(_) => raise(py, "InvalidFieldError", (msg,), &[]),
+            Error::TooLarge(_) => raise(py, "InvalidArrayError", (msg,), &[]),
             Error::Query(q) => raise(
                 py,
                 "QueryError",

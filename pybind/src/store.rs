@@ -131,6 +131,29 @@ impl StoreCore {
         py.detach(|| self.inner.count(&query)).py_err()
     }
 
+    /// Creates a secondary index on the metadata field `field`.
+    fn create_index(&self, py: Python<'_>, field: &str) -> PyResult<()> {
+        py.detach(|| self.inner.create_index(field)).py_err()
+    }
+
+    /// Removes the secondary index on `field`; whether it existed.
+    fn drop_index(&self, py: Python<'_>, field: &str) -> PyResult<bool> {
+        py.detach(|| self.inner.drop_index(field)).py_err()
+    }
+
+    /// The indexed fields, sorted.
+    fn indexes(&self) -> PyResult<Vec<String>> {
+        self.inner.indexes().py_err()
+    }
+
+    /// How `find(expr)` runs (index lookup or full scan).
+    fn explain(&self, expr: &str) -> PyResult<String> {
+        let query = Query::parse(expr)
+            .map_err(lazyvault_store::Error::from)
+            .py_err()?;
+        self.inner.explain(&query).py_err()
+    }
+
     fn flush(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| self.inner.flush()).py_err()
     }

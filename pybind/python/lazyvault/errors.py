@@ -14,6 +14,7 @@ __all__ = [
     "ForkedStoreError",
     "FormatVersionError",
     "InvalidArrayError",
+    "InvalidFieldError",
     "InvalidKeyError",
     "KeyTypeError",
     "LazyvaultError",
@@ -117,6 +118,10 @@ class QueryError(LazyvaultError, ValueError):
 class InvalidArrayError(LazyvaultError, ValueError):
     """An array that cannot be stored (its bytes disagree with its dtype and
     shape, or its dtype has no ``.npy`` description)."""
+
+
+class InvalidFieldError(LazyvaultError, ValueError):
+    """A name that cannot have a secondary index (not a dotted field path)."""
 
 
 class PickleNotAllowedError(LazyvaultError, ValueError):

@@ -274,6 +274,40 @@ class Store(MutableMapping[str, Record]):
             return len(self.find(expr))
         return self._core.count(_query_text(expr))
 
+    # -- secondary indexes ------------------------------------------------
+
+    def create_index(self, field: str) -> None:
+        """Indexes the metadata field ``field`` (a dotted path:
+        ``"temperature"``, ``"params.lr"``) so that ``find``/``count`` with
+        ``==``, ``in [...]`` or a range on it read only the matching records
+        instead of scanning all. Built now from every record, then kept
+        current by every write, and rebuilt by :meth:`repair`. Creating an
+        existing index does nothing. Only scalar values (None, bool, numbers,
+        str) are indexed; answers are always those of a full scan.
+
+        Raises ``InvalidFieldError`` (a ``ValueError``) for a name that is not
+        a dotted field path, ``ReadOnlyError`` in mode ``"r"``.
+        """
+        if not isinstance(field, str):
+            raise TypeError(f"field must be a str, not {type(field).__name__}")
+        self._core.create_index(field)
+
+    def drop_index(self, field: str) -> bool:
+        """Removes the index on ``field``; returns whether there was one."""
+        if not isinstance(field, str):
+            raise TypeError(f"field must be a str, not {type(field).__name__}")
+        return self._core.drop_index(field)
+
+    def indexes(self) -> list[str]:
+        """The indexed fields, sorted."""
+        return self._core.indexes()
+
+    def explain(self, expr: str) -> str:
+        """How ``find(expr)`` runs: ``"index temperature: > 250, 42
+        candidate record(s), ..."`` when an index narrows it, else ``"full
+        scan of N records (...)"`` with the reason. Raises ``QueryError``."""
+        return self._core.explain(_query_text(expr))
+
     # -- durability and maintenance ---------------------------------------
 
     def flush(self) -> None:
