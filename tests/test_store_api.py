@@ -73,14 +73,11 @@ def test_any_nonempty_string_is_a_key_and_none_reaches_a_path(
     assert sorted(store) == sorted(HOSTILE_KEYS)
     # nothing was created next to the store, and inside it only our own names
     assert sorted(p.name for p in tmp_path.iterdir()) == before
-    allowed_top = {"lazyvault.json", "lazyvault.lock", "index", "arrays", "records"}
+    allowed_top = {"lazyvault.json", "lazyvault.lock", "index", "arrays", "journal"}
     assert {p.name for p in store_path.iterdir()} <= allowed_top
-    for p in (store_path / "records").rglob("*"):
-        rel = p.relative_to(store_path / "records").parts
-        if p.is_file():  # sidecars are named by generation, never by key
-            assert len(rel) == 2 and len(rel[1]) == 20 and rel[1].endswith(".rec")
-            assert rel[1][14:16] == rel[0]
-            int(rel[1][:16], 16)
+    for p in (store_path / "journal").iterdir():  # segments are numbered, never keyed
+        assert len(p.name) == 20 and p.name.endswith(".log")
+        int(p.name[:16], 16)
     for p in (store_path / "arrays").rglob("*"):
         rel = p.relative_to(store_path / "arrays").parts
         if p.is_file():

@@ -117,6 +117,7 @@ pub fn gc_report<'py>(py: Python<'py>, r: &GcReport) -> PyResult<Bound<'py, PyDi
     let d = PyDict::new(py);
     d.set_item("removed_files", r.removed_files)?;
     d.set_item("removed_bytes", r.removed_bytes)?;
+    d.set_item("journal_bytes_freed", r.journal_bytes_freed)?;
     Ok(d)
 }
 
@@ -141,8 +142,7 @@ pub fn verify_report<'py>(py: Python<'py>, r: &VerifyReport) -> PyResult<Bound<'
 pub fn repair_report<'py>(py: Python<'py>, r: &RepairReport) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("records", r.records)?;
-    d.set_item("sidecars", r.sidecars)?;
-    d.set_item("superseded", r.superseded)?;
+    d.set_item("entries", r.entries)?;
     d.set_item("skipped", &r.skipped)?;
     d.set_item("indexes", &r.indexes)?;
     d.set_item(

@@ -130,6 +130,12 @@ pub(crate) fn remove_file(path: &Path) -> io::Result<()> {
     fs::remove_file(path)
 }
 
+/// Cuts a file to `len` bytes.
+pub(crate) fn truncate(file: &File, path: &Path, len: u64) -> io::Result<()> {
+    fault::check("truncate", path)?;
+    file.set_len(len)
+}
+
 /// Creates a directory and its parents.
 pub(crate) fn create_dir_all(dir: &Path) -> io::Result<()> {
     fault::check("mkdir", dir)?;

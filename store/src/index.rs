@@ -2,8 +2,8 @@
 //!
 //! One sled tree holds, under one-byte prefixes, the record JSON of each key
 //! (`r`), the pickled remainder of the keys that have one (`p`), the
-//! generation of each key's sidecar (`s`, u64 LE), the record count
-//! (`#count`) and the last generation used (`#gen`), so that a put or delete
+//! record count (`#count`), the journal position after the last change
+//! (`#pos`) and the secondary indexes (`#idx:`, `i`), so that a put or delete
 //! changes them all in one atomic batch and `len()` costs no scan.
 
 use std::path::Path;
@@ -14,14 +14,15 @@ use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
 use crate::fsio::fault;
+use crate::journal::Position;
 use crate::query::IndexLookup;
 use crate::secondary;
 
 const RECORD: u8 = b'r';
 const PICKLE: u8 = b'p';
-const SIDECAR: u8 = b's';
 const COUNT: &[u8] = b"#count";
-const GENERATION: &[u8] = b"#gen";
+/// Journal position (segment u64 LE, offset u64 LE) after the last change.
+const JOURNAL_POS: &[u8] = b"#pos";
 /// `#idx:` + field name: a secondary index on that field exists.
 const INDEX_DEF: &[u8] = b"#idx:";
 /// Entries written per batch while building a secondary index.
@@ -48,15 +49,18 @@ struct IndexDef {
     segs: Vec<String>,
 }
 
-/// What a put or delete replaced: the old record JSON and the generation of
-/// its sidecar (`None` for a record written before sidecars existed).
-pub(crate) type Replaced = (Vec<u8>, Option<u64>);
-
 fn decode_u64(v: &[u8], what: &str) -> Result<u64> {
     let bytes: [u8; 8] = v
         .try_into()
         .map_err(|_| Error::corrupt("index", format!("{what} is not 8 bytes")))?;
     Ok(u64::from_le_bytes(bytes))
+}
+
+fn encode_pos((segment, offset): Position) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&segment.to_le_bytes());
+    b[8..].copy_from_slice(&offset.to_le_bytes());
+    b
 }
 
 fn injected(e: std::io::Error) -> Error {
@@ -77,7 +81,7 @@ fn index_err(e: sled::Error) -> Error {
     match e {
         sled::Error::Corruption { .. } => Error::corrupt(
             "index",
-            format!("{e}; `lazyvault repair PATH` rebuilds it from the record sidecars"),
+            format!("{e}; `lazyvault repair PATH` rebuilds it from the record journal"),
         ),
         // Keep the errno (ENOSPC, EIO) for the caller.
         sled::Error::Io(source) => Error::Io {
@@ -106,7 +110,7 @@ impl Index {
         // threads may release it a moment after close(): retry briefly.
         // (sled's error text is the only way to recognise it, NOTES.md.)
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
-        let repair_hint = "; `lazyvault repair PATH` rebuilds the index from the record sidecars";
+        let repair_hint = "; `lazyvault repair PATH` rebuilds the index from the record journal";
         let opened = loop {
             // sled panics on some damaged files instead of returning an error.
             let attempt = std::panic::catch_unwind(|| sled::Config::new().path(dir).open())
@@ -192,86 +196,74 @@ impl Index {
         }
     }
 
-    /// The last sidecar generation used (0 when none was, or `None` for an
-    /// index written before sidecars existed that holds records).
-    pub(crate) fn generation(&self) -> Result<Option<u64>> {
-        match self.tree.get(GENERATION).map_err(index_err)? {
-            Some(v) => decode_u64(&v, "the generation counter").map(Some),
-            None if self.len()? == 0 => Ok(Some(0)),
+    /// The journal position after the last change this index holds, if
+    /// any change was ever made.
+    pub(crate) fn journal_pos(&self) -> Result<Option<Position>> {
+        match self.tree.get(JOURNAL_POS).map_err(index_err)? {
+            Some(v) if v.len() == 16 => Ok(Some((
+                decode_u64(&v[..8], "the journal position")?,
+                decode_u64(&v[8..], "the journal position")?,
+            ))),
+            Some(_) => Err(Error::corrupt(
+                "index",
+                "the journal position is not 16 bytes",
+            )),
             None => Ok(None),
         }
     }
 
-    /// The generation of `key`'s sidecar.
-    pub(crate) fn sidecar_generation(&self, key: &str) -> Result<Option<u64>> {
-        match self.tree.get(prefixed(SIDECAR, key)).map_err(index_err)? {
-            Some(v) => decode_u64(&v, "a sidecar generation").map(Some),
-            None => Ok(None),
-        }
+    /// Records the journal position (after a repair or a compaction).
+    pub(crate) fn set_journal_pos(&self, pos: Position) -> Result<()> {
+        self.tree
+            .insert(JOURNAL_POS, &encode_pos(pos))
+            .map_err(index_err)?;
+        Ok(())
     }
 
-    /// Sets `key` to `record` (and its pickle, or none) whose sidecar is
-    /// `generation`, in one atomic batch; raises the generation counter to
-    /// `generation` if below. Returns what it replaced. The caller
-    /// serialises writers.
+    /// Sets `key` to `record` (and its pickle, or none), whose journal
+    /// entry ends at `pos`, in one atomic batch. Returns the record it
+    /// replaced. The caller serialises writers.
     pub(crate) fn put(
         &self,
         key: &str,
         record: &[u8],
         pickle: Option<&[u8]>,
-        generation: u64,
-    ) -> Result<Option<Replaced>> {
+        pos: Position,
+    ) -> Result<Option<Vec<u8>>> {
         fault::check("index", std::path::Path::new(key)).map_err(injected)?;
         let rkey = prefixed(RECORD, key);
         let old = self.tree.get(&rkey).map_err(index_err)?;
-        let old_generation = match old {
-            Some(_) => self.sidecar_generation(key)?,
-            None => None,
-        };
         let mut batch = sled::Batch::default();
         batch.insert(rkey, record);
         match pickle {
             Some(p) => batch.insert(prefixed(PICKLE, key), p),
             None => batch.remove(prefixed(PICKLE, key)),
         }
-        batch.insert(prefixed(SIDECAR, key), &generation.to_le_bytes());
         self.update_entries(&mut batch, key, old.as_deref(), Some(record));
         if old.is_none() {
             batch.insert(COUNT, &(self.len()? + 1).to_le_bytes());
         }
-        if self.generation()?.is_none_or(|g| g < generation) {
-            batch.insert(GENERATION, &generation.to_le_bytes());
-        }
+        batch.insert(JOURNAL_POS, &encode_pos(pos));
         self.tree.apply_batch(batch).map_err(index_err)?;
-        Ok(old.map(|v| (v.to_vec(), old_generation)))
+        Ok(old.map(|v| v.to_vec()))
     }
 
-    /// Raises the generation counter to `generation` if below.
-    pub(crate) fn raise_generation(&self, generation: u64) -> Result<()> {
-        if self.generation()?.is_none_or(|g| g < generation) {
-            self.tree
-                .insert(GENERATION, &generation.to_le_bytes())
-                .map_err(index_err)?;
-        }
-        Ok(())
-    }
-
-    /// Removes `key`; returns what it replaced if it was there.
-    pub(crate) fn remove(&self, key: &str) -> Result<Option<Replaced>> {
+    /// Removes `key`, whose delete entry in the journal ends at `pos`;
+    /// returns its record if it was there.
+    pub(crate) fn remove(&self, key: &str, pos: Position) -> Result<Option<Vec<u8>>> {
         fault::check("index", std::path::Path::new(key)).map_err(injected)?;
         let rkey = prefixed(RECORD, key);
         let Some(old) = self.tree.get(&rkey).map_err(index_err)? else {
             return Ok(None);
         };
-        let old_generation = self.sidecar_generation(key)?;
         let mut batch = sled::Batch::default();
         batch.remove(rkey);
         batch.remove(prefixed(PICKLE, key));
-        batch.remove(prefixed(SIDECAR, key));
         self.update_entries(&mut batch, key, Some(&old), None);
         batch.insert(COUNT, &self.len()?.saturating_sub(1).to_le_bytes());
+        batch.insert(JOURNAL_POS, &encode_pos(pos));
         self.tree.apply_batch(batch).map_err(index_err)?;
-        Ok(Some((old.to_vec(), old_generation)))
+        Ok(Some(old.to_vec()))
     }
 
     /// Adds to `batch` the secondary-index changes of `key` going from
@@ -407,17 +399,6 @@ impl Index {
         keys.sort_unstable();
         keys.dedup();
         Ok(keys)
-    }
-
-    /// Calls `f(key, generation)` for every key's sidecar generation.
-    pub(crate) fn scan_sidecars(&self, mut f: impl FnMut(&str, u64) -> Result<()>) -> Result<()> {
-        for item in self.tree.scan_prefix([SIDECAR]) {
-            let (k, v) = item.map_err(index_err)?;
-            let key = std::str::from_utf8(&k[1..])
-                .map_err(|_| Error::corrupt("index", "a key is not UTF-8"))?;
-            f(key, decode_u64(&v, "a sidecar generation")?)?;
-        }
-        Ok(())
     }
 
     /// Calls `f(key, record_json)` for every record in key order (UTF-8 byte

@@ -22,11 +22,11 @@ pub mod archive;
 mod error;
 mod fsio;
 mod index;
+pub mod journal;
 pub mod npy;
 mod payload;
 pub mod query;
 mod secondary;
-pub mod sidecar;
 mod store;
 
 pub use error::{Error, Result};

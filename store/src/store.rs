@@ -15,10 +15,12 @@ use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
 use crate::fsio;
-use crate::index::{self, Index};
+use crate::index::Index;
+use crate::journal::{self, JournalWriter, JOURNAL_DIR};
 use crate::payload::{self, ArraySource, TMP_SUFFIX};
 use crate::query::{ArrayFacts, Query, RecordView};
-use crate::sidecar::{self, SIDECAR_DIR};
+
+mod maintenance;
 
 /// Directory of the sled index inside a store.
 pub const INDEX_DIR: &str = "index";
@@ -61,6 +63,9 @@ pub struct GcReport {
     pub removed_files: u64,
     /// Their total size in bytes.
     pub removed_bytes: u64,
+    /// Bytes the journal compaction freed (old segments' size minus the
+    /// new segment's).
+    pub journal_bytes_freed: u64,
 }
 
 /// What `verify()` found.
@@ -73,11 +78,11 @@ pub struct VerifyReport {
     /// Payloads whose data was hashed against the checksum recorded at
     /// write time.
     pub checksummed: u64,
-    /// One line per damaged or missing payload or sidecar, or undecodable
-    /// record.
+    /// One line per damaged or missing payload, undecodable record, or
+    /// disagreement between the index and the journal.
     pub problems: Vec<String>,
-    /// Payload, sidecar or temporary files that no record references
-    /// (`gc()` removes them).
+    /// Payload or temporary files that no record references (`gc()`
+    /// removes them).
     pub orphans: Vec<PathBuf>,
 }
 
@@ -86,12 +91,11 @@ pub struct VerifyReport {
 pub struct RepairReport {
     /// Records in the rebuilt index.
     pub records: u64,
-    /// Sidecar files read.
-    pub sidecars: u64,
-    /// Older sidecars of a key that a newer one replaced (orphans for `gc()`).
-    pub superseded: u64,
-    /// Sidecars not used, one line each with the reason (damaged file,
-    /// missing or damaged payload). Their files are left in place.
+    /// Journal entries replayed (puts and deletes).
+    pub entries: u64,
+    /// What was not used, one line each with the reason: a torn or damaged
+    /// journal tail, a record version whose payloads are missing or
+    /// damaged (an older version of the key is used instead).
     pub skipped: Vec<String>,
     /// Secondary indexes rebuilt (from `indexes.json`).
     pub indexes: Vec<String>,
@@ -102,16 +106,15 @@ pub struct RepairReport {
 
 /// The writer's state, behind the mutex that serialises writers.
 struct WriterState {
-    /// Files (relative to the root) of records replaced or deleted since the
-    /// last flush: payloads and sidecars. They are unlinked only after the
-    /// index change that dropped them is durable, so a crash never leaves a
-    /// record whose files are gone (invariant 3).
+    /// Payload files (relative to the root) of records replaced or deleted
+    /// since the last flush. They are unlinked only after the index change
+    /// that dropped them is durable, so a crash never leaves a record whose
+    /// payloads are gone (invariant 3).
     pending_removal: Vec<String>,
-    /// The generation the next put's sidecar gets.
-    next_generation: u64,
-    /// Fan-out directories (`arrays/<xx>`, `records/<gg>`) whose entry in
-    /// their parent this session has already fsynced: the parent need not
-    /// be fsynced again for them.
+    /// Appends every change to the record journal.
+    journal: JournalWriter,
+    /// `arrays/<xx>` directories whose entry in `arrays/` this session has
+    /// already fsynced: `arrays/` need not be fsynced again for them.
     durable_dirs: HashSet<PathBuf>,
 }
 
@@ -220,10 +223,6 @@ fn remove_quietly(root: &Path, relpaths: impl IntoIterator<Item = String>) {
     }
 }
 
-/// How many absent generations in a row end the search for sidecars left
-/// by puts that a crash cut off before their index entry.
-const UNCOMMITTED_PROBE: u64 = 64;
-
 fn check_key(key: &str) -> Result<()> {
     if key.is_empty() {
         Err(Error::EmptyKey)
@@ -270,7 +269,7 @@ impl Store {
                 source,
             })?;
         } else {
-            for dir in [PAYLOAD_DIR, SIDECAR_DIR] {
+            for dir in [PAYLOAD_DIR, JOURNAL_DIR] {
                 fs::create_dir_all(root.join(dir)).map_err(Error::io(&root))?;
             }
             let manifest = Manifest::new(format!("lazyvault {}", env!("CARGO_PKG_VERSION")));
@@ -284,18 +283,19 @@ impl Store {
                 format!("store {}", root.display()),
                 format!(
                     "the index directory {} is missing; `lazyvault repair {}` rebuilds it \
-                     from the record sidecars",
+                     from the record journal",
                     index_dir.display(),
                     root.display()
                 ),
             ));
         }
         let index = Index::open(&index_dir)?;
-        let next_generation = if mode == Mode::ReadOnly {
+        let next_segment = if mode == Mode::ReadOnly {
             0
         } else {
-            Self::prepare_writer(&root, &index)?
+            Self::recover_journal(&root, &index)?
         };
+        let journal = JournalWriter::new(&root, next_segment);
         Ok(Store {
             root,
             mode,
@@ -303,40 +303,46 @@ impl Store {
             index: RwLock::new(Some(index)),
             writer: Mutex::new(WriterState {
                 pending_removal: Vec::new(),
-                next_generation,
+                journal,
                 durable_dirs: HashSet::new(),
             }),
             lock_file: Mutex::new(Some(lock_file)),
         })
     }
 
-    /// Before the first write of a session: removes the sidecars of puts a
-    /// crash cut off before their index entry. Their generations follow the
-    /// last one the index holds; left in place, a repair would resurrect
-    /// them (a record whose put failed, or that was deleted since).
-    /// Returns the next generation.
-    fn prepare_writer(root: &Path, index: &Index) -> Result<u64> {
-        // An index from before sidecars existed counts from 0; verify()
-        // reports its records as having no sidecar.
-        let last = index.generation()?.unwrap_or(0);
-        let mut misses = 0;
-        let mut generation = last + 1;
-        let mut removed = BTreeSet::new();
-        while misses < UNCOMMITTED_PROBE {
-            let path = root.join(sidecar::relpath(generation));
-            if fs::symlink_metadata(&path).is_ok() {
-                fsio::remove_file(&path).map_err(Error::io(&path))?;
-                removed.insert(path.parent().expect("in a directory").to_owned());
-                misses = 0;
-            } else {
-                misses += 1;
+    /// Before the first write of a session: cuts the journal back to the
+    /// position the index holds. Entries past it belong to changes a crash
+    /// cut off before their index entry (never acknowledged by a flush);
+    /// left in place, a later repair would bring them back. Returns the
+    /// number of the next segment.
+    fn recover_journal(root: &Path, index: &Index) -> Result<u64> {
+        let segments = journal::segments(root)?;
+        let next = segments.last().map_or(1, |(n, _)| n + 1);
+        let Some((committed_segment, committed_end)) = index.journal_pos()? else {
+            return Ok(next);
+        };
+        let mut changed = false;
+        for (number, path) in &segments {
+            if *number > committed_segment {
+                fsio::remove_file(path).map_err(Error::io(path))?;
+                changed = true;
+            } else if *number == committed_segment {
+                let len = fs::metadata(path).map_err(Error::io(path))?.len();
+                if len > committed_end {
+                    let file = File::options()
+                        .write(true)
+                        .open(path)
+                        .map_err(Error::io(path))?;
+                    fsio::truncate(&file, path, committed_end)
+                        .and_then(|()| fsio::sync_file(&file, path))
+                        .map_err(Error::io(path))?;
+                }
             }
-            generation += 1;
         }
-        for dir in &removed {
-            payload::sync_dir(dir)?;
+        if changed {
+            payload::sync_dir(&root.join(JOURNAL_DIR))?;
         }
-        Ok(last + 1)
+        Ok(next)
     }
 
     /// Whether `root` holds nothing, or only what an interrupted creation
@@ -349,7 +355,7 @@ impl Store {
             let name = entry.file_name();
             let ours = match name.to_str() {
                 Some(n) if n == LOCK_FILE || n == tmp_manifest => true,
-                Some(PAYLOAD_DIR | SIDECAR_DIR) => fs::read_dir(entry.path())
+                Some(PAYLOAD_DIR | JOURNAL_DIR) => fs::read_dir(entry.path())
                     .map(|mut d| d.next().is_none())
                     .unwrap_or(false),
                 _ => false,
@@ -438,18 +444,19 @@ impl Store {
         self.writer.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Writes the payloads of `arrays` and the record's sidecar, then sets
-    /// `key` to the record made of `meta`, `layout`, the new array entries
-    /// and `pickle` (invariant 3: files durable first, then the index entry).
-    /// The files of a record this replaces are removed at the next
-    /// [`Store::flush`].
+    /// Writes the payloads of `arrays`, appends the record to the journal,
+    /// then sets `key` to the record made of `meta`, `layout`, the new array
+    /// entries and `pickle` (invariant 3: payloads durable first, then the
+    /// index entry; the journal is made durable by the next flush, before
+    /// the index is). The payloads of a record this replaces are removed at
+    /// the next [`Store::flush`].
     ///
     /// # Errors
     /// [`Error::EmptyKey`], [`Error::ReadOnly`], [`Error::InvalidArray`] for
     /// an array whose bytes do not match its dtype and shape, I/O errors
     /// (`ENOSPC`, `EIO`, ... kept in [`Error::Io`]). On error the old record
-    /// (if any) is untouched and the files written for the new one are
-    /// removed.
+    /// (if any) is untouched, the payloads written for the new one are
+    /// removed and its journal entry is cut off.
     pub fn put(
         &self,
         key: &str,
@@ -462,11 +469,11 @@ impl Store {
         let index_guard = self.index()?;
         let index = index_guard.as_ref().expect("checked open");
         let mut writer = self.writer()?;
-        // A generation is used once even if this put fails.
-        let generation = writer.next_generation;
-        writer.next_generation += 1;
-        let mut written: Vec<String> = Vec::with_capacity(arrays.len() + 1);
-        let committed = (|| -> Result<Option<index::Replaced>> {
+        let writer = &mut *writer;
+        let mut written: Vec<String> = Vec::with_capacity(arrays.len());
+        let before = writer.journal.position();
+        let mut appended = false;
+        let committed = (|| -> Result<Option<Vec<u8>>> {
             let mut entries = IndexMap::with_capacity(arrays.len());
             let mut dirs = BTreeSet::new();
             for src in arrays {
@@ -481,6 +488,20 @@ impl Store {
                 entries.insert(src.name.clone(), entry);
                 dirs.insert(dir);
             }
+            // The payloads' directories, and the first time this session
+            // uses one, `arrays/` (which may have just gained it).
+            let new_dirs: Vec<PathBuf> = dirs
+                .iter()
+                .filter(|d| !writer.durable_dirs.contains(*d))
+                .cloned()
+                .collect();
+            if !new_dirs.is_empty() {
+                dirs.insert(self.root.join(PAYLOAD_DIR));
+            }
+            for dir in &dirs {
+                payload::sync_dir(dir)?;
+            }
+            writer.durable_dirs.extend(new_dirs);
             let record = Record {
                 meta,
                 arrays: entries,
@@ -488,52 +509,38 @@ impl Store {
                 pickle: pickle.is_some(),
             }
             .to_json();
-            dirs.insert(sidecar::write(
-                &self.root, generation, key, &record, pickle,
-            )?);
-            written.push(sidecar::relpath(generation));
-            // The files' directories, and the first time this session uses
-            // one, its parent (which may have just gained it).
-            let new_dirs: Vec<PathBuf> = dirs
-                .iter()
-                .filter(|d| !writer.durable_dirs.contains(*d))
-                .cloned()
-                .collect();
-            for dir in &new_dirs {
-                dirs.insert(dir.parent().expect("a fan-out directory").to_owned());
-            }
-            for dir in &dirs {
-                payload::sync_dir(dir)?;
-            }
-            writer.durable_dirs.extend(new_dirs);
-            index.put(key, &record, pickle, generation)
+            let pos = writer.journal.put(key, &record, pickle)?;
+            appended = true;
+            index.put(key, &record, pickle, pos)
         })();
         match committed {
             Err(e) => {
-                // Nothing references these files: remove them now.
+                if appended {
+                    writer.journal.undo_to(Some(
+                        before.map_or(journal::SEGMENT_HEADER_LEN, |(_, end)| end),
+                    ));
+                }
+                // Nothing references these payloads: remove them now.
                 remove_quietly(&self.root, written);
                 Err(e)
             }
             Ok(old) => {
                 if let Some(old) = old {
-                    Self::retire(&mut writer, old);
+                    Self::retire(writer, &old);
                 }
                 Ok(())
             }
         }
     }
 
-    /// Queues the files of a replaced or deleted record for removal after
-    /// the next index flush. A damaged old record leaves orphans for gc(),
-    /// nothing worse.
-    fn retire(writer: &mut WriterState, (record, generation): index::Replaced) {
-        if let Ok(old) = Record::from_json(&record) {
+    /// Queues the payloads of a replaced or deleted record for removal
+    /// after the next index flush. A damaged old record leaves orphans for
+    /// gc(), nothing worse.
+    fn retire(writer: &mut WriterState, record: &[u8]) {
+        if let Ok(old) = Record::from_json(record) {
             writer
                 .pending_removal
                 .extend(old.arrays.values().map(ArrayEntry::relpath));
-        }
-        if let Some(g) = generation {
-            writer.pending_removal.push(sidecar::relpath(g));
         }
     }
 
@@ -601,11 +608,23 @@ impl Store {
         let guard = self.index()?;
         let index = guard.as_ref().expect("checked open");
         let mut writer = self.writer()?;
-        match index.remove(key)? {
-            None => Ok(false),
-            Some(old) => {
-                Self::retire(&mut writer, old);
+        if !index.contains(key)? {
+            return Ok(false);
+        }
+        let before = writer.journal.position();
+        let pos = writer.journal.delete(key)?;
+        match index.remove(key, pos) {
+            Ok(old) => {
+                if let Some(old) = old {
+                    Self::retire(&mut writer, &old);
+                }
                 Ok(true)
+            }
+            Err(e) => {
+                writer.journal.undo_to(Some(
+                    before.map_or(journal::SEGMENT_HEADER_LEN, |(_, end)| end),
+                ));
+                Err(e)
             }
         }
     }
@@ -800,6 +819,9 @@ impl Store {
             return Ok(());
         }
         let mut writer = self.writer()?;
+        // The journal first: after a power loss the index may lose what its
+        // flush reported durable, the journal may not.
+        writer.journal.sync()?;
         index.flush()?;
         remove_quietly(&self.root, writer.pending_removal.drain(..));
         Ok(())
@@ -845,365 +867,6 @@ impl Store {
             .unwrap_or_else(|p| p.into_inner())
             .is_none()
     }
-
-    /// Ids of every payload and generations of every sidecar referenced by
-    /// a record.
-    fn referenced(&self) -> Result<Referenced> {
-        let guard = self.index()?;
-        let index = guard.as_ref().expect("checked open");
-        let mut refs = Referenced::default();
-        index.scan(|key, bytes| {
-            let record = Record::from_json(bytes)
-                .map_err(|e| Error::corrupt(format!("record {key:?}"), e))?;
-            refs.payloads
-                .extend(record.arrays.into_values().map(|a| a.id));
-            Ok(())
-        })?;
-        index.scan_sidecars(|_, g| {
-            refs.sidecars.insert(g);
-            Ok(())
-        })?;
-        Ok(refs)
-    }
-
-    /// Files under `records/` and `arrays/` that no record references:
-    /// sidecars and payloads left by a crash or an unflushed overwrite, and
-    /// temporary files. Sidecars come first, so that `gc()` interrupted
-    /// half-way never leaves a sidecar whose payloads it removed.
-    fn orphans(&self, refs: &Referenced) -> Result<Vec<(PathBuf, u64)>> {
-        let mut sidecars = Vec::new();
-        walk_two_levels(&self.root.join(SIDECAR_DIR), |path, name, size| {
-            if !sidecar::parse_name(name).is_some_and(|g| refs.sidecars.contains(&g)) {
-                sidecars.push((path, size));
-            }
-        })?;
-        let mut payloads = Vec::new();
-        walk_two_levels(&self.root.join(PAYLOAD_DIR), |path, name, size| {
-            let id = name.strip_suffix(".npy");
-            if !id.is_some_and(|id| refs.payloads.contains(id)) {
-                payloads.push((path, size));
-            }
-        })?;
-        sidecars.sort();
-        payloads.sort();
-        sidecars.extend(payloads);
-        Ok(sidecars)
-    }
-
-    /// Removes payload, sidecar and temporary files that no record
-    /// references. Flushes first, so nothing the durable index still
-    /// references is removed.
-    pub fn gc(&self) -> Result<GcReport> {
-        if self.mode == Mode::ReadOnly {
-            return Err(Error::ReadOnly);
-        }
-        self.flush()?;
-        let _writer = self.writer()?;
-        let refs = self.referenced()?;
-        let mut report = GcReport::default();
-        for (path, size) in self.orphans(&refs)? {
-            fsio::remove_file(&path).map_err(Error::io(&path))?;
-            report.removed_files += 1;
-            report.removed_bytes += size;
-        }
-        Ok(report)
-    }
-
-    /// Checks every record against its payloads (present, header matching,
-    /// long enough, and with `checksums` the data hashed against the
-    /// checksum recorded at write time) and its sidecar (present, intact,
-    /// the same record and pickle), and lists orphan files.
-    /// `progress(done, total)` is called after each record; returning
-    /// `false` stops the check with [`Error::Cancelled`].
-    pub fn verify_with(
-        &self,
-        checksums: bool,
-        progress: &mut dyn FnMut(u64, u64) -> bool,
-    ) -> Result<VerifyReport> {
-        let guard = self.index()?;
-        let index = guard.as_ref().expect("checked open");
-        let total = index.len()?;
-        let mut report = VerifyReport::default();
-        let mut refs = Referenced::default();
-        index.scan(|key, bytes| {
-            report.records += 1;
-            self.verify_sidecar(index, key, bytes, &mut refs, &mut report.problems)?;
-            let record = match Record::from_json(bytes) {
-                Ok(r) => r,
-                Err(e) => {
-                    report.problems.push(format!("record {key:?}: {e}"));
-                    return Self::go_on(progress(report.records, total));
-                }
-            };
-            for (name, entry) in &record.arrays {
-                report.arrays += 1;
-                refs.payloads.insert(entry.id.clone());
-                let checked = if checksums {
-                    self.verify_checksum(entry).map(|hashed| {
-                        report.checksummed += u64::from(hashed);
-                    })
-                } else {
-                    payload::open_payload(&self.root, entry).map(drop)
-                };
-                if let Err(e) = checked {
-                    report
-                        .problems
-                        .push(format!("record {key:?} array {name:?}: {e}"));
-                }
-            }
-            Self::go_on(progress(report.records, total))
-        })?;
-        drop(guard);
-        let writer = self.writer_lock();
-        for rel in &writer.pending_removal {
-            // Files of replaced records, removed at the next flush.
-            let name = rel.rsplit('/').next().unwrap_or_default();
-            if let Some(g) = sidecar::parse_name(name) {
-                refs.sidecars.insert(g);
-            } else if let Some(id) = name.strip_suffix(".npy") {
-                refs.payloads.insert(id.to_owned());
-            }
-        }
-        drop(writer);
-        report.orphans = self.orphans(&refs)?.into_iter().map(|(p, _)| p).collect();
-        Ok(report)
-    }
-
-    /// [`Store::verify_with`] with checksums and no progress reports.
-    pub fn verify(&self) -> Result<VerifyReport> {
-        self.verify_with(true, &mut |_, _| true)
-    }
-
-    fn go_on(proceed: bool) -> Result<()> {
-        if proceed {
-            Ok(())
-        } else {
-            Err(Error::Cancelled)
-        }
-    }
-
-    /// Checks that `key`'s sidecar exists and holds exactly `record` and
-    /// the index's pickle.
-    fn verify_sidecar(
-        &self,
-        index: &Index,
-        key: &str,
-        record: &[u8],
-        refs: &mut Referenced,
-        problems: &mut Vec<String>,
-    ) -> Result<()> {
-        let Some(generation) = index.sidecar_generation(key)? else {
-            problems.push(format!("record {key:?}: no sidecar in the index"));
-            return Ok(());
-        };
-        refs.sidecars.insert(generation);
-        let path = self.root.join(sidecar::relpath(generation));
-        let found = match sidecar::read(&path) {
-            Ok(found) => found,
-            Err(e) => {
-                problems.push(format!("record {key:?}: {e}"));
-                return Ok(());
-            }
-        };
-        let pickle = index.get_pickle(key)?;
-        if found.key != key
-            || found.generation != generation
-            || found.record != record
-            || found.pickle != pickle
-        {
-            problems.push(format!(
-                "record {key:?}: sidecar {} holds a different record (key {:?}, generation {})",
-                path.display(),
-                found.key,
-                found.generation
-            ));
-        }
-        Ok(())
-    }
-
-    /// Checks a payload and, if it has a recorded checksum, hashes its data;
-    /// returns whether it hashed.
-    fn verify_checksum(&self, entry: &ArrayEntry) -> Result<bool> {
-        let mapped = payload::map_payload(&self.root, entry)?;
-        let Some(expected) = entry.checksum.as_deref() else {
-            return Ok(false);
-        };
-        if !expected.starts_with(payload::CHECKSUM_PREFIX) {
-            // A newer writer's algorithm: not ours to judge.
-            return Ok(false);
-        }
-        let actual = payload::checksum(mapped.as_bytes());
-        if actual != expected {
-            return Err(Error::corrupt(
-                format!("payload {}", self.root.join(entry.relpath()).display()),
-                format!("data checksum is {actual}, the record says {expected}"),
-            ));
-        }
-        Ok(true)
-    }
-
-    /// Rebuilds the index of the store at `path` from its record sidecars
-    /// and payloads (DESIGN.md invariant 7), for a lost or damaged index.
-    ///
-    /// Takes the store's lock; moves the old index directory aside (to
-    /// `index.damaged-<n>`, never deleted); for each key keeps the newest
-    /// sidecar (highest generation) that is intact and whose payloads are
-    /// present with matching headers and sizes; writes and flushes a new
-    /// index. Files it does not use stay in place: `gc()` removes them once
-    /// the store checks out. Records whose put was cut off by a crash after
-    /// the sidecar was written come back as if the put had finished.
-    ///
-    /// # Errors
-    /// [`Error::NotFound`] / [`Error::NotAStore`] for a path that is not a
-    /// store, [`Error::Locked`] while a `Store` holds it, I/O errors.
-    pub fn repair(path: impl AsRef<Path>) -> Result<RepairReport> {
-        let root = path.as_ref().to_owned();
-        if !root.is_dir() {
-            return Err(Error::NotFound(root));
-        }
-        let manifest_path = root.join(MANIFEST_FILE);
-        if !manifest_path.is_file() {
-            return Err(Error::NotAStore(root));
-        }
-        let bytes = fs::read(&manifest_path).map_err(Error::io(&manifest_path))?;
-        Manifest::from_json(&bytes).map_err(|source| Error::Format {
-            path: manifest_path.clone(),
-            source,
-        })?;
-        let lock_file = Self::lock(&root)?;
-        let mut report = RepairReport::default();
-        let index_dir = root.join(INDEX_DIR);
-        if fs::symlink_metadata(&index_dir).is_ok() {
-            let moved = (1u32..)
-                .map(|n| root.join(format!("{INDEX_DIR}.damaged-{n}")))
-                .find(|p| fs::symlink_metadata(p).is_err())
-                .expect("a free name");
-            fs::rename(&index_dir, &moved).map_err(Error::io(&moved))?;
-            payload::sync_dir(&root)?;
-            report.moved_index = Some(moved);
-        }
-        // Pass 1: every sidecar's key and generation (records stay on disk,
-        // so memory holds only keys).
-        let mut by_key: std::collections::HashMap<String, Vec<(u64, PathBuf)>> =
-            std::collections::HashMap::new();
-        let mut newest = 0;
-        walk_two_levels(&root.join(SIDECAR_DIR), |path, name, _| {
-            if name.ends_with(TMP_SUFFIX) {
-                return;
-            }
-            report.sidecars += 1;
-            if let Some(g) = sidecar::parse_name(name) {
-                newest = newest.max(g);
-            }
-            match sidecar::read(&path) {
-                Ok(s) if sidecar::parse_name(name) == Some(s.generation) => {
-                    by_key.entry(s.key).or_default().push((s.generation, path));
-                }
-                Ok(s) => report.skipped.push(format!(
-                    "{}: holds generation {}, not the one its name says",
-                    path.display(),
-                    s.generation
-                )),
-                Err(e) => report.skipped.push(e.to_string()),
-            }
-        })?;
-        // Pass 2: per key, the newest usable sidecar goes into a new index.
-        let index = Index::open(&index_dir)?;
-        let mut keys: Vec<_> = by_key.into_iter().collect();
-        keys.sort();
-        for (key, mut candidates) in keys {
-            candidates.sort_by(|a, b| b.cmp(a));
-            let mut chosen = false;
-            for (generation, path) in candidates {
-                if chosen {
-                    report.superseded += 1;
-                    continue;
-                }
-                match Self::usable_sidecar(&root, &path) {
-                    Ok(s) => {
-                        index.put(&key, &s.record, s.pickle.as_deref(), generation)?;
-                        report.records += 1;
-                        chosen = true;
-                    }
-                    Err(e) => report.skipped.push(e.to_string()),
-                }
-            }
-        }
-        // Secondary indexes listed in indexes.json are built again.
-        let list_path = root.join(INDEXES_FILE);
-        if let Ok(text) = fs::read(&list_path) {
-            let names: Vec<String> = serde_json::from_slice::<Value>(&text)
-                .ok()
-                .and_then(|v| serde_json::from_value(v.get("indexes")?.clone()).ok())
-                .ok_or_else(|| {
-                    Error::corrupt(format!("{}", list_path.display()), "not a list of indexes")
-                })?;
-            for name in names {
-                let segs = crate::secondary::parse_field(&name)
-                    .map_err(|e| Error::corrupt(format!("{}", list_path.display()), e))?;
-                index.create_index(&name, segs)?;
-                report.indexes.push(name);
-            }
-        }
-        // Sidecars it did not use stay orphans for gc(), not "uncommitted"
-        // ones that the next open would remove unreported.
-        index.raise_generation(newest)?;
-        index.flush()?;
-        drop(index);
-        drop(lock_file);
-        report.skipped.sort();
-        Ok(report)
-    }
-
-    /// A sidecar whose record decodes and whose payloads all check out.
-    fn usable_sidecar(root: &Path, path: &Path) -> Result<sidecar::Sidecar> {
-        let s = sidecar::read(path)?;
-        let record = Record::from_json(&s.record)
-            .map_err(|e| Error::corrupt(format!("sidecar {}", path.display()), e))?;
-        for (name, entry) in &record.arrays {
-            payload::open_payload(root, entry).map_err(|e| {
-                Error::corrupt(
-                    format!(
-                        "sidecar {} (key {:?}) array {name:?}",
-                        path.display(),
-                        s.key
-                    ),
-                    e,
-                )
-            })?;
-        }
-        Ok(s)
-    }
-}
-
-/// What the index references, for telling orphans apart.
-#[derive(Default)]
-struct Referenced {
-    payloads: HashSet<String>,
-    sidecars: HashSet<u64>,
-}
-
-/// Calls `f(path, file_name, size)` for every file in the subdirectories of
-/// `dir` (the `<2 hex>/` fan-out of `arrays/` and `records/`); a missing
-/// `dir` has none.
-fn walk_two_levels(dir: &Path, mut f: impl FnMut(PathBuf, &str, u64)) -> Result<()> {
-    let Ok(subdirs) = fs::read_dir(dir) else {
-        return Ok(());
-    };
-    for sub in subdirs {
-        let sub = sub.map_err(Error::io(dir))?;
-        if !sub.file_type().map_err(Error::io(sub.path()))?.is_dir() {
-            continue;
-        }
-        for file in fs::read_dir(sub.path()).map_err(Error::io(sub.path()))? {
-            let file = file.map_err(Error::io(sub.path()))?;
-            let name = file.file_name();
-            let Some(name) = name.to_str() else { continue };
-            let size = file.metadata().map(|m| m.len()).unwrap_or(0);
-            f(file.path(), name, size);
-        }
-    }
-    Ok(())
 }
 
 impl Drop for Store {

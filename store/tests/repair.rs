@@ -1,13 +1,13 @@
 //! The index is derived data (DESIGN.md invariant 7): deleting or damaging
 //! it loses no committed record, `Store::repair` rebuilds it from the record
-//! sidecars and payloads.
+//! journal and payloads.
 
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use lazyvault_store::schema::Record;
-use lazyvault_store::{map_payload, sidecar, ArraySource, Error, Mode, Store, INDEX_DIR};
+use lazyvault_store::{journal, map_payload, ArraySource, Error, Mode, Store, INDEX_DIR};
 use serde_json::{json, Map, Value};
 
 type Snapshot = BTreeMap<String, (Vec<u8>, Option<Vec<u8>>, Vec<Vec<u8>>)>;
@@ -104,6 +104,7 @@ fn a_deleted_index_is_refused_then_rebuilt_losing_nothing() {
     assert_eq!(report.records, expected.len() as u64);
     assert!(report.skipped.is_empty(), "{:?}", report.skipped);
     assert_eq!(report.moved_index, None);
+    assert!(report.entries > report.records);
     reopen_and_check(&path, &expected);
 }
 
@@ -150,7 +151,7 @@ fn a_damaged_index_is_refused_or_reported_then_rebuilt_losing_nothing() {
 }
 
 #[test]
-fn repair_falls_back_to_the_newest_sidecar_whose_payloads_are_intact() {
+fn repair_falls_back_to_the_previous_version_when_payloads_are_missing() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.lv");
     let store = Store::open(&path, Mode::Append).unwrap();
@@ -163,12 +164,9 @@ fn repair_falls_back_to_the_newest_sidecar_whose_payloads_are_intact() {
             None,
         )
         .unwrap();
-    store.flush().unwrap();
-    let old_sidecar: Vec<PathBuf> = sidecar_files(&path);
-    assert_eq!(old_sidecar.len(), 1);
-    let saved = fs::read(&old_sidecar[0]).unwrap();
     let old_record = store.get("k").unwrap().unwrap();
-    let saved_payload = fs::read(path.join(old_record.arrays["a"].relpath())).unwrap();
+    let old_payload = path.join(old_record.arrays["a"].relpath());
+    let saved = fs::read(&old_payload).unwrap();
     store
         .put(
             "k",
@@ -180,15 +178,14 @@ fn repair_falls_back_to_the_newest_sidecar_whose_payloads_are_intact() {
         .unwrap();
     let new_record = store.get("k").unwrap().unwrap();
     store.close().unwrap();
-    // As if a crash had come between the index flush and the unlinks, and
-    // the new payload were then lost.
-    fs::write(&old_sidecar[0], saved).unwrap();
-    fs::write(path.join(old_record.arrays["a"].relpath()), saved_payload).unwrap();
+    // The old payload was removed at close; bring it back and lose the new
+    // one, as a damaged disk might.
+    fs::write(&old_payload, saved).unwrap();
     fs::remove_file(path.join(new_record.arrays["a"].relpath())).unwrap();
     fs::remove_dir_all(path.join(INDEX_DIR)).unwrap();
 
     let report = Store::repair(&path).unwrap();
-    assert_eq!(report.records, 1);
+    assert_eq!((report.records, report.entries), (1, 2));
     assert_eq!(report.skipped.len(), 1, "{:?}", report.skipped);
     assert!(
         report.skipped[0].contains("missing"),
@@ -197,16 +194,50 @@ fn repair_falls_back_to_the_newest_sidecar_whose_payloads_are_intact() {
     );
     let store = Store::open(&path, Mode::Append).unwrap();
     assert_eq!(store.get("k").unwrap().unwrap().meta["v"], json!(1));
-    // verify() lists the unused newer sidecar as an orphan; gc() removes it.
     let report = store.verify().unwrap();
-    assert!(report.is_ok(), "{:?}", report.problems);
-    assert_eq!(report.orphans.len(), 1, "{:?}", report.orphans);
-    assert_eq!(store.gc().unwrap().removed_files, 1);
+    assert!(
+        report
+            .problems
+            .iter()
+            .all(|p| p.contains("journal's latest entry")),
+        "{:?}",
+        report.problems
+    );
     store.close().unwrap();
 }
 
 #[test]
-fn sidecars_of_puts_cut_off_by_a_crash_are_removed_at_the_next_open() {
+fn deleted_records_stay_deleted_after_repair() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.lv");
+    let store = Store::open(&path, Mode::Append).unwrap();
+    for k in ["a", "b", "c"] {
+        store
+            .put(
+                k,
+                meta(json!({})),
+                Value::Null,
+                &[u8_array("x", b"1")],
+                None,
+            )
+            .unwrap();
+    }
+    store.flush().unwrap();
+    assert!(store.delete("b").unwrap());
+    store
+        .put("c", meta(json!({"v": 2})), Value::Null, &[], None)
+        .unwrap();
+    store.close().unwrap();
+    fs::remove_dir_all(path.join(INDEX_DIR)).unwrap();
+    let report = Store::repair(&path).unwrap();
+    assert_eq!((report.records, report.entries), (2, 5));
+    let store = Store::open(&path, Mode::ReadOnly).unwrap();
+    assert_eq!(store.keys().unwrap(), ["a", "c"]);
+    assert_eq!(store.get("c").unwrap().unwrap().meta["v"], json!(2));
+}
+
+#[test]
+fn changes_cut_off_by_a_crash_are_cut_from_the_journal_at_the_next_open() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.lv");
     let store = Store::open(&path, Mode::Append).unwrap();
@@ -222,24 +253,29 @@ fn sidecars_of_puts_cut_off_by_a_crash_are_removed_at_the_next_open() {
             .unwrap();
     }
     store.close().unwrap();
-    // Generations 4 and 6 were written but never reached the index.
-    for generation in [4u64, 6] {
-        let file = path.join(sidecar::relpath(generation));
-        fs::create_dir_all(file.parent().unwrap()).unwrap();
-        fs::write(
-            &file,
-            sidecar::encode(
-                generation,
-                "ghost",
-                br#"{"meta":{},"arrays":{},"layout":null}"#,
-                None,
-            ),
-        )
-        .unwrap();
-    }
+    // A put that reached the journal but not the index, then a torn entry.
+    let (_, segment) = journal::segments(&path).unwrap().pop().unwrap();
+    let ghost = journal::encode(&journal::Entry {
+        key: "ghost".into(),
+        change: journal::Change::Put {
+            record: br#"{"meta":{},"arrays":{},"layout":null}"#.to_vec(),
+            pickle: None,
+        },
+    });
+    let committed = fs::metadata(&segment).unwrap().len();
+    let mut bytes = fs::read(&segment).unwrap();
+    bytes.extend_from_slice(&ghost);
+    bytes.extend_from_slice(&ghost[..10]);
+    fs::write(&segment, &bytes).unwrap();
+    // A read-only open leaves the files alone, and verify ignores the tail.
+    let ro = Store::open(&path, Mode::ReadOnly).unwrap();
+    let report = ro.verify().unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    ro.close().unwrap();
+    assert_eq!(fs::metadata(&segment).unwrap().len(), bytes.len() as u64);
+    // A writer cuts it.
     let store = Store::open(&path, Mode::Append).unwrap();
-    assert!(!path.join(sidecar::relpath(4)).exists());
-    assert!(!path.join(sidecar::relpath(6)).exists());
+    assert_eq!(fs::metadata(&segment).unwrap().len(), committed);
     store.close().unwrap();
     fs::remove_dir_all(path.join(INDEX_DIR)).unwrap();
     let report = Store::repair(&path).unwrap();
@@ -249,7 +285,54 @@ fn sidecars_of_puts_cut_off_by_a_crash_are_removed_at_the_next_open() {
 }
 
 #[test]
-fn verify_reports_damaged_sidecars_and_payload_checksums() {
+fn gc_compacts_the_journal_to_one_entry_per_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.lv");
+    let store = Store::open(&path, Mode::Append).unwrap();
+    for i in 0..200 {
+        store
+            .put(
+                &format!("k{}", i % 10),
+                meta(json!({"i": i})),
+                Value::Null,
+                &[],
+                Some(b"p"),
+            )
+            .unwrap();
+    }
+    store.delete("k3").unwrap();
+    store.close().unwrap();
+    let store = Store::open(&path, Mode::Append).unwrap();
+    store
+        .put("new", meta(json!({})), Value::Null, &[], None)
+        .unwrap();
+    let before: u64 = journal::segments(&path)
+        .unwrap()
+        .iter()
+        .map(|(_, p)| fs::metadata(p).unwrap().len())
+        .sum();
+    let expected = snapshot(&store);
+    store.gc().unwrap();
+    let segments = journal::segments(&path).unwrap();
+    assert_eq!(segments.len(), 1, "{segments:?}");
+    let after = fs::metadata(&segments[0].1).unwrap().len();
+    assert!(after * 10 < before, "{after} vs {before}");
+    assert!(store.verify().unwrap().is_ok());
+    store
+        .put("later", meta(json!({})), Value::Null, &[], None)
+        .unwrap();
+    store.close().unwrap();
+    fs::remove_dir_all(path.join(INDEX_DIR)).unwrap();
+    let report = Store::repair(&path).unwrap();
+    assert_eq!(report.records, expected.len() as u64 + 1);
+    let store = Store::open(&path, Mode::Append).unwrap();
+    let mut now = snapshot(&store);
+    assert!(now.remove("later").is_some());
+    assert_eq!(now, expected);
+}
+
+#[test]
+fn verify_reports_damaged_journal_entries_and_payload_checksums() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.lv");
     let store = Store::open(&path, Mode::Append).unwrap();
@@ -291,14 +374,17 @@ fn verify_reports_damaged_sidecars_and_payload_checksums() {
     let quick = store.verify_with(false, &mut |_, _| true).unwrap();
     assert!(quick.is_ok(), "without checksums the flip is not seen");
 
-    // A damaged sidecar is a problem too.
-    let side = sidecar_files(&path).pop().unwrap();
-    let mut bytes = fs::read(&side).unwrap();
-    bytes[45] ^= 0x20;
-    fs::write(&side, &bytes).unwrap();
+    // A damaged journal entry is a problem too: the record is not in it.
+    let (_, segment) = journal::segments(&path).unwrap().pop().unwrap();
+    let mut bytes = fs::read(&segment).unwrap();
+    bytes[16 + 45] ^= 0x20;
+    fs::write(&segment, &bytes).unwrap();
     let report = store.verify_with(false, &mut |_, _| true).unwrap();
     assert!(
-        report.problems.iter().any(|p| p.contains("CRC")),
+        report
+            .problems
+            .iter()
+            .any(|p| p.contains("not in the journal")),
         "{:?}",
         report.problems
     );
@@ -330,15 +416,4 @@ fn repair_refuses_what_is_not_a_store_and_a_held_store() {
         Err(Error::Locked { .. })
     ));
     store.close().unwrap();
-}
-
-fn sidecar_files(root: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for sub in fs::read_dir(root.join(sidecar::SIDECAR_DIR)).unwrap() {
-        for f in fs::read_dir(sub.unwrap().path()).unwrap() {
-            out.push(f.unwrap().path());
-        }
-    }
-    out.sort();
-    out
 }

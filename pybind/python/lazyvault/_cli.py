@@ -41,7 +41,7 @@ examples:
   lazyvault show runs.lv run-001             one record: metadata and arrays (no payload read)
   lazyvault verify runs.lv                   check every record against its payload files
   lazyvault gc runs.lv                       remove files no record references
-  lazyvault repair runs.lv                   rebuild a lost or damaged index from the sidecars
+  lazyvault repair runs.lv                   rebuild a lost or damaged index from the journal
 
 exit status: 0 ok, 1 lazyvault error or verify problems, 2 usage error.
 """
@@ -180,7 +180,8 @@ def _cmd_gc(args: argparse.Namespace, out: TextIO) -> int:
     else:
         out.write(
             f"{args.path}: removed {report['removed_files']:,} orphan file(s), "
-            f"{report['removed_bytes']:,} bytes\n"
+            f"{report['removed_bytes']:,} bytes; journal compacted, "
+            f"{report['journal_bytes_freed']:,} bytes freed\n"
         )
     return 0
 
@@ -192,7 +193,7 @@ def _cmd_repair(args: argparse.Namespace, out: TextIO) -> int:
         return 0
     out.write(
         f"{args.path}: index rebuilt: {report['records']:,} records from "
-        f"{report['sidecars']:,} sidecar file(s) ({report['superseded']:,} superseded)\n"
+        f"{report['entries']:,} journal entries\n"
     )
     if report["moved_index"]:
         out.write(f"  the old index was moved to {report['moved_index']} (remove it when done)\n")
@@ -298,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add(
         "repair",
-        "rebuild a lost or damaged index from the record sidecars (the old index is moved "
+        "rebuild a lost or damaged index from the record journal (the old index is moved "
         "aside, nothing is deleted)",
         "lazyvault repair runs.lv && lazyvault verify runs.lv && lazyvault gc runs.lv",
         _cmd_repair,

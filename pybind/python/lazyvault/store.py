@@ -328,14 +328,15 @@ class Store(MutableMapping[str, Record]):
         self.close()
 
     def verify(self, *, checksums: bool = True, progress: ProgressArg = None) -> dict[str, Any]:
-        """Checks every record against its payload files and its sidecar.
+        """Checks every record against its payload files and the journal.
 
-        For each record: the sidecar exists, is intact (CRC-32) and holds
-        the same record; each payload exists, its ``.npy`` header agrees with
+        For each record: each payload exists, its ``.npy`` header agrees with
         the record and the file holds all the data; with ``checksums`` (the
         default) the data is also hashed against the XXH3-64 checksum
-        recorded at write time, which reads every payload byte. Files no
-        record references are listed as orphans (``gc()`` removes them).
+        recorded at write time, which reads every payload byte. The latest
+        journal entry of each key must be its record, and no record may be
+        in the journal alone. Files no record references are listed as
+        orphans (``gc()`` removes them).
 
         ``progress``: a tqdm bar when None and interactive, or True; False
         for none; or a callable ``f(done, total)`` (records).
@@ -350,24 +351,26 @@ class Store(MutableMapping[str, Record]):
             return self._core.verify(checksums, callback)
 
     def gc(self) -> dict[str, int]:
-        """Removes payload and sidecar files no record references (left by a
-        crash or an overwrite) and temporary files. Flushes first.
-        Returns ``{"removed_files": n, "removed_bytes": n}``."""
+        """Removes payload and temporary files no record references (left by
+        a crash or an overwrite) and compacts the record journal to one entry
+        per record. Flushes first. Returns ``{"removed_files": n,
+        "removed_bytes": n, "journal_bytes_freed": n}``."""
         return self._core.gc()
 
     @staticmethod
     def repair(path: str | os.PathLike[str]) -> dict[str, Any]:
-        """Rebuilds a lost or damaged index from the store's record sidecars.
+        """Rebuilds a lost or damaged index from the store's record journal.
 
-        Every put writes its record (key, metadata JSON, pickled remainder)
-        to a sidecar file before the index entry, so the index is derived
-        data (DESIGN.md invariant 7). ``repair`` takes the store's lock,
-        moves the old index directory aside to ``index.damaged-<n>`` (never
-        deleting it), and keeps for each key the newest sidecar that is
-        intact and whose payloads are present with matching headers. Unused
-        files stay in place; run ``gc()`` once the store checks out.
+        Every put and delete is appended to the journal (``journal/``) before
+        its index entry, and ``flush()`` makes the journal durable before the
+        index, so the index is derived data (DESIGN.md invariant 7).
+        ``repair`` takes the store's lock, moves the old index directory
+        aside to ``index.damaged-<n>`` (never deleting it), replays the
+        journal keeping each key's latest version (a version whose payloads
+        are missing or damaged gives way to the previous one; deleted keys
+        stay deleted), and rebuilds the secondary indexes.
 
-        Returns ``{"records": n, "sidecars": n, "superseded": n, "skipped":
+        Returns ``{"records": n, "entries": n, "skipped": [str], "indexes":
         [str], "moved_index": path or None}``. Raises ``StoreNotFoundError``,
         ``NotAStoreError``, or ``StoreLockedError`` while a Store holds it.
         """

@@ -1,0 +1,384 @@
+//! Maintenance of a store: `gc` (orphan payloads, journal compaction),
+//! `verify` (records against payloads and the journal) and `repair`
+//! (rebuilding the index from the journal).
+
+use std::collections::{HashMap, HashSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use lazyvault_schema::{ArrayEntry, Manifest, Record, MANIFEST_FILE, PAYLOAD_DIR};
+use serde_json::Value;
+
+use super::{GcReport, RepairReport, Store, VerifyReport, INDEXES_FILE, INDEX_DIR};
+use crate::error::{Error, Result};
+use crate::fsio;
+use crate::index::Index;
+use crate::journal::{self, Change, JournalWriter, Position, JOURNAL_DIR};
+use crate::payload::{self, TMP_SUFFIX};
+
+/// One version of a key in the journal.
+type Version = Change;
+
+/// The journal replayed: every version of every key, oldest first.
+#[derive(Default)]
+struct Replay {
+    versions: HashMap<String, Vec<Version>>,
+    entries: u64,
+    /// Torn or damaged segment tails (replay of that segment stops there).
+    torn: Vec<String>,
+    /// The end of the last entry replayed.
+    end: Option<Position>,
+}
+
+/// Replays the journal of `root` up to `committed` (every segment after
+/// its segment is ignored, and that segment is read up to its offset);
+/// everything when `None`.
+fn replay(root: &Path, committed: Option<Position>) -> Result<Replay> {
+    let mut out = Replay::default();
+    for (number, path) in journal::segments(root)? {
+        let limit = match committed {
+            Some((segment, _)) if number > segment => continue,
+            Some((segment, end)) if number == segment => Some(end),
+            _ => None,
+        };
+        let read = journal::read_segment(&path, number, limit)?;
+        for (entry, end) in read.entries {
+            out.entries += 1;
+            out.end = Some((number, end));
+            out.versions
+                .entry(entry.key)
+                .or_default()
+                .push(entry.change);
+        }
+        out.torn.extend(read.torn);
+        if out.end.is_none_or(|(n, _)| n != number) {
+            // A segment with no entry still counts as the end (its header).
+            out.end = Some((number, journal::SEGMENT_HEADER_LEN));
+        }
+    }
+    Ok(out)
+}
+
+/// Calls `f(path, file_name, size)` for every file in the subdirectories of
+/// `dir` (the `<2 hex>/` fan-out of `arrays/`); a missing `dir` has none.
+fn walk_two_levels(dir: &Path, mut f: impl FnMut(PathBuf, &str, u64)) -> Result<()> {
+    let Ok(subdirs) = fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for sub in subdirs {
+        let sub = sub.map_err(Error::io(dir))?;
+        if !sub.file_type().map_err(Error::io(sub.path()))?.is_dir() {
+            continue;
+        }
+        for file in fs::read_dir(sub.path()).map_err(Error::io(sub.path()))? {
+            let file = file.map_err(Error::io(sub.path()))?;
+            let name = file.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+            f(file.path(), name, size);
+        }
+    }
+    Ok(())
+}
+
+impl Store {
+    /// Ids of every payload a record references.
+    fn referenced(&self) -> Result<HashSet<String>> {
+        let guard = self.index()?;
+        let mut ids = HashSet::new();
+        guard.as_ref().expect("checked open").scan(|key, bytes| {
+            let record = Record::from_json(bytes)
+                .map_err(|e| Error::corrupt(format!("record {key:?}"), e))?;
+            ids.extend(record.arrays.into_values().map(|a| a.id));
+            Ok(())
+        })?;
+        Ok(ids)
+    }
+
+    /// Files under `arrays/` that no record references: payloads left by a
+    /// crash or an unflushed overwrite, and temporary files.
+    fn orphans(&self, referenced: &HashSet<String>) -> Result<Vec<(PathBuf, u64)>> {
+        let mut out = Vec::new();
+        walk_two_levels(&self.root.join(PAYLOAD_DIR), |path, name, size| {
+            let id = name.strip_suffix(".npy");
+            let temporary = name.ends_with(TMP_SUFFIX) && name.contains(".npy");
+            if temporary || id.is_some_and(|id| !referenced.contains(id)) {
+                out.push((path, size));
+            }
+        })?;
+        out.sort();
+        Ok(out)
+    }
+
+    /// Removes payload and temporary files that no record references, and
+    /// compacts the journal to one entry per record. Flushes first, so
+    /// nothing the durable index still references is removed.
+    pub fn gc(&self) -> Result<GcReport> {
+        if self.mode == super::Mode::ReadOnly {
+            return Err(Error::ReadOnly);
+        }
+        self.flush()?;
+        let mut writer = self.writer()?;
+        let mut report = GcReport::default();
+        self.compact_journal(&mut writer.journal, &mut report)?;
+        let referenced = self.referenced()?;
+        for (path, size) in self.orphans(&referenced)? {
+            fsio::remove_file(&path).map_err(Error::io(&path))?;
+            report.removed_files += 1;
+            report.removed_bytes += size;
+        }
+        Ok(report)
+    }
+
+    /// Writes every record to a new segment, makes it durable and the
+    /// index's position, then removes the older segments. A crash at any
+    /// point leaves a journal that replays to the same records.
+    fn compact_journal(&self, current: &mut JournalWriter, report: &mut GcReport) -> Result<()> {
+        let guard = self.index()?;
+        let index = guard.as_ref().expect("checked open");
+        let old = journal::segments(&self.root)?;
+        current.finish_segment();
+        let number = current.next_number();
+        let mut compact = JournalWriter::new(&self.root, number);
+        compact.start_segment()?;
+        index.scan(|key, record| {
+            let pickle = index.get_pickle(key)?;
+            compact.put(key, record, pickle.as_deref()).map(drop)
+        })?;
+        compact.sync()?;
+        index.set_journal_pos(compact.position().expect("started"))?;
+        index.flush()?;
+        *current = JournalWriter::new(&self.root, number + 1);
+        let mut freed = 0u64;
+        for (_, path) in old {
+            freed += fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            fsio::remove_file(&path).map_err(Error::io(&path))?;
+        }
+        let kept = compact.position().map_or(0, |(_, end)| end);
+        report.journal_bytes_freed = freed.saturating_sub(kept);
+        payload::sync_dir(&self.root.join(JOURNAL_DIR))
+    }
+
+    /// Checks every record against its payloads (present, header matching,
+    /// long enough, and with `checksums` the data hashed against the
+    /// checksum recorded at write time) and against the journal (the latest
+    /// entry of each key is that record; no key is in the journal alone),
+    /// and lists orphan files. `progress(done, total)` is called after each
+    /// record; returning `false` stops the check with [`Error::Cancelled`].
+    pub fn verify_with(
+        &self,
+        checksums: bool,
+        progress: &mut dyn FnMut(u64, u64) -> bool,
+    ) -> Result<VerifyReport> {
+        let guard = self.index()?;
+        let index = guard.as_ref().expect("checked open");
+        let total = index.len()?;
+        let mut report = VerifyReport::default();
+        let mut referenced = HashSet::new();
+        let mut latest: HashMap<String, Version> = replay(&self.root, index.journal_pos()?)?
+            .versions
+            .into_iter()
+            .filter_map(|(k, mut v)| v.pop().map(|last| (k, last)))
+            .collect();
+        index.scan(|key, bytes| {
+            report.records += 1;
+            let pickle = index.get_pickle(key)?;
+            match latest.remove(key) {
+                Some(Change::Put { record, pickle: p }) if record == bytes && p == pickle => {}
+                Some(Change::Put { .. }) => report.problems.push(format!(
+                    "record {key:?}: the journal's latest entry holds a different record \
+                     (`lazyvault repair` rebuilds the index from the journal)"
+                )),
+                Some(Change::Delete) => report
+                    .problems
+                    .push(format!("record {key:?}: the journal says it was deleted")),
+                None => report
+                    .problems
+                    .push(format!("record {key:?}: not in the journal")),
+            }
+            let record = match Record::from_json(bytes) {
+                Ok(r) => r,
+                Err(e) => {
+                    report.problems.push(format!("record {key:?}: {e}"));
+                    return Self::go_on(progress(report.records, total));
+                }
+            };
+            for (name, entry) in &record.arrays {
+                report.arrays += 1;
+                referenced.insert(entry.id.clone());
+                let checked = if checksums {
+                    self.verify_checksum(entry)
+                        .map(|hashed| report.checksummed += u64::from(hashed))
+                } else {
+                    payload::open_payload(&self.root, entry).map(drop)
+                };
+                if let Err(e) = checked {
+                    report
+                        .problems
+                        .push(format!("record {key:?} array {name:?}: {e}"));
+                }
+            }
+            Self::go_on(progress(report.records, total))
+        })?;
+        let mut missing: Vec<&String> = latest
+            .iter()
+            .filter(|(_, v)| matches!(v, Change::Put { .. }))
+            .map(|(k, _)| k)
+            .collect();
+        missing.sort();
+        for key in missing {
+            report.problems.push(format!(
+                "record {key:?}: in the journal but not in the index \
+                 (`lazyvault repair` rebuilds the index from the journal)"
+            ));
+        }
+        drop(guard);
+        let writer = self.writer_lock();
+        for rel in &writer.pending_removal {
+            // Payloads of replaced records, removed at the next flush.
+            let name = rel.rsplit('/').next().unwrap_or_default();
+            if let Some(id) = name.strip_suffix(".npy") {
+                referenced.insert(id.to_owned());
+            }
+        }
+        drop(writer);
+        report.orphans = self
+            .orphans(&referenced)?
+            .into_iter()
+            .map(|(p, _)| p)
+            .collect();
+        Ok(report)
+    }
+
+    /// [`Store::verify_with`] with checksums and no progress reports.
+    pub fn verify(&self) -> Result<VerifyReport> {
+        self.verify_with(true, &mut |_, _| true)
+    }
+
+    fn go_on(proceed: bool) -> Result<()> {
+        if proceed {
+            Ok(())
+        } else {
+            Err(Error::Cancelled)
+        }
+    }
+
+    /// Checks a payload and, if it has a recorded checksum, hashes its data;
+    /// returns whether it hashed.
+    fn verify_checksum(&self, entry: &ArrayEntry) -> Result<bool> {
+        let mapped = payload::map_payload(&self.root, entry)?;
+        let Some(expected) = entry.checksum.as_deref() else {
+            return Ok(false);
+        };
+        if !expected.starts_with(payload::CHECKSUM_PREFIX) {
+            // A newer writer's algorithm: not ours to judge.
+            return Ok(false);
+        }
+        let actual = payload::checksum(mapped.as_bytes());
+        if actual != expected {
+            return Err(Error::corrupt(
+                format!("payload {}", self.root.join(entry.relpath()).display()),
+                format!("data checksum is {actual}, the record says {expected}"),
+            ));
+        }
+        Ok(true)
+    }
+
+    /// Rebuilds the index of the store at `path` from its record journal
+    /// and payloads (DESIGN.md invariant 7), for a lost or damaged index.
+    ///
+    /// Takes the store's lock; moves the old index directory aside (to
+    /// `index.damaged-<n>`, never deleted); replays the journal (each
+    /// segment up to its first torn or damaged entry); for each key keeps
+    /// its latest version, or none if that is a delete; a version whose
+    /// payloads are missing or do not match their record is skipped for the
+    /// key's previous one. Then writes and flushes a new index, with the
+    /// secondary indexes `indexes.json` lists. Changes cut off by a crash
+    /// after their journal entry was written come back as if they had
+    /// finished (one of the two outcomes a crash may have).
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] / [`Error::NotAStore`] for a path that is not a
+    /// store, [`Error::Locked`] while a `Store` holds it, I/O errors.
+    pub fn repair(path: impl AsRef<Path>) -> Result<RepairReport> {
+        let root = path.as_ref().to_owned();
+        if !root.is_dir() {
+            return Err(Error::NotFound(root));
+        }
+        let manifest_path = root.join(MANIFEST_FILE);
+        if !manifest_path.is_file() {
+            return Err(Error::NotAStore(root));
+        }
+        let bytes = fs::read(&manifest_path).map_err(Error::io(&manifest_path))?;
+        Manifest::from_json(&bytes).map_err(|source| Error::Format {
+            path: manifest_path.clone(),
+            source,
+        })?;
+        let lock_file = Self::lock(&root)?;
+        let mut report = RepairReport::default();
+        let index_dir = root.join(INDEX_DIR);
+        if fs::symlink_metadata(&index_dir).is_ok() {
+            let moved = (1u32..)
+                .map(|n| root.join(format!("{INDEX_DIR}.damaged-{n}")))
+                .find(|p| fs::symlink_metadata(p).is_err())
+                .expect("a free name");
+            fs::rename(&index_dir, &moved).map_err(Error::io(&moved))?;
+            payload::sync_dir(&root)?;
+            report.moved_index = Some(moved);
+        }
+        let replayed = replay(&root, None)?;
+        report.entries = replayed.entries;
+        report.skipped.extend(replayed.torn);
+        let index = Index::open(&index_dir)?;
+        let mut keys: Vec<_> = replayed.versions.into_iter().collect();
+        keys.sort_by(|a, b| a.0.cmp(&b.0));
+        let end = replayed.end.unwrap_or((0, journal::SEGMENT_HEADER_LEN));
+        for (key, versions) in keys {
+            for version in versions.into_iter().rev() {
+                let Change::Put { record, pickle } = version else {
+                    break; // deleted: the key stays absent
+                };
+                match Self::payloads_usable(&root, &key, &record) {
+                    Ok(()) => {
+                        index.put(&key, &record, pickle.as_deref(), end)?;
+                        report.records += 1;
+                        break;
+                    }
+                    Err(e) => report.skipped.push(e.to_string()),
+                }
+            }
+        }
+        index.set_journal_pos(end)?;
+        let list_path = root.join(INDEXES_FILE);
+        if let Ok(text) = fs::read(&list_path) {
+            let names: Vec<String> = serde_json::from_slice::<Value>(&text)
+                .ok()
+                .and_then(|v| serde_json::from_value(v.get("indexes")?.clone()).ok())
+                .ok_or_else(|| {
+                    Error::corrupt(list_path.display().to_string(), "not a list of indexes")
+                })?;
+            for name in names {
+                let segs = crate::secondary::parse_field(&name)
+                    .map_err(|e| Error::corrupt(list_path.display().to_string(), e))?;
+                index.create_index(&name, segs)?;
+                report.indexes.push(name);
+            }
+        }
+        index.flush()?;
+        drop(index);
+        drop(lock_file);
+        Ok(report)
+    }
+
+    /// Checks that a record version decodes and that its payloads are all
+    /// present with headers and sizes matching it.
+    fn payloads_usable(root: &Path, key: &str, record: &[u8]) -> Result<()> {
+        let record = Record::from_json(record)
+            .map_err(|e| Error::corrupt(format!("journal record {key:?}"), e))?;
+        for (name, entry) in &record.arrays {
+            payload::open_payload(root, entry)
+                .map_err(|e| Error::corrupt(format!("journal record {key:?} array {name:?}"), e))?;
+        }
+        Ok(())
+    }
+}
