@@ -262,34 +262,44 @@ impl Store {
             }
         }
         let lock_file = Self::lock(&root)?;
-        if has_manifest {
+        let index_dir = root.join(INDEX_DIR);
+        let index = if has_manifest {
             let bytes = fs::read(&manifest_path).map_err(Error::io(&manifest_path))?;
             Manifest::from_json(&bytes).map_err(|source| Error::Format {
                 path: manifest_path.clone(),
                 source,
             })?;
+            if !index_dir.is_dir() {
+                // Never recreate it silently: an empty index would make gc()
+                // delete every payload.
+                return Err(Error::corrupt(
+                    format!("store {}", root.display()),
+                    format!(
+                        "the index directory {} is missing; `lazyvault repair {}` rebuilds it \
+                         from the record journal",
+                        index_dir.display(),
+                        root.display()
+                    ),
+                ));
+            }
+            Index::open(&index_dir)?
         } else {
+            // Creating: everything else first, the manifest last, so that a
+            // crash at any point leaves a directory without a manifest, which
+            // is created again from scratch. An index left by such a crash
+            // may be torn (sled writes its files without a temporary name).
+            if fs::symlink_metadata(&index_dir).is_ok() {
+                fs::remove_dir_all(&index_dir).map_err(Error::io(&index_dir))?;
+            }
             for dir in [PAYLOAD_DIR, JOURNAL_DIR] {
                 fs::create_dir_all(root.join(dir)).map_err(Error::io(&root))?;
             }
+            let index = Index::open(&index_dir)?;
+            index.flush()?;
             let manifest = Manifest::new(format!("lazyvault {}", env!("CARGO_PKG_VERSION")));
             write_file_durably(&manifest_path, &manifest.to_json())?;
-        }
-        let index_dir = root.join(INDEX_DIR);
-        if has_manifest && !index_dir.is_dir() {
-            // Never recreate it silently: an empty index would make gc()
-            // delete every payload.
-            return Err(Error::corrupt(
-                format!("store {}", root.display()),
-                format!(
-                    "the index directory {} is missing; `lazyvault repair {}` rebuilds it \
-                     from the record journal",
-                    index_dir.display(),
-                    root.display()
-                ),
-            ));
-        }
-        let index = Index::open(&index_dir)?;
+            index
+        };
         let next_segment = if mode == Mode::ReadOnly {
             0
         } else {
@@ -346,15 +356,17 @@ impl Store {
     }
 
     /// Whether `root` holds nothing, or only what an interrupted creation
-    /// leaves before the manifest is in place (lock file, empty payload
-    /// directory, temporary manifest): then creating the store is safe.
+    /// leaves before the manifest is in place (lock file, empty payload and
+    /// journal directories, an index, a temporary manifest): then creating
+    /// the store is safe. Payloads or journal entries mean a store that lost
+    /// its manifest: refused, never overwritten.
     fn is_empty_or_unfinished(root: &Path) -> Result<bool> {
         let tmp_manifest = format!("{MANIFEST_FILE}{TMP_SUFFIX}");
         for entry in fs::read_dir(root).map_err(Error::io(root))? {
             let entry = entry.map_err(Error::io(root))?;
             let name = entry.file_name();
             let ours = match name.to_str() {
-                Some(n) if n == LOCK_FILE || n == tmp_manifest => true,
+                Some(n) if n == LOCK_FILE || n == tmp_manifest || n == INDEX_DIR => true,
                 Some(PAYLOAD_DIR | JOURNAL_DIR) => fs::read_dir(entry.path())
                     .map(|mut d| d.next().is_none())
                     .unwrap_or(false),
