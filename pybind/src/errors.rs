@@ -31,7 +31,16 @@ pub fn to_pyerr(err: Error) -> PyErr {
         let msg = err.to_string();
         match &err {
             Error::Io { path, source } => {
-                let errno = source.raw_os_error().unwrap_or(0);
+                // sled rebuilds some errors from their kind alone: recover
+                // the errno Python code tests for.
+                let errno = source.raw_os_error().unwrap_or(match source.kind() {
+                    std::io::ErrorKind::StorageFull => libc_errno::ENOSPC,
+                    std::io::ErrorKind::PermissionDenied => libc_errno::EACCES,
+                    std::io::ErrorKind::NotFound => libc_errno::ENOENT,
+                    std::io::ErrorKind::ReadOnlyFilesystem => libc_errno::EROFS,
+                    std::io::ErrorKind::QuotaExceeded => libc_errno::EDQUOT,
+                    _ => libc_errno::EIO,
+                });
                 raise(
                     py,
                     "StorageError",
@@ -106,6 +115,17 @@ pub fn to_pyerr(err: Error) -> PyErr {
             _ => raise(py, "LazyvaultError", (msg,), &[]),
         }
     })
+}
+
+/// The errno values of the kinds above (Linux numbering, as Python's
+/// `errno` module on Linux).
+mod libc_errno {
+    pub const ENOENT: i32 = 2;
+    pub const EIO: i32 = 5;
+    pub const EACCES: i32 = 13;
+    pub const ENOSPC: i32 = 28;
+    pub const EROFS: i32 = 30;
+    pub const EDQUOT: i32 = 122;
 }
 
 /// `Result` of the engine into `PyResult`.

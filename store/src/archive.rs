@@ -19,11 +19,13 @@
 //! ([`write_archive_file`]), or into memory ([`write_archive_bytes`]), and
 //! every member's offsets are verified after writing.
 
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
-use std::io::{BufWriter, Cursor, Read, Seek, Write};
+use std::io::{BufWriter, Cursor, Read, Seek, SeekFrom, Write};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 use lazyvault_schema::{ArrayEntry, Manifest, Record};
 use memmap2::Mmap;
@@ -353,9 +355,14 @@ impl<W: Write + Seek> ArchiveWriter<W> {
         for (name, body) in [(RECORDS_MEMBER, &lines), (MANIFEST_MEMBER, &manifest_json)] {
             let options = self.member_options(body.len() as u64);
             let started = self.zip.start_file(name, options);
-            started.map_err(|e| self.zip_err(e))?;
-            let written = self.zip.write_all(body);
-            written.map_err(|e| self.io_err(e))?;
+            let written = started
+                .map_err(|e| self.zip_err(e))
+                .and_then(|()| self.zip.write_all(body).map_err(|e| self.io_err(e)));
+            if let Err(e) = written {
+                // zip's Drop would try to finish and print its failure.
+                std::mem::forget(self);
+                return Err(e);
+            }
         }
         let target = self.target.clone();
         self.zip.finish().map_err(|e| match e {
@@ -375,7 +382,7 @@ impl<W: Write + Seek> ArchiveWriter<W> {
 /// file there is untouched) and the temporary file is removed.
 pub fn write_archive_file(
     path: &Path,
-    fill: impl FnOnce(&mut ArchiveWriter<BufWriter<File>>) -> Result<()>,
+    fill: impl FnOnce(&mut ArchiveWriter<ArchiveFile>) -> Result<()>,
 ) -> Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
@@ -401,11 +408,24 @@ pub fn write_archive_file(
             .create_new(true)
             .open(&tmp)
             .map_err(Error::io(&tmp))?;
-        let mut writer =
-            ArchiveWriter::new(BufWriter::with_capacity(1 << 20, file), path.to_owned());
-        fill(&mut writer)?;
-        let file = writer
-            .finish()?
+        let shared = Rc::new(RefCell::new(Some(BufWriter::with_capacity(1 << 20, file))));
+        let mut writer = ArchiveWriter::new(ArchiveFile(Rc::clone(&shared)), path.to_owned());
+        let filled = fill(&mut writer);
+        let finished = match filled {
+            Ok(()) => writer.finish().map(drop),
+            Err(e) => {
+                // zip's Drop would try to finish the archive and print its
+                // failure to stderr: close the file (freeing its space once
+                // removed below), then forget the writer's small remains.
+                shared.borrow_mut().take();
+                std::mem::forget(writer);
+                Err(e)
+            }
+        };
+        let buffered = shared.borrow_mut().take();
+        finished?;
+        let file = buffered
+            .expect("finish leaves the file")
             .into_inner()
             .map_err(|e| Error::io(&tmp)(e.into_error()))?;
         file.sync_all().map_err(Error::io(&tmp))?;
@@ -420,6 +440,37 @@ pub fn write_archive_file(
         let _ = fs::remove_file(&tmp);
     }
     result
+}
+
+/// The file [`write_archive_file`] writes through: it can be closed while
+/// the zip writer that owns this handle is still alive (after an error).
+pub struct ArchiveFile(Rc<RefCell<Option<BufWriter<File>>>>);
+
+impl ArchiveFile {
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<T>,
+    ) -> std::io::Result<T> {
+        match self.0.borrow_mut().as_mut() {
+            Some(w) => f(w),
+            None => Err(std::io::Error::other("archive file closed after an error")),
+        }
+    }
+}
+
+impl Write for ArchiveFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.with(|w| w.write(buf))
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.with(Write::flush)
+    }
+}
+
+impl Seek for ArchiveFile {
+    fn seek(&mut self, pos: SeekFrom) -> std::io::Result<u64> {
+        self.with(|w| w.seek(pos))
+    }
 }
 
 /// Where [`write_archive_into`] and [`archive_size`] write: a counter of

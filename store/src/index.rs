@@ -63,10 +63,10 @@ fn encode_pos((segment, offset): Position) -> [u8; 16] {
     b
 }
 
-fn injected(e: std::io::Error) -> Error {
-    Error::Io {
-        path: "index".into(),
-        source: e,
+fn injected(dir: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
+    move |source| Error::Io {
+        path: dir.to_owned(),
+        source,
     }
 }
 
@@ -77,18 +77,19 @@ fn prefixed(prefix: u8, key: &str) -> Vec<u8> {
     k
 }
 
-fn index_err(e: sled::Error) -> Error {
-    match e {
+/// Maps sled's errors for the index in `dir`.
+fn index_err(dir: &Path) -> impl Fn(sled::Error) -> Error + '_ {
+    move |e| match e {
         sled::Error::Corruption { .. } => Error::corrupt(
-            "index",
+            format!("index {}", dir.display()),
             format!("{e}; `lazyvault repair PATH` rebuilds it from the record journal"),
         ),
         // Keep the errno (ENOSPC, EIO) for the caller.
         sled::Error::Io(source) => Error::Io {
-            path: "index".into(),
+            path: dir.to_owned(),
             source,
         },
-        other => Error::Index(other.to_string()),
+        other => Error::Index(format!("{}: {other}", dir.display())),
     }
 }
 
@@ -96,6 +97,7 @@ fn index_err(e: sled::Error) -> Error {
 /// lock is released only when the last handle drops, so exactly one owner
 /// holds it.
 pub(crate) struct Index {
+    dir: std::path::PathBuf,
     db: sled::Db,
     tree: sled::Tree,
     /// The secondary indexes, loaded at open.
@@ -146,10 +148,10 @@ impl Index {
             ),
             other => Error::Index(format!("{}: {other}{repair_hint}", dir.display())),
         })?;
-        let tree = db.open_tree("lazyvault").map_err(index_err)?;
+        let tree = db.open_tree("lazyvault").map_err(index_err(dir))?;
         let mut defs = Vec::new();
         for item in tree.scan_prefix(INDEX_DEF) {
-            let (k, _) = item.map_err(index_err)?;
+            let (k, _) = item.map_err(index_err(dir))?;
             let name = std::str::from_utf8(&k[INDEX_DEF.len()..])
                 .map_err(|_| Error::corrupt("index", "an index name is not UTF-8"))?;
             let segs = secondary::parse_field(name).map_err(|e| Error::corrupt("index", e))?;
@@ -159,6 +161,7 @@ impl Index {
             });
         }
         Ok(Index {
+            dir: dir.to_owned(),
             db,
             tree,
             defs: RwLock::new(defs),
@@ -170,7 +173,7 @@ impl Index {
         Ok(self
             .tree
             .get(prefixed(RECORD, key))
-            .map_err(index_err)?
+            .map_err(index_err(&self.dir))?
             .map(|v| v.to_vec()))
     }
 
@@ -179,18 +182,18 @@ impl Index {
         Ok(self
             .tree
             .get(prefixed(PICKLE, key))
-            .map_err(index_err)?
+            .map_err(index_err(&self.dir))?
             .map(|v| v.to_vec()))
     }
 
     pub(crate) fn contains(&self, key: &str) -> Result<bool> {
         self.tree
             .contains_key(prefixed(RECORD, key))
-            .map_err(index_err)
+            .map_err(index_err(&self.dir))
     }
 
     pub(crate) fn len(&self) -> Result<u64> {
-        match self.tree.get(COUNT).map_err(index_err)? {
+        match self.tree.get(COUNT).map_err(index_err(&self.dir))? {
             Some(v) => decode_u64(&v, "the record count"),
             None => Ok(0),
         }
@@ -199,7 +202,7 @@ impl Index {
     /// The journal position after the last change this index holds, if
     /// any change was ever made.
     pub(crate) fn journal_pos(&self) -> Result<Option<Position>> {
-        match self.tree.get(JOURNAL_POS).map_err(index_err)? {
+        match self.tree.get(JOURNAL_POS).map_err(index_err(&self.dir))? {
             Some(v) if v.len() == 16 => Ok(Some((
                 decode_u64(&v[..8], "the journal position")?,
                 decode_u64(&v[8..], "the journal position")?,
@@ -216,7 +219,7 @@ impl Index {
     pub(crate) fn set_journal_pos(&self, pos: Position) -> Result<()> {
         self.tree
             .insert(JOURNAL_POS, &encode_pos(pos))
-            .map_err(index_err)?;
+            .map_err(index_err(&self.dir))?;
         Ok(())
     }
 
@@ -230,9 +233,9 @@ impl Index {
         pickle: Option<&[u8]>,
         pos: Position,
     ) -> Result<Option<Vec<u8>>> {
-        fault::check("index", std::path::Path::new(key)).map_err(injected)?;
+        fault::check("index", std::path::Path::new(key)).map_err(injected(&self.dir))?;
         let rkey = prefixed(RECORD, key);
-        let old = self.tree.get(&rkey).map_err(index_err)?;
+        let old = self.tree.get(&rkey).map_err(index_err(&self.dir))?;
         let mut batch = sled::Batch::default();
         batch.insert(rkey, record);
         match pickle {
@@ -244,16 +247,16 @@ impl Index {
             batch.insert(COUNT, &(self.len()? + 1).to_le_bytes());
         }
         batch.insert(JOURNAL_POS, &encode_pos(pos));
-        self.tree.apply_batch(batch).map_err(index_err)?;
+        self.tree.apply_batch(batch).map_err(index_err(&self.dir))?;
         Ok(old.map(|v| v.to_vec()))
     }
 
     /// Removes `key`, whose delete entry in the journal ends at `pos`;
     /// returns its record if it was there.
     pub(crate) fn remove(&self, key: &str, pos: Position) -> Result<Option<Vec<u8>>> {
-        fault::check("index", std::path::Path::new(key)).map_err(injected)?;
+        fault::check("index", std::path::Path::new(key)).map_err(injected(&self.dir))?;
         let rkey = prefixed(RECORD, key);
-        let Some(old) = self.tree.get(&rkey).map_err(index_err)? else {
+        let Some(old) = self.tree.get(&rkey).map_err(index_err(&self.dir))? else {
             return Ok(None);
         };
         let mut batch = sled::Batch::default();
@@ -262,7 +265,7 @@ impl Index {
         self.update_entries(&mut batch, key, Some(&old), None);
         batch.insert(COUNT, &self.len()?.saturating_sub(1).to_le_bytes());
         batch.insert(JOURNAL_POS, &encode_pos(pos));
-        self.tree.apply_batch(batch).map_err(index_err)?;
+        self.tree.apply_batch(batch).map_err(index_err(&self.dir))?;
         Ok(Some(old.to_vec()))
     }
 
@@ -332,14 +335,14 @@ impl Index {
                 if pending == BUILD_BATCH {
                     self.tree
                         .apply_batch(std::mem::take(&mut batch))
-                        .map_err(index_err)?;
+                        .map_err(index_err(&self.dir))?;
                     pending = 0;
                 }
             }
             Ok(())
         })?;
         batch.insert([INDEX_DEF, name.as_bytes()].concat(), &[]);
-        self.tree.apply_batch(batch).map_err(index_err)?;
+        self.tree.apply_batch(batch).map_err(index_err(&self.dir))?;
         self.defs
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -360,7 +363,7 @@ impl Index {
         };
         self.tree
             .remove([INDEX_DEF, name.as_bytes()].concat())
-            .map_err(index_err)?;
+            .map_err(index_err(&self.dir))?;
         self.clear_entries(name)?;
         Ok(existed)
     }
@@ -369,17 +372,17 @@ impl Index {
         let mut batch = sled::Batch::default();
         let mut pending = 0;
         for item in self.tree.scan_prefix(secondary::field_prefix(name)) {
-            let (k, _) = item.map_err(index_err)?;
+            let (k, _) = item.map_err(index_err(&self.dir))?;
             batch.remove(k);
             pending += 1;
             if pending == BUILD_BATCH {
                 self.tree
                     .apply_batch(std::mem::take(&mut batch))
-                    .map_err(index_err)?;
+                    .map_err(index_err(&self.dir))?;
                 pending = 0;
             }
         }
-        self.tree.apply_batch(batch).map_err(index_err)
+        self.tree.apply_batch(batch).map_err(index_err(&self.dir))
     }
 
     /// Keys whose `field` entry falls in `lookup`, sorted, without
@@ -389,7 +392,7 @@ impl Index {
         let mut keys = Vec::new();
         for (start, end) in secondary::ranges(field, lookup) {
             for item in self.tree.range(start..end) {
-                let (k, _) = item.map_err(index_err)?;
+                let (k, _) = item.map_err(index_err(&self.dir))?;
                 let key = secondary::entry_key(&k[skip..]).ok_or_else(|| {
                     Error::corrupt("index", "a secondary index entry is malformed")
                 })?;
@@ -405,7 +408,7 @@ impl Index {
     /// order, which is Unicode code point order). Stops at the first error.
     pub(crate) fn scan(&self, mut f: impl FnMut(&str, &[u8]) -> Result<()>) -> Result<()> {
         for item in self.tree.scan_prefix([RECORD]) {
-            let (k, v) = item.map_err(index_err)?;
+            let (k, v) = item.map_err(index_err(&self.dir))?;
             let key = std::str::from_utf8(&k[1..])
                 .map_err(|_| Error::corrupt("index", "a key is not UTF-8"))?;
             f(key, &v)?;
@@ -415,8 +418,8 @@ impl Index {
 
     /// Makes every change so far durable.
     pub(crate) fn flush(&self) -> Result<()> {
-        fault::check("index-flush", std::path::Path::new("index")).map_err(injected)?;
-        self.db.flush().map_err(index_err)?;
+        fault::check("index-flush", std::path::Path::new("index")).map_err(injected(&self.dir))?;
+        self.db.flush().map_err(index_err(&self.dir))?;
         Ok(())
     }
 }

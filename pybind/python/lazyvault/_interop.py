@@ -1025,9 +1025,12 @@ def _atomic_output(path: str) -> Iterator[IO[bytes]]:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(e, OSError) and not isinstance(e, LazyvaultError):
+            # a full disk or an I/O error: the same class as the store's own
+            raise StorageError(e.errno, e.strerror, e.filename or str(target)) from e
         raise
 
 

@@ -172,6 +172,9 @@ impl Store {
     ) -> Result<VerifyReport> {
         let guard = self.index()?;
         let index = guard.as_ref().expect("checked open");
+        // Writers wait: a flush must not unlink a payload this scan has seen
+        // in the index but not yet opened.
+        let writer = self.writer_lock();
         let total = index.len()?;
         let mut report = VerifyReport::default();
         let mut referenced = HashSet::new();
@@ -232,8 +235,6 @@ impl Store {
                  (`lazyvault repair` rebuilds the index from the journal)"
             ));
         }
-        drop(guard);
-        let writer = self.writer_lock();
         for rel in &writer.pending_removal {
             // Payloads of replaced records, removed at the next flush.
             let name = rel.rsplit('/').next().unwrap_or_default();
@@ -241,12 +242,13 @@ impl Store {
                 referenced.insert(id.to_owned());
             }
         }
-        drop(writer);
         report.orphans = self
             .orphans(&referenced)?
             .into_iter()
             .map(|(p, _)| p)
             .collect();
+        drop(writer);
+        drop(guard);
         Ok(report)
     }
 
