@@ -98,6 +98,11 @@ fn index_err(dir: &Path) -> impl Fn(sled::Error) -> Error + '_ {
 /// holds it.
 pub(crate) struct Index {
     dir: std::path::PathBuf,
+    /// sled reported an I/O error (a full disk): its state may be stuck,
+    /// and its flush can block forever (see `Store::close`).
+    io_failed: std::sync::atomic::AtomicBool,
+    /// The errno of that error (0 if it had none).
+    io_errno: std::sync::atomic::AtomicI32,
     db: sled::Db,
     tree: sled::Tree,
     /// The secondary indexes, loaded at open.
@@ -162,10 +167,58 @@ impl Index {
         }
         Ok(Index {
             dir: dir.to_owned(),
+            io_failed: std::sync::atomic::AtomicBool::new(false),
+            io_errno: std::sync::atomic::AtomicI32::new(0),
             db,
             tree,
             defs: RwLock::new(defs),
         })
+    }
+
+    /// Maps sled's errors, noting I/O failures.
+    fn err(&self) -> impl Fn(sled::Error) -> Error + '_ {
+        move |e| {
+            if let sled::Error::Io(io) = &e {
+                let errno = io.raw_os_error().unwrap_or(match io.kind() {
+                    std::io::ErrorKind::StorageFull => 28,
+                    _ => 5,
+                });
+                let _ = self.io_errno.compare_exchange(
+                    0,
+                    errno,
+                    std::sync::atomic::Ordering::SeqCst,
+                    std::sync::atomic::Ordering::SeqCst,
+                );
+                self.io_failed
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            index_err(&self.dir)(e)
+        }
+    }
+
+    /// The error for writes after sled failed to write (a full disk): sled
+    /// 0.34 does not recover from it in the same session. An I/O error of
+    /// the same kind as the first one, so callers see a storage error.
+    pub(crate) fn stuck_error(&self) -> Error {
+        let errno = self.io_errno.load(std::sync::atomic::Ordering::SeqCst);
+        let kind = std::io::Error::from_raw_os_error(errno).kind();
+        Error::Io {
+            path: self.dir.clone(),
+            source: std::io::Error::new(
+                kind,
+                format!(
+                    "an earlier index write failed ({}) and sled cannot recover from it in \
+                     this session: close the store and open it again; everything flushed \
+                     before is safe",
+                    std::io::Error::from_raw_os_error(errno)
+                ),
+            ),
+        }
+    }
+
+    /// Whether sled has reported an I/O error since the index was opened.
+    pub(crate) fn io_failed(&self) -> bool {
+        self.io_failed.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The record JSON of `key`.
@@ -173,7 +226,7 @@ impl Index {
         Ok(self
             .tree
             .get(prefixed(RECORD, key))
-            .map_err(index_err(&self.dir))?
+            .map_err(self.err())?
             .map(|v| v.to_vec()))
     }
 
@@ -182,18 +235,18 @@ impl Index {
         Ok(self
             .tree
             .get(prefixed(PICKLE, key))
-            .map_err(index_err(&self.dir))?
+            .map_err(self.err())?
             .map(|v| v.to_vec()))
     }
 
     pub(crate) fn contains(&self, key: &str) -> Result<bool> {
         self.tree
             .contains_key(prefixed(RECORD, key))
-            .map_err(index_err(&self.dir))
+            .map_err(self.err())
     }
 
     pub(crate) fn len(&self) -> Result<u64> {
-        match self.tree.get(COUNT).map_err(index_err(&self.dir))? {
+        match self.tree.get(COUNT).map_err(self.err())? {
             Some(v) => decode_u64(&v, "the record count"),
             None => Ok(0),
         }
@@ -202,7 +255,7 @@ impl Index {
     /// The journal position after the last change this index holds, if
     /// any change was ever made.
     pub(crate) fn journal_pos(&self) -> Result<Option<Position>> {
-        match self.tree.get(JOURNAL_POS).map_err(index_err(&self.dir))? {
+        match self.tree.get(JOURNAL_POS).map_err(self.err())? {
             Some(v) if v.len() == 16 => Ok(Some((
                 decode_u64(&v[..8], "the journal position")?,
                 decode_u64(&v[8..], "the journal position")?,
@@ -219,7 +272,7 @@ impl Index {
     pub(crate) fn set_journal_pos(&self, pos: Position) -> Result<()> {
         self.tree
             .insert(JOURNAL_POS, &encode_pos(pos))
-            .map_err(index_err(&self.dir))?;
+            .map_err(self.err())?;
         Ok(())
     }
 
@@ -235,7 +288,7 @@ impl Index {
     ) -> Result<Option<Vec<u8>>> {
         fault::check("index", std::path::Path::new(key)).map_err(injected(&self.dir))?;
         let rkey = prefixed(RECORD, key);
-        let old = self.tree.get(&rkey).map_err(index_err(&self.dir))?;
+        let old = self.tree.get(&rkey).map_err(self.err())?;
         let mut batch = sled::Batch::default();
         batch.insert(rkey, record);
         match pickle {
@@ -247,7 +300,7 @@ impl Index {
             batch.insert(COUNT, &(self.len()? + 1).to_le_bytes());
         }
         batch.insert(JOURNAL_POS, &encode_pos(pos));
-        self.tree.apply_batch(batch).map_err(index_err(&self.dir))?;
+        self.tree.apply_batch(batch).map_err(self.err())?;
         Ok(old.map(|v| v.to_vec()))
     }
 
@@ -256,7 +309,7 @@ impl Index {
     pub(crate) fn remove(&self, key: &str, pos: Position) -> Result<Option<Vec<u8>>> {
         fault::check("index", std::path::Path::new(key)).map_err(injected(&self.dir))?;
         let rkey = prefixed(RECORD, key);
-        let Some(old) = self.tree.get(&rkey).map_err(index_err(&self.dir))? else {
+        let Some(old) = self.tree.get(&rkey).map_err(self.err())? else {
             return Ok(None);
         };
         let mut batch = sled::Batch::default();
@@ -265,7 +318,7 @@ impl Index {
         self.update_entries(&mut batch, key, Some(&old), None);
         batch.insert(COUNT, &self.len()?.saturating_sub(1).to_le_bytes());
         batch.insert(JOURNAL_POS, &encode_pos(pos));
-        self.tree.apply_batch(batch).map_err(index_err(&self.dir))?;
+        self.tree.apply_batch(batch).map_err(self.err())?;
         Ok(Some(old.to_vec()))
     }
 
@@ -335,14 +388,14 @@ impl Index {
                 if pending == BUILD_BATCH {
                     self.tree
                         .apply_batch(std::mem::take(&mut batch))
-                        .map_err(index_err(&self.dir))?;
+                        .map_err(self.err())?;
                     pending = 0;
                 }
             }
             Ok(())
         })?;
         batch.insert([INDEX_DEF, name.as_bytes()].concat(), &[]);
-        self.tree.apply_batch(batch).map_err(index_err(&self.dir))?;
+        self.tree.apply_batch(batch).map_err(self.err())?;
         self.defs
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -363,7 +416,7 @@ impl Index {
         };
         self.tree
             .remove([INDEX_DEF, name.as_bytes()].concat())
-            .map_err(index_err(&self.dir))?;
+            .map_err(self.err())?;
         self.clear_entries(name)?;
         Ok(existed)
     }
@@ -372,17 +425,17 @@ impl Index {
         let mut batch = sled::Batch::default();
         let mut pending = 0;
         for item in self.tree.scan_prefix(secondary::field_prefix(name)) {
-            let (k, _) = item.map_err(index_err(&self.dir))?;
+            let (k, _) = item.map_err(self.err())?;
             batch.remove(k);
             pending += 1;
             if pending == BUILD_BATCH {
                 self.tree
                     .apply_batch(std::mem::take(&mut batch))
-                    .map_err(index_err(&self.dir))?;
+                    .map_err(self.err())?;
                 pending = 0;
             }
         }
-        self.tree.apply_batch(batch).map_err(index_err(&self.dir))
+        self.tree.apply_batch(batch).map_err(self.err())
     }
 
     /// Keys whose `field` entry falls in `lookup`, sorted, without
@@ -392,7 +445,7 @@ impl Index {
         let mut keys = Vec::new();
         for (start, end) in secondary::ranges(field, lookup) {
             for item in self.tree.range(start..end) {
-                let (k, _) = item.map_err(index_err(&self.dir))?;
+                let (k, _) = item.map_err(self.err())?;
                 let key = secondary::entry_key(&k[skip..]).ok_or_else(|| {
                     Error::corrupt("index", "a secondary index entry is malformed")
                 })?;
@@ -408,7 +461,7 @@ impl Index {
     /// order, which is Unicode code point order). Stops at the first error.
     pub(crate) fn scan(&self, mut f: impl FnMut(&str, &[u8]) -> Result<()>) -> Result<()> {
         for item in self.tree.scan_prefix([RECORD]) {
-            let (k, v) = item.map_err(index_err(&self.dir))?;
+            let (k, v) = item.map_err(self.err())?;
             let key = std::str::from_utf8(&k[1..])
                 .map_err(|_| Error::corrupt("index", "a key is not UTF-8"))?;
             f(key, &v)?;
@@ -419,7 +472,7 @@ impl Index {
     /// Makes every change so far durable.
     pub(crate) fn flush(&self) -> Result<()> {
         fault::check("index-flush", std::path::Path::new("index")).map_err(injected(&self.dir))?;
-        self.db.flush().map_err(index_err(&self.dir))?;
+        self.db.flush().map_err(self.err())?;
         Ok(())
     }
 }

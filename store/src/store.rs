@@ -223,6 +223,9 @@ fn remove_quietly(root: &Path, relpaths: impl IntoIterator<Item = String>) {
     }
 }
 
+/// How long `close()` waits for sled to shut down after it failed to write.
+const STUCK_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 fn check_key(key: &str) -> Result<()> {
     if key.is_empty() {
         Err(Error::EmptyKey)
@@ -480,6 +483,9 @@ impl Store {
         check_key(key)?;
         let index_guard = self.index()?;
         let index = index_guard.as_ref().expect("checked open");
+        if index.io_failed() {
+            return Err(index.stuck_error());
+        }
         let mut writer = self.writer()?;
         let writer = &mut *writer;
         let mut written: Vec<String> = Vec::with_capacity(arrays.len());
@@ -619,6 +625,9 @@ impl Store {
         check_key(key)?;
         let guard = self.index()?;
         let index = guard.as_ref().expect("checked open");
+        if index.io_failed() {
+            return Err(index.stuck_error());
+        }
         let mut writer = self.writer()?;
         if !index.contains(key)? {
             return Ok(false);
@@ -834,6 +843,9 @@ impl Store {
         // The journal first: after a power loss the index may lose what its
         // flush reported durable, the journal may not.
         writer.journal.sync()?;
+        if index.io_failed() {
+            return Err(index.stuck_error());
+        }
         index.flush()?;
         remove_quietly(&self.root, writer.pending_removal.drain(..));
         Ok(())
@@ -859,8 +871,28 @@ impl Store {
         }
         let flushed = self.flush();
         let mut guard = self.index.write().unwrap_or_else(|p| p.into_inner());
-        *guard = None; // drops sled's Db: its file lock goes with it
+        let index = guard.take();
         drop(guard);
+        let mut closed = flushed;
+        match index {
+            Some(index) if index.io_failed() => {
+                // After a failed write, dropping sled's Db (which flushes)
+                // can block forever: drop it in a thread and stop waiting.
+                let (done, wait) = std::sync::mpsc::channel();
+                std::thread::spawn(move || {
+                    drop(index);
+                    let _ = done.send(());
+                });
+                if wait.recv_timeout(STUCK_CLOSE_WAIT).is_err() {
+                    closed = Err(Error::Index(
+                        "sled did not shut down after its failed write; its files stay locked \
+                         until this process exits (everything flushed before is safe)"
+                            .into(),
+                    ));
+                }
+            }
+            other => drop(other), // drops sled's Db: its file lock goes with it
+        }
         if let Some(file) = self
             .lock_file
             .lock()
@@ -869,7 +901,7 @@ impl Store {
         {
             let _ = file.set_len(0);
         }
-        flushed
+        closed
     }
 
     /// Whether [`Store::close`] was called.
