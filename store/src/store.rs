@@ -830,9 +830,10 @@ impl Store {
         Ok(n)
     }
 
-    /// Makes every change so far durable, then removes the payloads and
-    /// sidecars that the durable index no longer references. If the index
-    /// flush fails, nothing is removed and the error is returned.
+    /// Makes every change so far durable (the journal first, one fsync,
+    /// then the index), then removes the payloads that the durable index no
+    /// longer references. If a flush fails, nothing is removed and the
+    /// error is returned.
     pub fn flush(&self) -> Result<()> {
         let guard = self.index()?;
         let index = guard.as_ref().expect("checked open");

@@ -274,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add(
         "verify",
-        "check every record against its sidecar and payload files, hashing the data "
+        "check every record against the journal and its payload files, hashing the data "
         "against the checksums recorded at write time (exit 1 if there are problems)",
         "lazyvault verify runs.lv --quick --json",
         _cmd_verify,
@@ -290,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add(
         "gc",
-        "remove payload and sidecar files that no record references (left by a crash)",
+        "remove payload files that no record references (left by a crash), compact the journal",
         "lazyvault gc runs.lv",
         _cmd_gc,
     )
