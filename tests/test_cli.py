@@ -190,13 +190,191 @@ def test_gc_removes_orphans(small_store: Path) -> None:
     assert "removed 0 orphan" in cli("gc", small_store).stdout
 
 
+# -- find and stats ------------------------------------------------------------------
+
+
+def hide_payloads(store: Path, tmp_path: Path) -> Path:
+    """A copy of ``store`` without its payload files: commands that read
+    only the index must work on it."""
+    copy = tmp_path / "index-only.lv"
+    shutil.copytree(store, copy)
+    shutil.rmtree(copy / "arrays")
+    return copy
+
+
+def test_find_text(small_store: Path, tmp_path: Path) -> None:
+    proc = cli("find", hide_payloads(small_store, tmp_path), "temperature >= 200")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        'run-001  temperature=300.0 material="Si"  [positions float64 (10, 3)]',
+        'run-002  temperature=200.0 material="Ge"  [positions float64 (5, 3), mask bool (4,)]',
+        'run-003  temperature=350.0 material="Si" note="ünïcode"',
+    ]
+    assert cli("find", small_store, "temperature < 0").stdout == ""
+
+
+def test_find_json(small_store: Path, tmp_path: Path) -> None:
+    proc = cli("find", hide_payloads(small_store, tmp_path), "exists(w)", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [
+        {
+            "key": "f",
+            "meta": {},
+            "arrays": {"w": {"shape": [3, 4], "dtype": ">f4", "nbytes": 48, "order": "F"}},
+        }
+    ]
+
+
+def test_find_keeps_one_line_per_record(tmp_path: Path) -> None:
+    path = tmp_path / "nl.lv"
+    with lv.Store.open(path) as store:
+        store["a\nb"] = {"text": "x\ny", "nested": {"deep": [1, 2]}, "long": "z" * 100}
+    proc = cli("find", path, "exists(text)")
+    assert proc.returncode == 0, proc.stderr
+    (line,) = proc.stdout.splitlines()
+    assert line.startswith("a\\nb  ") and "nested.deep=[1,2]" in line and "zzz..." in line
+    assert len(line) < 200
+
+
+def test_find_errors(small_store: Path) -> None:
+    assert_error(cli("find", small_store, "temperature >"), 1, "column")
+    assert cli("find", small_store).returncode == 2
+
+
+def test_stats(small_store: Path, tmp_path: Path) -> None:
+    index_only = hide_payloads(small_store, tmp_path)
+    proc = cli("stats", index_only, "--json")
+    assert proc.returncode == 0, proc.stderr
+    stats = json.loads(proc.stdout)
+    assert stats == {
+        "path": str(index_only),
+        "records": 5,
+        "arrays": 4,
+        "bytes": 240 + 120 + 4 + 48,
+        "dtypes": {
+            "float64": {"arrays": 2, "bytes": 360},
+            ">f4": {"arrays": 1, "bytes": 48},
+            "bool": {"arrays": 1, "bytes": 4},
+        },
+    }
+    text = cli("stats", index_only).stdout.splitlines()
+    assert text[0] == f"{index_only}: 5 records, 4 arrays, 412 B of array data (412 bytes)"
+    assert text[2].split() == ["float64", "2", "360", "(360", "B)"]
+    si = json.loads(cli("stats", small_store, "material == 'Si'", "--json").stdout)
+    assert si["records"] == 2 and si["arrays"] == 1 and si["bytes"] == 240
+    empty = tmp_path / "empty.lv"
+    lv.Store.open(empty).close()
+    assert (
+        cli("stats", empty).stdout == f"{empty}: 0 records, 0 arrays, 0 B of array data (0 bytes)\n"
+    )
+
+
+# -- export and import ------------------------------------------------------------------
+
+
+def test_export_query_and_keys(small_store: Path, tmp_path: Path) -> None:
+    out = tmp_path / "si.lvz"
+    proc = cli("export", small_store, out, "--query", "material == 'Si'")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"{out}: wrote 2 record(s) from {small_store}\n"
+    assert proc.stderr == ""  # no bar: stderr is not a terminal
+    with lv.Store.open(out) as archive:
+        assert list(archive) == ["run-001", "run-003"]
+    out = tmp_path / "two.npz"
+    proc = cli("export", small_store, out, "--keys", "run-002", "f", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"path": str(small_store), "out": str(out), "records": 2}
+    assert sorted(np.load(out).files) == [
+        "__lazyvault__.json",
+        "f/w",
+        "run-002/mask",
+        "run-002/positions",
+    ]
+    everything = tmp_path / "all.lvz"
+    assert cli("export", small_store, everything).returncode == 0
+    assert cli("ls", everything).stdout.splitlines() == KEYS
+
+
+def test_export_errors(small_store: Path, tmp_path: Path) -> None:
+    out = tmp_path / "x.lvz"
+    proc = cli("export", small_store, out, "--query", "x == 1", "--keys", "f")
+    assert proc.returncode == 2 and "not allowed with" in proc.stderr
+    assert_error(cli("export", small_store, tmp_path / "x.txt"), 1, "x.txt")
+    assert_error(cli("export", small_store, out, "--keys", "nope"), 1, "nope")
+    assert_error(cli("export", small_store, tmp_path / "no" / "such" / "x.npz"), 1, "such")
+    assert_error(cli("export", small_store, out, "--query", "x >"), 1, "column")
+    assert not out.exists()
+    assert cli("export", small_store, out).returncode == 0
+    assert_error(cli("export", out, tmp_path / "y.lvz"), 1, "archive")
+
+
+def test_import_files_and_directories(small_store: Path, tmp_path: Path) -> None:
+    np.save(tmp_path / "alone.npy", np.arange(4))
+    cli("export", small_store, tmp_path / "all.lvz")
+    data = tmp_path / "dir"
+    data.mkdir()
+    np.save(data / "x.npy", np.zeros(2))
+    np.savez(data / "y.npz", a=np.ones(3))
+    target = tmp_path / "new.lv"  # created by import
+    proc = cli("import", target, tmp_path / "alone.npy", tmp_path / "all.lvz", data)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["alone", *KEYS, "x", "y"]
+    proc = cli("import", target, tmp_path / "alone.npy", "--key", "renamed", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {
+        "path": str(target),
+        "records": 1,
+        "files": {str(tmp_path / "alone.npy"): ["renamed"]},
+    }
+    with lv.Store.open(target) as store:
+        assert store["renamed"].data.tolist() == [0, 1, 2, 3]
+        assert store["y"].a.tolist() == [1.0, 1.0, 1.0]
+        assert store["run-001"].positions.shape == (10, 3)
+
+
+def test_import_errors(small_store: Path, tmp_path: Path) -> None:
+    np.save(tmp_path / "a.npy", np.arange(4))
+    proc = cli("import", small_store, tmp_path / "a.npy", tmp_path / "a.npy", "--key", "k")
+    assert proc.returncode == 2 and "single FILE" in proc.stderr
+    (tmp_path / "junk.bin").write_bytes(b"nothing we know")
+    assert_error(cli("import", small_store, tmp_path / "junk.bin"), 1, "junk.bin")
+    assert_error(cli("import", small_store, tmp_path / "missing.npy"), 1, "missing.npy")
+    assert cli("import", small_store).returncode == 2
+    with lv.Store.open(small_store, mode="r") as store:
+        assert list(store) == KEYS
+
+
 # -- usage --------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     "args",
-    [[], ["bogus"], ["ls"], ["show", "x.lv"], ["verify", "a", "b"], ["demo", "--limit", "x"]],
-    ids=["nothing", "unknown", "ls-no-path", "show-no-key", "verify-extra", "demo-bad-limit"],
+    [
+        [],
+        ["bogus"],
+        ["ls"],
+        ["show", "x.lv"],
+        ["verify", "a", "b"],
+        ["demo", "--limit", "x"],
+        ["find", "x.lv"],
+        ["stats"],
+        ["export", "x.lv"],
+        ["import", "x.lv"],
+        ["stats", "x.lv", "--bogus"],
+    ],
+    ids=[
+        "nothing",
+        "unknown",
+        "ls-no-path",
+        "show-no-key",
+        "verify-extra",
+        "demo-bad-limit",
+        "find-no-expr",
+        "stats-no-path",
+        "export-no-out",
+        "import-no-file",
+        "stats-bad-flag",
+    ],
 )
 def test_usage_errors_exit_2(args: list[str]) -> None:
     proc = cli(*args)
@@ -208,7 +386,18 @@ def test_usage_errors_exit_2(args: list[str]) -> None:
 def test_help_has_an_example_per_subcommand() -> None:
     proc = cli("--help")
     assert proc.returncode == 0
-    for command in ("demo", "ls", "show", "verify", "gc"):
+    for command in (
+        "demo",
+        "ls",
+        "find",
+        "show",
+        "stats",
+        "export",
+        "import",
+        "verify",
+        "gc",
+        "repair",
+    ):
         assert f"lazyvault {command} " in proc.stdout
         sub = cli(command, "--help")
         assert sub.returncode == 0

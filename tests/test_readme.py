@@ -21,3 +21,44 @@ def test_first_example_runs(tmp_path: Path) -> None:
         os.chdir(cwd)
     assert (tmp_path / "frames.lv" / "lazyvault.json").exists()
     assert namespace["hits"].keys() == ["mire-2/0001"]  # type: ignore[attr-defined]
+
+
+def test_looking_around_example_runs(tmp_path: Path) -> None:
+    """The "Looking around" section: its Python block runs on the first
+    example's store, and its first shell line prints what its comment says."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    import lazyvault as lv
+
+    text = README.read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    (block,) = [b for b in blocks if "to_pandas" in b]
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        exec(compile(blocks[0], "README.md", "exec"), {})
+        os.mkdir("npy-dir")
+        np.save("npy-dir/extra.npy", np.arange(3))
+        with lv.Store.open("frames.lv") as store:
+            frame = {"sequence": "mire-2", "frame": 2, "image": np.zeros((480, 640), np.uint8)}
+            namespace: dict[str, object] = {"store": store, "new_frames": {"mire-2/0002": frame}}
+            exec(compile(block, "README.md", "exec"), namespace)
+            assert list(namespace["df"].index) == ["mire-2/0001"]  # type: ignore[attr-defined]
+            assert sorted(store) == ["extra", "mire-2/0001", "mire-2/0002"]
+        (shell,) = re.findall(r"```sh\n(lazyvault find .*?)```", text, flags=re.S)
+        line = shell.splitlines()[0]
+        command, expected = (part.strip() for part in line.split("#", 1))
+        args = re.findall(r'"[^"]*"|\S+', command)[1:]
+        proc = subprocess.run(
+            [sys.executable, "-m", "lazyvault", *(a.strip('"') for a in args)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.splitlines()[0] == expected
+    finally:
+        os.chdir(cwd)

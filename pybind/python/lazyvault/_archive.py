@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
-from . import _arrays, _lazyvault, _split
+from . import _arrays, _display, _lazyvault, _split
 from ._source import refuse_pickled_array
 from .errors import (
     ClosedError,
@@ -34,6 +34,8 @@ from .errors import (
 from .record import Record
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from .store import Results, Store
 
 __all__ = [
@@ -264,6 +266,39 @@ class Archive(Mapping[str, Record]):
         if self._path is None:
             raise TypeError("an archive read from a buffer cannot be pickled; pickle its records")
         return (open_archive, (self._path, self._allow_pickle))
+
+    # -- display and pandas (index only: no array is built) --------------------
+
+    def to_pandas(self, expr: str | None = None) -> pd.DataFrame:
+        """The records (or those matching ``expr``) as a pandas DataFrame,
+        as :meth:`lazyvault.Store.to_pandas`."""
+        from . import _frame
+
+        keys = self._live().keys() if expr is None else self.keys(expr)
+        return _frame.records_frame(self.__getitem__, keys)
+
+    def _ipython_key_completions_(self) -> list[str]:
+        return self._live().keys()
+
+    def _title(self) -> str:
+        where = repr(self._path) if self._path is not None else "<buffer>"
+        if self._core is None:
+            return f"lazyvault.Archive {where} (closed)"
+        n = len(self)
+        return f"lazyvault.Archive {where}: {n:,} record{'s' * (n != 1)}"
+
+    def _keys_for_display(self) -> list[str]:
+        return [] if self._core is None else self._core.keys()
+
+    def __str__(self) -> str:
+        """Several lines: a table of the first 20 records."""
+        return _display.records_text(self._title(), self.__getitem__, self._keys_for_display())
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        _display.pretty(str(self), p, cycle)
+
+    def _repr_html_(self) -> str:
+        return _display.records_html(self._title(), self.__getitem__, self._keys_for_display())
 
     def __repr__(self) -> str:
         where = repr(self._path) if self._path is not None else "<buffer>"

@@ -1,12 +1,17 @@
 """The ``lazyvault`` command line (also ``python -m lazyvault``).
 
 Subcommands: ``demo`` (ingest real camera frames, query them, print figures),
-``ls`` (keys, optionally those matching a query), ``show`` (one record's
-metadata and array descriptions, opening no payload), ``verify`` (integrity
-report), ``gc`` (remove orphan files) and ``repair`` (rebuild the index).
-``ls``, ``show`` and ``verify`` open the store read-only.
+``ls`` (keys, optionally those matching a query), ``find`` (matching records
+with a compact metadata line), ``show`` (one record's metadata and array
+descriptions), ``stats`` (records, arrays, bytes per dtype), ``export`` and
+``import`` (``.lvz``, ``.npz``, ``.safetensors``, ``.npy`` files),
+``verify`` (integrity report), ``gc`` (remove orphan files) and ``repair``
+(rebuild the index). ``ls``, ``find``, ``show``, ``stats``, ``export`` and
+``verify`` open the store read-only; ``ls``, ``find``, ``show`` and
+``stats`` read the index only, never a payload. Every command that prints
+data takes ``--json``.
 
-Exit codes: 0 success; 1 a lazyvault error (message on stderr as
+Exit codes: 0 success; 1 a lazyvault error or an OS error (message on stderr as
 ``lazyvault: <message>``, no traceback) or problems found by ``verify``;
 2 a usage error (argparse's convention) or, for ``demo``, missing data.
 """
@@ -20,9 +25,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
-from . import __version__
+from . import __version__, _display
 from .demo import DEFAULT_DATA_DIR
-from .errors import LazyvaultError, MissingKeyError, StoreNotFoundError
+from .errors import InteropError, LazyvaultError, MissingKeyError, StoreNotFoundError
+from .record import Record
 from .store import Store
 
 __all__ = ["build_parser", "main"]
@@ -38,7 +44,11 @@ examples:
   lazyvault demo --limit 100                 ingest 100 ViSP camera frames into a temporary store
   lazyvault ls runs.lv                       list every key
   lazyvault ls runs.lv "temperature > 250"   list the keys of the matching records
+  lazyvault find runs.lv "material == 'Si'"  matching records, one line of metadata each
   lazyvault show runs.lv run-001             one record: metadata and arrays (no payload read)
+  lazyvault stats runs.lv --json             records, arrays, bytes per dtype (index only)
+  lazyvault export runs.lv si.lvz --query "material == 'Si'"   records to .lvz/.npz/.safetensors
+  lazyvault import runs.lv model.safetensors frames/           files (or directories) into a store
   lazyvault verify runs.lv                   check every record against its payload files
   lazyvault gc runs.lv                       remove files no record references
   lazyvault repair runs.lv                   rebuild a lost or damaged index from the journal
@@ -104,6 +114,129 @@ def _array_info(info: Any) -> dict[str, Any]:
         "nbytes": info.nbytes,
         "order": info.order,
     }
+
+
+def _usage_error(command: str, message: str) -> int:
+    print(f"{PROG} {command}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _compact(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=_json_default)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _summary_line(rec: Record) -> str:
+    """``key  field=value ...  [array dtype shape, ...]`` on one line."""
+    fields = " ".join(
+        f"{name}={_compact(value)}" for name, value in _display.flatten(rec.meta).items()
+    )
+    arrays = ", ".join(
+        f"{name} {info.dtype} {tuple(info.shape)}" for name, info in rec.arrays.items()
+    )
+    line = rec.key
+    if fields:
+        line += "  " + fields
+    if arrays:
+        line += f"  [{arrays}]"
+    return line.replace("\n", "\\n")
+
+
+def _cmd_find(args: argparse.Namespace, out: TextIO) -> int:
+    with Store.open(args.path, mode="r") as store:
+        results = store.find(args.expr)
+        if args.json:
+            _dump(
+                [
+                    {
+                        "key": rec.key,
+                        "meta": rec.meta,
+                        "arrays": {n: _array_info(i) for n, i in rec.arrays.items()},
+                    }
+                    for rec in results
+                ],
+                out,
+            )
+            return 0
+        for rec in results:
+            out.write(_summary_line(rec) + "\n")
+    return 0
+
+
+def _cmd_stats(args: argparse.Namespace, out: TextIO) -> int:
+    with Store.open(args.path, mode="r") as store:
+        keys = list(store.keys()) if args.expr is None else store.keys(args.expr)
+        arrays = nbytes = 0
+        dtypes: dict[str, dict[str, int]] = {}
+        for key in keys:
+            for info in store[key].arrays.values():
+                arrays += 1
+                nbytes += info.nbytes
+                entry = dtypes.setdefault(str(info.dtype), {"arrays": 0, "bytes": 0})
+                entry["arrays"] += 1
+                entry["bytes"] += info.nbytes
+    dtypes = dict(sorted(dtypes.items(), key=lambda kv: (-kv[1]["bytes"], kv[0])))
+    stats = {
+        "path": args.path,
+        "records": len(keys),
+        "arrays": arrays,
+        "bytes": nbytes,
+        "dtypes": dtypes,
+    }
+    if args.json:
+        _dump(stats, out)
+        return 0
+    out.write(
+        f"{args.path}: {len(keys):,} records, {arrays:,} arrays, "
+        f"{_display.human_size(nbytes)} of array data ({nbytes:,} bytes)\n"
+    )
+    if dtypes:
+        width = max(len("dtype"), *(len(d) for d in dtypes))
+        out.write(f"  {'dtype':<{width}}  {'arrays':>10}  {'bytes':>16}\n")
+        for dtype, entry in dtypes.items():
+            out.write(
+                f"  {dtype:<{width}}  {entry['arrays']:>10,}  {entry['bytes']:>16,}  "
+                f"({_display.human_size(entry['bytes'])})\n"
+            )
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace, out: TextIO) -> int:
+    with Store.open(args.path, mode="r") as store:
+        if not isinstance(store, Store):
+            raise InteropError(
+                f"{args.path} is a .lvz archive; export works on a store: "
+                f"`{PROG} import STORE {args.path}` first"
+            )
+        if args.keys is not None:
+            count = len(dict.fromkeys(args.keys))
+        elif args.query is not None:
+            count = store.count(args.query)
+        else:
+            count = len(store)
+        store.export(args.out, keys=args.keys, query=args.query, progress=_progress(args))
+    if args.json:
+        _dump({"path": args.path, "out": args.out, "records": count}, out)
+    else:
+        out.write(f"{args.out}: wrote {count:,} record(s) from {args.path}\n")
+    return 0
+
+
+def _cmd_import(args: argparse.Namespace, out: TextIO) -> int:
+    if args.key is not None and len(args.files) != 1:
+        return _usage_error("import", "--key names the record of a single FILE")
+    imported: dict[str, list[str]] = {}
+    with Store.open(args.path, mode="a") as store:
+        for file in args.files:
+            imported[file] = store.import_file(file, key=args.key, progress=_progress(args))
+    if args.json:
+        records = sum(len(keys) for keys in imported.values())
+        _dump({"path": args.path, "records": records, "files": imported}, out)
+    else:
+        for keys in imported.values():
+            for key in keys:
+                out.write(key + "\n")
+    return 0
 
 
 def _cmd_show(args: argparse.Namespace, out: TextIO) -> int:
@@ -262,6 +395,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print a JSON list")
 
     p = add(
+        "find",
+        "the records matching a query, one line each: key, metadata, arrays; reads no payload",
+        "lazyvault find runs.lv \"temperature > 250 and material == 'Si'\" --json",
+        _cmd_find,
+    )
+    p.add_argument("path", metavar="PATH", help="the store, or a .lvz archive")
+    p.add_argument("expr", metavar="EXPR", help="a query (see store/QUERY.md)")
+    p.add_argument("--json", action="store_true", help="print a JSON list of {key, meta, arrays}")
+
+    p = add(
         "show",
         "show one record: repr, metadata as JSON, arrays (shape, dtype, nbytes, order); "
         "reads no payload",
@@ -271,6 +414,52 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", metavar="PATH", help="the store")
     p.add_argument("key", metavar="KEY", help="the record's key")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = add(
+        "stats",
+        "count records, arrays and bytes, per dtype, from the index alone (no payload read)",
+        "lazyvault stats runs.lv \"material == 'Si'\" --json",
+        _cmd_stats,
+    )
+    p.add_argument("path", metavar="PATH", help="the store, or a .lvz archive")
+    p.add_argument(
+        "expr", metavar="EXPR", nargs="?", help="count only the records matching this query"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = add(
+        "export",
+        "write records to one file, format by OUT's extension: .lvz (lazyvault's archive), "
+        ".npz or .safetensors",
+        "lazyvault export runs.lv si.lvz --query \"material == 'Si'\"",
+        _cmd_export,
+    )
+    p.add_argument("path", metavar="PATH", help="the store")
+    p.add_argument("out", metavar="OUT", help="the file to write (.lvz, .npz or .safetensors)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--query", metavar="EXPR", help="export the records matching a query")
+    which.add_argument("--keys", metavar="K", nargs="+", help="export these keys")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print a JSON summary")
+
+    p = add(
+        "import",
+        "read .npy, .npz, .safetensors or .lvz files (format from the content), or every such "
+        "file under a directory, into a store (created if missing); prints the keys written",
+        "lazyvault import runs.lv model.safetensors --key bert",
+        _cmd_import,
+    )
+    p.add_argument(
+        "path", metavar="PATH", help="the store (opened for writing; created if missing)"
+    )
+    p.add_argument("files", metavar="FILE", nargs="+", help="files or directories to import")
+    p.add_argument(
+        "--key",
+        metavar="K",
+        help="the key of the record (one FILE only; default: the file name without extension)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the keys written per file as JSON")
 
     p = add(
         "verify",
@@ -336,4 +525,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `lazyvault ls big.lv | head`: stop quietly, as coreutils do.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except OSError as e:  # the file system said no: an OUT in a missing directory, ...
+        print(f"{PROG}: {e}", file=sys.stderr)
         return 1

@@ -93,6 +93,7 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 from . import _arrays, _lazyvault
+from ._progress import ProgressArg, Report, progress_callback
 from .errors import (
     InteropError,
     InvalidArrayError,
@@ -211,38 +212,141 @@ def _looks_like_lvz(path: str) -> bool:
 # -- import -----------------------------------------------------------------
 
 
-def import_file(store: Store, path: str | os.PathLike[str], key: str | None = None) -> list[str]:
+#: The files importing a directory picks up (by name; the format of each
+#: is then read from its content).
+IMPORT_SUFFIXES = (".npy", ".npz", ".safetensors", ".lvz")
+
+
+def import_file(
+    store: Store,
+    path: str | os.PathLike[str],
+    key: str | None = None,
+    progress: ProgressArg = None,
+) -> list[str]:
     """Reads ``path`` (format from its content) into ``store``; returns the
     keys written. ``key`` defaults to the file's stem; an ``.lvz`` (or an
     ``.npz`` exported by lazyvault) brings its records back under their own
     keys unless it holds exactly one record and ``key`` is given.
 
+    A directory: every file under it (subdirectories included) whose name
+    ends in one of :data:`IMPORT_SUFFIXES` (case-insensitive), in sorted
+    order, skipping names that start with ``.`` and lazyvault stores inside
+    it; each single-record file is keyed by its path relative to the
+    directory without the suffix (``"sub/a"``). ``key`` must be None. Every
+    file's format is checked before anything is written, and two files that
+    would give the same key (``a.npy`` and ``a.npz``) raise
+    :class:`InteropError` up front.
+
+    ``progress``: see :mod:`lazyvault._progress`; counts files for a
+    directory, records for one file.
+
     Raises :class:`UnknownFormatError`, :class:`InvalidFileError` (the store
     is unchanged), :class:`PickleNotAllowedError` for object arrays when the
     store was opened without ``allow_pickle``. Records are validated whole
-    before each is written; a multi-record file (``.lvz``, our ``.npz``)
-    that fails on a later record keeps the records written before it.
+    before each is written; a multi-record file (``.lvz``, our ``.npz``) or
+    a directory that fails on a later record keeps the records written
+    before it.
     """
     path = os.fspath(path)
     if key is not None and not isinstance(key, str):
         raise KeyTypeError(f"keys are str, not {type(key).__name__}")
+    if os.path.isdir(path):
+        if key is not None:
+            raise InteropError(
+                f"{path} is a directory: its files are keyed by their paths, key= names "
+                "the record of a single file"
+            )
+        return _import_directory(store, path, progress)
+    fmt = _format_of(path)
+    with progress_callback(progress, "import", "record") as report:
+        return _import_one(store, path, fmt, key, Path(path).stem, report)
+
+
+def _format_of(path: str) -> str:
     try:
-        fmt = detect_format(path)
+        return detect_format(path)
     except LazyvaultError:
         raise
-    except OSError as e:  # missing file, a directory, no permission
+    except OSError as e:  # missing file, no permission
         raise StorageError(e.errno or 0, e.strerror or str(e), path) from None
-    default_key = key if key is not None else Path(path).stem
+
+
+def _import_one(
+    store: Store, path: str, fmt: str, key: str | None, default_key: str, report: Report | None
+) -> list[str]:
+    """Imports one file of format ``fmt``; ``default_key`` names a
+    single-record file when ``key`` is None."""
+    target = key if key is not None else default_key
     if fmt == "npy":
-        store[default_key] = {"data": _read_npy(path, store.allow_pickle)}
-        return [default_key]
-    if fmt == "npz":
-        return _import_npz(store, path, key)
-    if fmt == "safetensors":
-        obj = _read_safetensors(path)
-        store[default_key] = obj
-        return [default_key]
-    return _import_lvz(store, path, key)
+        store[target] = {"data": _read_npy(path, store.allow_pickle)}
+    elif fmt == "safetensors":
+        store[target] = _read_safetensors(path)
+    elif fmt == "npz":
+        return _import_npz(store, path, key, default_key, report)
+    else:
+        return _import_lvz(store, path, key, report)
+    if report is not None:
+        report(1, 1)
+    return [target]
+
+
+def _importable_files(root: str) -> Iterator[Path]:
+    """The files a directory import reads, in sorted order: by suffix,
+    skipping hidden names and lazyvault stores (their payloads are not
+    objects of their own)."""
+    if os.path.exists(os.path.join(root, "lazyvault.json")):
+        raise InteropError(
+            f"{root} is a lazyvault store: open it and copy its records "
+            "(store[key] = other[key]), or export it to .lvz and import that"
+        )
+    for top, dirs, names in os.walk(root):
+        dirs[:] = sorted(
+            d
+            for d in dirs
+            if not d.startswith(".") and not os.path.exists(os.path.join(top, d, "lazyvault.json"))
+        )
+        for name in sorted(names):
+            path = Path(top, name)
+            if (
+                not name.startswith(".")
+                and path.suffix.lower() in IMPORT_SUFFIXES
+                and path.is_file()
+            ):
+                yield path
+
+
+def _has_npz_manifest(path: Path) -> bool:
+    try:
+        with zipfile.ZipFile(path) as zf:
+            return NPZ_MANIFEST in zf.namelist()
+    except zipfile.BadZipFile as e:
+        raise InvalidFileError(f"{path}: not a readable zip: {e}") from e
+
+
+def _import_directory(store: Store, root: str, progress: ProgressArg) -> list[str]:
+    files: list[tuple[str, str, str]] = []  # (path, format, default key)
+    keys: dict[str, str] = {}
+    for file in _importable_files(root):
+        rel = file.relative_to(root)
+        fmt = _format_of(os.fspath(file))
+        default_key = rel.with_suffix("").as_posix()
+        # .lvz files and our .npz carry their own keys
+        if fmt in ("npy", "safetensors") or (fmt == "npz" and not _has_npz_manifest(file)):
+            if default_key in keys:
+                raise InteropError(
+                    f"{keys[default_key]} and {rel} would both be imported as {default_key!r}"
+                )
+            keys[default_key] = os.fspath(rel)
+        files.append((os.fspath(file), fmt, default_key))
+    written: list[str] = []
+    with progress_callback(progress, "import", "file") as report:
+        if report is not None:
+            report(0, len(files))
+        for done, (file, fmt, default_key) in enumerate(files, 1):
+            written.extend(_import_one(store, file, fmt, None, default_key, None))
+            if report is not None:
+                report(done, len(files))
+    return written
 
 
 # .npy headers (NEP 1) ----------------------------------------------------------
@@ -513,7 +617,9 @@ def _bytes_view(array: np.ndarray) -> memoryview:
     return memoryview(array.reshape(-1).view(np.uint8))
 
 
-def _import_npz(store: Store, path: str, key: str | None) -> list[str]:
+def _import_npz(
+    store: Store, path: str, key: str | None, default_key: str, report: Report | None
+) -> list[str]:
     try:
         with open(path, "rb") as f, open(path, "rb") as zfile, zipfile.ZipFile(zfile) as zf:
             size = os.fstat(f.fileno()).st_size
@@ -525,7 +631,7 @@ def _import_npz(store: Store, path: str, key: str | None) -> list[str]:
     except zipfile.BadZipFile as e:
         raise InvalidFileError(f"{path}: not a readable zip: {e}") from e
     if manifest is None:
-        target = key if key is not None else Path(path).stem
+        target = key if key is not None else default_key
         obj: dict[str, np.ndarray] = {}
         for name, a in arrays.items():
             short = name.removesuffix(".npy")  # as np.load names them
@@ -545,6 +651,8 @@ def _import_npz(store: Store, path: str, key: str | None) -> list[str]:
         rec_arrays = {p: arrays[m] for p, m in rec["arrays"].items()}
         _put(store, rec["key"], rec["meta"], rec.get("layout"), rec_arrays, None)
         written.append(rec["key"])
+        if report is not None:
+            report(len(written), len(manifest))
     return written
 
 
@@ -775,7 +883,7 @@ def _read_safetensors(path: str) -> dict[str, Any]:
 # .lvz and record-level copies --------------------------------------------------
 
 
-def _import_lvz(store: Store, path: str, key: str | None) -> list[str]:
+def _import_lvz(store: Store, path: str, key: str | None, report: Report | None) -> list[str]:
     try:
         from . import _archive
     except ImportError:
@@ -784,19 +892,23 @@ def _import_lvz(store: Store, path: str, key: str | None) -> list[str]:
     try:
         # check every array (headers, sizes, CRC-32) before writing anything,
         # so a damaged archive leaves the store unchanged
-        report = archive.verify()
-        if not report["ok"]:
-            raise InvalidFileError(f"{path}: damaged archive: {report['problems'][0]}")
+        check = archive.verify()
+        if not check["ok"]:
+            raise InvalidFileError(f"{path}: damaged archive: {check['problems'][0]}")
         keys = list(archive)
         if key is not None and len(keys) != 1:
             raise InteropError(
                 f"{path} holds {len(keys)} records; key= renames a single record only"
             )
         written = []
+        if report is not None:
+            report(0, len(keys))
         for k in keys:
             target = key if key is not None else k
             copy_record(store, target, archive[k])
             written.append(target)
+            if report is not None:
+                report(len(written), len(keys))
         return written
     finally:
         close = getattr(archive, "close", None)
@@ -975,12 +1087,17 @@ def export(
     path: str | os.PathLike[str],
     keys: Iterable[str] | None = None,
     query: str | None = None,
+    progress: ProgressArg = None,
 ) -> None:
     """Writes the selected records (all; ``keys``; or those matching
     ``query``) to ``path``, format by extension: ``.lvz``, ``.npz`` or
     ``.safetensors`` (see the module docstring). ``.npz`` and
     ``.safetensors`` are written to a temporary file and renamed into
     place, so a failed export leaves no partial file.
+
+    ``progress`` (see :mod:`lazyvault._progress`) counts arrays written;
+    the core writes a ``.lvz`` in one step, reported as ``(0, n)`` and
+    ``(n, n)``.
 
     Raises :class:`UnknownFormatError` for another extension,
     :class:`InvalidArrayError` for an array the format cannot hold.
@@ -991,7 +1108,14 @@ def export(
     if ext == ".lvz":
         from . import _archive
 
-        _archive.export_lvz(store, path, selected)
+        with progress_callback(progress, "export", "array") as report:
+            if report is None:
+                _archive.export_lvz(store, path, selected)
+                return
+            n = sum(len(store[k]._record["arrays"]) for k in dict.fromkeys(selected))
+            report(0, n)
+            _archive.export_lvz(store, path, selected)
+            report(n, n)
         return
     if ext == ".npz":
         writer = _write_npz
@@ -1011,8 +1135,8 @@ def export(
                 f"complex numbers, custom objects...); {ext} cannot carry them: export "
                 "it to .lvz instead"
             )
-    with _atomic_output(path) as f:
-        writer(f, records)
+    with progress_callback(progress, "export", "array") as report, _atomic_output(path) as f:
+        writer(f, records, report)
 
 
 @contextlib.contextmanager
@@ -1106,7 +1230,7 @@ def _write_npy_header(fp: IO[bytes], d: dict[str, Any]) -> None:
     fp.write(_lazyvault.npy_header(repr(d["descr"]), bool(d["fortran_order"]), list(d["shape"])))
 
 
-def _write_npz(f: IO[bytes], records: list[Record]) -> None:
+def _write_npz(f: IO[bytes], records: list[Record], report: Report | None = None) -> None:
     manifest: list[dict[str, Any]] = []
     names: set[str] = set()
     plan: list[tuple[Record, str, dict[str, Any], str]] = []
@@ -1136,7 +1260,9 @@ def _write_npz(f: IO[bytes], records: list[Record]) -> None:
         info = zipfile.ZipInfo(NPZ_MANIFEST, date_time=_FIXED_DATE)
         info.external_attr = 0o644 << 16
         zf.writestr(info, manifest_bytes)
-        for rec, path, entry, name in plan:
+        if report is not None:
+            report(0, len(plan))
+        for done, (rec, path, entry, name) in enumerate(plan, 1):
             header, data = _npy_member_bytes(rec, path, entry)
             data = memoryview(data).cast("B")
             info = _aligned_zipinfo(zf, name, len(header) + len(data))
@@ -1144,6 +1270,8 @@ def _write_npz(f: IO[bytes], records: list[Record]) -> None:
                 w.write(header)
                 for i in range(0, len(data), _CHUNK):
                     w.write(data[i : i + _CHUNK])
+            if report is not None:
+                report(done, len(plan))
 
 
 # .safetensors writer ----------------------------------------------------------
@@ -1165,7 +1293,7 @@ def _st_tag(name: str, array_dtype: np.dtype, kept: str | None) -> tuple[str, np
     return tag, le
 
 
-def _write_safetensors(f: IO[bytes], records: list[Record]) -> None:
+def _write_safetensors(f: IO[bytes], records: list[Record], report: Report | None = None) -> None:
     single = len(records) == 1
     tensors: list[tuple[str, str, np.dtype, Record, str]] = []
     seen: set[str] = set()
@@ -1204,7 +1332,9 @@ def _write_safetensors(f: IO[bytes], records: list[Record]) -> None:
     text += b" " * (-len(text) % 8)
     f.write(struct.pack("<Q", len(text)))
     f.write(text)
-    for _name, _tag, out, rec, path in tensors:
+    if report is not None:
+        report(0, len(tensors))
+    for done, (_name, _tag, out, rec, path) in enumerate(tensors, 1):
         array = rec.array(path)
         if array.dtype != out:
             array = array.astype(out)  # byte order (and raw-bit views)
@@ -1213,6 +1343,8 @@ def _write_safetensors(f: IO[bytes], records: list[Record]) -> None:
             data = memoryview(array.reshape(-1).view(np.uint8))
             for i in range(0, len(data), _CHUNK):
                 f.write(data[i : i + _CHUNK])
+        if report is not None:
+            report(done, len(tensors))
 
 
 def _st_metadata(records: list[Record]) -> dict[str, str] | None:

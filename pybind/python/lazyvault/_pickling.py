@@ -186,7 +186,14 @@ def _reduce_for_multiprocessing(record: Record) -> tuple[Any, ...]:
     return reduce_record(record, 4)
 
 
-ForkingPickler.register(Record, _reduce_for_multiprocessing)
+def register_record_class(cls: type[Record]) -> None:
+    """Registers ``cls`` (Record or one of the subclasses that carry array
+    properties, see ``record.py``) with ``ForkingPickler``, whose reducers
+    are looked up by exact type."""
+    ForkingPickler.register(cls, _reduce_for_multiprocessing)
+
+
+register_record_class(Record)
 
 
 @dataclasses.dataclass(frozen=True, repr=False)

@@ -3,7 +3,9 @@
 ``progress=None`` means "when someone is watching": a bar is shown when
 stderr is a terminal or the code runs in a Jupyter kernel, never in scripts
 whose output goes to a file or a pipe. ``True`` forces a bar, ``False``
-turns it off, and a callable ``f(done, total)`` receives the counts instead.
+turns it off, and a callable ``f(done, total)`` receives the counts instead
+(``total`` is None when it is not known in advance, e.g. ``Store.update``
+from an iterator).
 """
 
 from __future__ import annotations
@@ -13,9 +15,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["ProgressArg", "progress_callback"]
+__all__ = ["ProgressArg", "Report", "progress_callback"]
 
-ProgressArg = bool | Callable[[int, int], Any] | None
+ProgressArg = bool | Callable[[int, Any], Any] | None
+"""What a ``progress=`` parameter takes: None, True, False or ``f(done, total)``."""
+
+Report = Callable[[int, int | None], None]
+"""A ``(done, total)`` callback as :func:`progress_callback` yields it."""
 
 
 def _interactive() -> bool:
@@ -26,10 +32,9 @@ def _interactive() -> bool:
 
 
 @contextmanager
-def progress_callback(
-    progress: ProgressArg, desc: str, unit: str
-) -> Iterator[Callable[[int, int], None] | None]:
-    """A ``(done, total)`` callback for the Rust core, or None for no report.
+def progress_callback(progress: ProgressArg, desc: str, unit: str) -> Iterator[Report | None]:
+    """A ``(done, total)`` callback (for the Rust core or a Python loop), or
+    None for no report. The tqdm bar is closed when the block ends.
 
     Raises ``TypeError`` for a ``progress`` that is neither None, a bool nor
     a callable.
@@ -47,7 +52,7 @@ def progress_callback(
             )
         user = progress
 
-        def forward(done: int, total: int) -> None:
+        def forward(done: int, total: int | None) -> None:
             user(done, total)
 
         yield forward
@@ -56,7 +61,7 @@ def progress_callback(
 
     bar = tqdm(desc=desc, unit=unit, total=None, leave=False)
 
-    def update(done: int, total: int) -> None:
+    def update(done: int, total: int | None) -> None:
         if bar.total != total:
             bar.total = total
         bar.update(done - bar.n)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+import keyword
 import math
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from . import _arrays, _split
+from . import _arrays, _display, _split
 
 if TYPE_CHECKING:
     from ._source import Source
@@ -43,6 +45,17 @@ class ArrayInfo(NamedTuple):
 # reachable as rec.meta[name] and arrays as rec.array(name).
 _OWN = frozenset({"key", "meta", "arrays", "load", "array", "store"})
 
+# Names that IPython, Jupyter and other tools probe with hasattr/getattr
+# to learn what an object can do. A field of that name would answer the
+# probe (and an array would be mapped): they are never fields as
+# attributes, only as rec.meta[name] / rec[name].
+_PROBE_PREFIXES = ("__", "_repr_", "_ipython_")
+_PROBES = frozenset({"trait_names", "_getAttributeNames", "getdoc"})
+
+
+def _is_probe(name: str) -> bool:
+    return name.startswith(_PROBE_PREFIXES) or name in _PROBES
+
 
 class Record:
     """A lazy proxy of the object stored under one key.
@@ -55,6 +68,18 @@ class Record:
     """
 
     __slots__ = ("__weakref__", "_cache", "_key", "_pickle", "_record", "_source", "_store")
+
+    def __new__(
+        cls, source: Source, key: str, record: dict[str, Any], *args: Any, **kwargs: Any
+    ) -> Record:
+        # A record with top-level arrays is an instance of a subclass that
+        # has one property per array name (shared by every record with the
+        # same names), so that introspection (IPython's completer, jedi,
+        # inspect.getattr_static) sees the arrays as descriptors and never
+        # calls them: only an explicit rec.name maps a payload.
+        if cls is Record and record["arrays"]:
+            cls = _class_for(tuple(record["arrays"]))
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -161,7 +186,7 @@ class Record:
 
     def __getattr__(self, name: str) -> Any:
         # Only reached when normal lookup fails: fields from the record.
-        if name.startswith("__") or name in _OWN:
+        if name in _OWN or _is_probe(name):
             raise AttributeError(name)
         record = self._record
         if name in record["arrays"]:
@@ -187,15 +212,30 @@ class Record:
         return name in self._record["arrays"] or name in self._record["meta"]
 
     def __dir__(self) -> list[str]:
-        fields = [
-            n
-            for n in (*self._record["meta"], *self._record["arrays"])
-            if n.isidentifier() and n not in _OWN
-        ]
+        fields = [n for n in (*self._record["meta"], *self._record["arrays"]) if _attribute_name(n)]
         return sorted(set(super().__dir__()) | set(fields))
 
+    def _ipython_key_completions_(self) -> list[str]:
+        """What ``rec["<tab>`` offers in IPython: metadata fields and array
+        paths (``"frames/0"`` too)."""
+        return [*self._record["meta"], *self._record["arrays"]]
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        """IPython's text display: :meth:`__str__`."""
+        _display.pretty(str(self), p, cycle)
+
+    def _repr_html_(self) -> str:
+        """The notebook display: metadata and arrays (shape, dtype, size,
+        order, mapped yet or not) as HTML tables; opens no payload."""
+        return _display.record_html(self)
+
+    def __str__(self) -> str:
+        """Several lines: metadata (nested fields as dotted names, the first
+        20) and arrays (shape, dtype, size, order, mapped yet or not)."""
+        return _display.record_text(self)
+
     def __repr__(self) -> str:
-        meta = ", ".join(f"{k}={v!r}" for k, v in list(self.meta.items())[:8])
+        meta = ", ".join(f"{k}={_display.short_repr(v)}" for k, v in list(self.meta.items())[:8])
         if len(self.meta) > 8:
             meta += ", ..."
         arrays = ", ".join(
@@ -204,3 +244,48 @@ class Record:
         if len(self._record["arrays"]) > 8:
             arrays += ", ..."
         return f"<lazyvault.Record {self._key!r} meta({meta}) arrays({arrays})>"
+
+
+def _attribute_name(name: str) -> bool:
+    """Whether a field or top-level array ``name`` is reachable as
+    ``rec.name``: an identifier that is not a keyword, not one of the
+    proxy's own attributes and not an introspection probe."""
+    return (
+        name.isidentifier()
+        and not keyword.iskeyword(name)
+        and not _is_probe(name)
+        and not hasattr(Record, name)
+    )
+
+
+def _array_property(name: str) -> property:
+    def get(self: Record) -> np.ndarray:
+        return self.array(name)
+
+    get.__name__ = get.__qualname__ = name
+    get.__doc__ = f"The array {name!r}, memory-mapped read-only on first access."
+    # a real class, not a string: jedi reads it to complete rec.name.<tab>
+    get.__annotations__ = {"return": np.ndarray}
+    return property(get)
+
+
+@functools.lru_cache(maxsize=1024)
+def _class_for(array_names: tuple[str, ...]) -> type[Record]:
+    """The class of a record whose arrays are ``array_names`` (cached: this
+    runs for every record read)."""
+    names = tuple(n for n in array_names if _attribute_name(n))
+    return _with_array_properties(names) if names else Record
+
+
+@functools.lru_cache(maxsize=1024)
+def _with_array_properties(names: tuple[str, ...]) -> type[Record]:
+    """The subclass of :class:`Record` with a property per array name
+    (cached: a store of like records shares one class)."""
+    namespace: dict[str, Any] = {n: _array_property(n) for n in names}
+    namespace.update(__slots__=(), __module__=Record.__module__, __qualname__="Record")
+    namespace["__doc__"] = Record.__doc__
+    cls = type("Record", (Record,), namespace)
+    from . import _pickling  # loaded by then (lazyvault/__init__); not at import: a cycle
+
+    _pickling.register_record_class(cls)
+    return cls

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import atexit
+import itertools
 import json
 import os
 import weakref
-from collections.abc import Callable, Iterable, Iterator, KeysView, MutableMapping, Sequence
-from typing import Any, Literal, overload
+from collections.abc import (
+    Callable,
+    Iterable,
+    Iterator,
+    KeysView,
+    Mapping,
+    MutableMapping,
+    Sequence,
+)
+from typing import TYPE_CHECKING, Any, Literal, overload
 
-from . import _archive, _arrays, _lazyvault, _split
+from . import _archive, _arrays, _display, _lazyvault, _split
 from ._progress import ProgressArg, progress_callback
 from ._source import DirectorySource
 from ._split import _text_ok
@@ -22,6 +31,9 @@ from .errors import (
     StoreNotFoundError,
 )
 from .record import Record
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _open_stores: weakref.WeakSet[Store] = weakref.WeakSet()
 
@@ -228,6 +240,43 @@ class Store(MutableMapping[str, Record]):
         if not self._core.delete(key):
             raise MissingKeyError(key)
 
+    def update(  # type: ignore[override]
+        self,
+        other: Mapping[str, Any] | Iterable[tuple[str, Any]] = (),
+        /,
+        *,
+        progress: ProgressArg = None,
+        **kwargs: Any,
+    ) -> None:
+        """Stores every ``key, obj`` of ``other`` (a mapping, or an iterable
+        of pairs, read one at a time) and of ``kwargs``, as ``dict.update``.
+
+        ``progress``: a tqdm bar when None and interactive, or True; False
+        for none; or a callable ``f(done, total)`` (records; ``total`` is
+        None for an iterable without a length). ``progress`` is this
+        option, never a key: store a record named so with
+        ``store["progress"] = obj``.
+        """
+        if isinstance(other, Mapping):
+            pairs: Iterable[tuple[str, Any]] = ((k, other[k]) for k in other)
+        elif hasattr(other, "keys"):  # dict.update's rule for mapping-likes
+            pairs = ((k, other[k]) for k in other.keys())  # type: ignore[index]
+        else:
+            pairs = other
+        try:
+            total: int | None = len(other) + len(kwargs)  # type: ignore[arg-type]
+        except TypeError:
+            total = None
+        with progress_callback(progress, "update", "record") as report:
+            done = 0
+            if report is not None:
+                report(0, total)
+            for key, obj in itertools.chain(pairs, kwargs.items()):
+                self[key] = obj
+                done += 1
+                if report is not None:
+                    report(done, total)
+
     def __contains__(self, key: object) -> bool:
         return self._core.contains(_check_key(key))
 
@@ -350,12 +399,22 @@ class Store(MutableMapping[str, Record]):
         with progress_callback(progress, "verify", "record") as callback:
             return self._core.verify(checksums, callback)
 
-    def gc(self) -> dict[str, int]:
+    def gc(self, *, progress: ProgressArg = None) -> dict[str, int]:
         """Removes payload and temporary files no record references (left by
         a crash or an overwrite) and compacts the record journal to one entry
         per record. Flushes first. Returns ``{"removed_files": n,
-        "removed_bytes": n, "journal_bytes_freed": n}``."""
-        return self._core.gc()
+        "removed_bytes": n, "journal_bytes_freed": n}``.
+
+        ``progress`` as in :meth:`verify`; the core works in one step, so the
+        report is ``(0, 1)`` then ``(1, 1)`` when done.
+        """
+        with progress_callback(progress, "gc", "step") as report:
+            if report is not None:
+                report(0, 1)
+            result = self._core.gc()
+            if report is not None:
+                report(1, 1)
+        return result
 
     @staticmethod
     def repair(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -392,23 +451,87 @@ class Store(MutableMapping[str, Record]):
         path: str | os.PathLike[str],
         keys: Iterable[str] | None = None,
         query: str | None = None,
+        *,
+        progress: ProgressArg = None,
     ) -> None:
         """Writes records to one file, format by extension: ``.lvz`` (a zip of
         64-byte aligned ``.npy`` members plus the records; ``Store.open`` maps
         it, ``np.load`` reads it as an npz), ``.npz`` or ``.safetensors``.
-        ``keys`` or ``query`` select the records (all by default)."""
+        ``keys`` or ``query`` select the records (all by default).
+
+        ``progress`` as in :meth:`verify`, counting arrays written (a
+        ``.lvz`` is written by the core in one step: ``(0, n)`` then
+        ``(n, n)``)."""
         from . import _interop
 
-        _interop.export(self, path, keys=keys, query=query)
+        _interop.export(self, path, keys=keys, query=query, progress=progress)
 
-    def import_file(self, path: str | os.PathLike[str], key: str | None = None) -> list[str]:
+    def import_file(
+        self,
+        path: str | os.PathLike[str],
+        key: str | None = None,
+        *,
+        progress: ProgressArg = None,
+    ) -> list[str]:
         """Reads a ``.npy``, ``.npz``, ``.safetensors`` or ``.lvz`` file (format
         from the content, not only the extension) into the store; returns the
         keys written. ``key`` names the record (default: the file's stem);
-        a ``.lvz`` brings back all its records under their own keys."""
+        a ``.lvz`` brings back all its records under their own keys.
+
+        ``path`` may be a directory: every ``.npy``, ``.npz``,
+        ``.safetensors`` and ``.lvz`` file in it and its subdirectories is
+        imported (other files are ignored), each record keyed by the file's
+        path relative to the directory without its extension
+        (``"run-1/weights"``); ``key`` is then not allowed.
+
+        ``progress`` as in :meth:`verify`, counting files for a directory,
+        records for a multi-record file (``.lvz``, lazyvault's ``.npz``).
+        """
         from . import _interop
 
-        return _interop.import_file(self, path, key=key)
+        return _interop.import_file(self, path, key=key, progress=progress)
+
+    # -- display and pandas (index only: no payload is opened) -----------------
+
+    def to_pandas(self, expr: str | None = None) -> pd.DataFrame:
+        """All records (or those matching the query ``expr``) as a pandas
+        DataFrame: one row per record, index ``key``, the metadata flattened
+        into dotted columns (``params.lr``), and ``<array>.shape`` (tuple)
+        and ``<array>.dtype`` (str) columns. Reads the index only.
+
+        Raises ``ModuleNotFoundError`` (an ``ImportError``) when pandas is
+        not installed, :class:`QueryError` for a malformed ``expr``.
+        """
+        from . import _frame
+
+        keys = self._core.keys() if expr is None else self.keys(expr)
+        return _frame.records_frame(self.__getitem__, keys)
+
+    def _ipython_key_completions_(self) -> list[str]:
+        """What ``store["<tab>`` offers in IPython: the keys."""
+        return self._core.keys()
+
+    def _title(self) -> str:
+        if self.closed:
+            return f"lazyvault.Store {self._path!r} (closed)"
+        n = len(self)
+        return f"lazyvault.Store {self._path!r} (mode {self.mode!r}): {n:,} record{'s' * (n != 1)}"
+
+    def _keys_for_display(self) -> list[str]:
+        return [] if self.closed else self._core.keys()
+
+    def __str__(self) -> str:
+        """Several lines: path, mode, number of records, and a table of the
+        first 20 records (key, metadata columns, arrays, size)."""
+        return _display.records_text(self._title(), self.__getitem__, self._keys_for_display())
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        """IPython's text display: :meth:`__str__`."""
+        _display.pretty(str(self), p, cycle)
+
+    def _repr_html_(self) -> str:
+        """The notebook display: :meth:`__str__` as an HTML table."""
+        return _display.records_html(self._title(), self.__getitem__, self._keys_for_display())
 
     def __repr__(self) -> str:
         if self.closed:
@@ -443,6 +566,29 @@ class Results(Sequence[Record]):
     def __iter__(self) -> Iterator[Record]:
         for key in self._keys:
             yield self._store[key]
+
+    def to_pandas(self) -> pd.DataFrame:
+        """These records as a pandas DataFrame, as :meth:`Store.to_pandas`."""
+        from . import _frame
+
+        return _frame.records_frame(self._store.__getitem__, self._keys)
+
+    def _title(self) -> str:
+        n = len(self._keys)
+        return f"lazyvault.Results: {n:,} record{'s' * (n != 1)} of {self._store.path!r}"
+
+    def __str__(self) -> str:
+        """Several lines: the number of records and a table of the first 20
+        (key, metadata columns, arrays, size)."""
+        return _display.records_text(self._title(), self._store.__getitem__, self._keys)
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        """IPython's text display: :meth:`__str__`."""
+        _display.pretty(str(self), p, cycle)
+
+    def _repr_html_(self) -> str:
+        """The notebook display: :meth:`__str__` as an HTML table."""
+        return _display.records_html(self._title(), self._store.__getitem__, self._keys)
 
     def __repr__(self) -> str:
         shown = ", ".join(repr(k) for k in self._keys[:5])

@@ -1,0 +1,290 @@
+"""What a record, a store or query results look like in a terminal and in a
+notebook: the ``_repr_pretty_`` text (IPython's ``text/plain``, also
+``str()``) and the ``_repr_html_`` table.
+
+Everything here reads the index only: metadata, and each array's shape,
+dtype and size as the record holds them. No payload is opened or mapped;
+whether an array is mapped is read from the proxy's cache. Large stores and
+results are paged (the first :data:`MAX_ROWS` rows, then "... N more").
+Keys, field names, values and dtype names are user data: the HTML escapes
+every one of them, and the text shows unprintable keys as ``repr``.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .record import Record
+
+__all__ = [
+    "MAX_COLUMNS",
+    "MAX_ROWS",
+    "flatten",
+    "human_size",
+    "record_html",
+    "record_text",
+    "records_html",
+    "records_text",
+    "short_repr",
+]
+
+#: Rows shown before "... N more" (records of a store, fields, arrays).
+MAX_ROWS = 20
+#: Metadata columns of a store or results table; the rest are counted.
+MAX_COLUMNS = 8
+#: Characters of one value shown before it is cut with "...".
+MAX_CELL = 40
+#: Arrays listed in one cell of a store table.
+MAX_ARRAYS_IN_CELL = 3
+
+_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+# one small style sheet per fragment, scoped by class: cells left-aligned
+# (notebooks centre or right-align them by default)
+_STYLE = (
+    "<style>.lazyvault-table {border-collapse: collapse; margin: 0.3em 0}"
+    " .lazyvault-table th, .lazyvault-table td {text-align: left; vertical-align: top;"
+    " font-family: monospace; padding: 1px 8px; white-space: pre}"
+    " .lazyvault-table th {border-bottom: 1px solid #888}</style>"
+)
+
+
+def human_size(nbytes: int) -> str:
+    """``nbytes`` in binary units: ``"240 B"``, ``"1.5 KiB"``, ``"1.0 GiB"``."""
+    if nbytes < 1024:
+        return f"{nbytes} B"
+    size = float(nbytes)
+    for unit in _UNITS:
+        size /= 1024
+        if size < 1024 or unit == _UNITS[-1]:
+            return f"{size:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def flatten(meta: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested metadata dicts as one level of dotted names:
+    ``{"params": {"lr": 0.1}}`` gives ``{"params.lr": 0.1}``. Lists and
+    empty dicts are values."""
+    out: dict[str, Any] = {}
+    for name, value in meta.items():
+        dotted = f"{prefix}{name}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, dotted + "."))
+        else:
+            out[dotted] = value
+    return out
+
+
+def _cut(text: str, limit: int = MAX_CELL) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _name(text: str) -> str:
+    """A key or a field name as shown: itself, or its repr when it holds
+    characters that would break a line (newlines, control characters)."""
+    return text if text.isprintable() else repr(text)
+
+
+def short_repr(value: Any) -> str:
+    """``repr(value)``, cut to :data:`MAX_CELL` characters."""
+    return _cut(repr(value))
+
+
+def _shape(shape: Sequence[int]) -> str:
+    return str(tuple(shape))
+
+
+class _Table:
+    """Column names, rows of cells (plain text) and a footer line."""
+
+    def __init__(self, columns: list[str]) -> None:
+        self.columns = columns
+        self.rows: list[list[str]] = []
+        self.more: str | None = None  # "... N more records"
+
+    def text(self, indent: str = "  ") -> Iterator[str]:
+        widths = [len(c) for c in self.columns]
+        for row in self.rows:
+            widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+        for row in (self.columns, *self.rows):
+            yield indent + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        if self.more:
+            yield indent + self.more
+
+    def html(self) -> str:
+        e = html.escape
+        head = "".join(f"<th>{e(c)}</th>" for c in self.columns)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{e(cell)}</td>" for cell in row) + "</tr>" for row in self.rows
+        )
+        if self.more:
+            body += f'<tr><td colspan="{len(self.columns)}"><em>{e(self.more)}</em></td></tr>'
+        return (
+            f'<table class="lazyvault-table"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{body}</tbody></table>"
+        )
+
+
+def _more(total: int, shown: int, what: str) -> str | None:
+    return f"... {total - shown:,} more {what}" if total > shown else None
+
+
+# -- one record ---------------------------------------------------------------
+
+
+def _record_parts(rec: Record) -> tuple[str, _Table, _Table]:
+    """(summary line, fields table, arrays table) of one record."""
+    fields = flatten(rec.meta)
+    arrays = rec.arrays
+    mapped = set(rec._cache)  # what this proxy has mapped so far; nothing is opened here
+    total = sum(info.nbytes for info in arrays.values())
+    summary = (
+        f"{len(fields):,} field{'s' * (len(fields) != 1)}, "
+        f"{len(arrays):,} array{'s' * (len(arrays) != 1)} ({human_size(total)}, "
+        f"{sum(1 for n in arrays if n in mapped):,} mapped)"
+    )
+    meta_table = _Table(["field", "value"])
+    for name, value in list(fields.items())[:MAX_ROWS]:
+        meta_table.rows.append([_cut(_name(name)), short_repr(value)])
+    meta_table.more = _more(len(fields), MAX_ROWS, "fields")
+    array_table = _Table(["array", "shape", "dtype", "size", "order", "mapped"])
+    for name, info in list(arrays.items())[:MAX_ROWS]:
+        array_table.rows.append(
+            [
+                _cut(_name(name)),
+                _shape(info.shape),
+                _cut(str(info.dtype)),
+                human_size(info.nbytes),
+                info.order,
+                "yes" if name in mapped else "no",
+            ]
+        )
+    array_table.more = _more(len(arrays), MAX_ROWS, "arrays")
+    return summary, meta_table, array_table
+
+
+def _record_title(rec: Record) -> str:
+    where = f" in {rec.store.path!r}" if rec.store is not None else ""
+    return f"lazyvault.Record {rec.key!r}{where}"
+
+
+def record_text(rec: Record) -> str:
+    """Several lines: the key, the metadata (nested fields as dotted names)
+    and the arrays (shape, dtype, size, order, mapped yet or not)."""
+    summary, meta_table, array_table = _record_parts(rec)
+    lines = [f"{_record_title(rec)}: {summary}"]
+    if meta_table.rows:
+        lines.extend(meta_table.text())
+    if array_table.rows:
+        lines.extend(array_table.text())
+    return "\n".join(lines)
+
+
+def record_html(rec: Record) -> str:
+    """The same as :func:`record_text` as an HTML fragment (two tables)."""
+    summary, meta_table, array_table = _record_parts(rec)
+    parts = [
+        '<div class="lazyvault-record">',
+        _STYLE,
+        f"<p><strong>{html.escape(_record_title(rec))}</strong>: {html.escape(summary)}</p>",
+    ]
+    if meta_table.rows:
+        parts.append(meta_table.html())
+    if array_table.rows:
+        parts.append(array_table.html())
+    parts.append("</div>")
+    return "".join(parts)
+
+
+# -- many records: a store, an archive, query results --------------------------
+
+
+def _arrays_cell(rec: Record) -> str:
+    arrays = rec.arrays
+    cells = [
+        f"{_cut(_name(n), 20)} {_cut(str(i.dtype), 20)} {_shape(i.shape)}"
+        for n, i in list(arrays.items())[:MAX_ARRAYS_IN_CELL]
+    ]
+    if len(arrays) > MAX_ARRAYS_IN_CELL:
+        cells.append(f"+{len(arrays) - MAX_ARRAYS_IN_CELL} more")
+    return ", ".join(cells)
+
+
+def _records_table(
+    get: Callable[[str], Record], keys: Sequence[str], total: int
+) -> tuple[_Table, str | None]:
+    """The table of the records ``keys`` (the first page) and a note on the
+    metadata columns left out."""
+    shown: list[Record | str] = []
+    for key in keys[:MAX_ROWS]:
+        try:
+            shown.append(get(key))
+        except KeyError:  # deleted since the query ran
+            shown.append(key)
+    flat = [flatten(rec.meta) if not isinstance(rec, str) else {} for rec in shown]
+    # the fields most records have first, then in first-seen order
+    counts: dict[str, int] = {}
+    for fields in flat:
+        for name in fields:
+            counts[name] = counts.get(name, 0) + 1
+    names = sorted(counts, key=lambda n: -counts[n])  # stable: ties keep first-seen order
+    columns = names[:MAX_COLUMNS]
+    hidden = len(names) - len(columns)
+    table = _Table(["key", *(_cut(_name(c)) for c in columns), "arrays", "size"])
+    for rec, fields in zip(shown, flat, strict=True):
+        if isinstance(rec, str):
+            table.rows.append([_cut(_name(rec)), *([""] * len(columns)), "(deleted)", ""])
+            continue
+        size = sum(info.nbytes for info in rec.arrays.values())
+        table.rows.append(
+            [
+                _cut(_name(rec.key)),
+                *(short_repr(fields[c]) if c in fields else "" for c in columns),
+                _arrays_cell(rec),
+                human_size(size),
+            ]
+        )
+    table.more = _more(total, len(shown), "records")
+    note = f"{hidden:,} more metadata field(s) not shown: see to_pandas()" if hidden else None
+    return table, note
+
+
+def records_text(
+    title: str, get: Callable[[str], Record], keys: Sequence[str], total: int | None = None
+) -> str:
+    """``title``, then a table of the first :data:`MAX_ROWS` of ``keys``
+    (``get`` builds each record): key, metadata columns, arrays, size."""
+    total = len(keys) if total is None else total
+    table, note = _records_table(get, keys, total)
+    lines = [title]
+    if table.rows:
+        lines.extend(table.text())
+    if note:
+        lines.append("  " + note)
+    return "\n".join(lines)
+
+
+def records_html(
+    title: str, get: Callable[[str], Record], keys: Sequence[str], total: int | None = None
+) -> str:
+    """:func:`records_text` as an HTML fragment."""
+    total = len(keys) if total is None else total
+    table, note = _records_table(get, keys, total)
+    parts = [
+        '<div class="lazyvault-records">',
+        _STYLE,
+        f"<p><strong>{html.escape(title)}</strong></p>",
+    ]
+    if table.rows:
+        parts.append(table.html())
+    if note:
+        parts.append(f"<p><em>{html.escape(note)}</em></p>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def pretty(text: str, p: Any, cycle: bool) -> None:
+    """Writes ``text`` to IPython's pretty printer ``p`` (``_repr_pretty_``)."""
+    p.text("..." if cycle else text)

@@ -1,0 +1,77 @@
+"""Records as a pandas DataFrame (``Store.to_pandas``, ``Results.to_pandas``),
+from the index only: no payload is opened. pandas is optional."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from . import _arrays
+from ._display import flatten
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from .record import Record
+
+__all__ = ["records_frame"]
+
+_MISSING = (
+    "to_pandas() needs pandas, which is not installed: "
+    "pip install pandas (or pip install 'lazyvault[pandas]')"
+)
+
+
+def _pandas() -> Any:
+    try:
+        import pandas
+    except ImportError as e:
+        raise ModuleNotFoundError(_MISSING, name="pandas") from e
+    return pandas
+
+
+def records_frame(get: Callable[[str], Record], keys: Iterable[str]) -> pd.DataFrame:
+    """One row per key (``get`` builds its record), index ``"key"``.
+
+    Columns: the metadata, nested dicts flattened to dotted names
+    (``params.lr``; lists stay values), then for each array path
+    ``<path>.shape`` (a tuple) and ``<path>.dtype`` (its ``str``). An array
+    column wins over a metadata field of the same dotted name. Fields a
+    record lacks are missing values (NaN). Columns in first-seen order.
+
+    Raises ``ModuleNotFoundError`` (an ``ImportError``) naming
+    ``pip install pandas`` when pandas is missing.
+    """
+    pd = _pandas()
+    index: list[str] = []
+    rows: list[dict[str, Any]] = []
+    for key in keys:
+        record = get(key)._record
+        row = flatten(record["meta"])
+        for name, entry in record["arrays"].items():
+            row[f"{name}.shape"] = tuple(entry["shape"])
+            row[f"{name}.dtype"] = str(_arrays.dtype_from_descr(entry["descr"]))
+        index.append(key)
+        rows.append(row)
+    # column by column: pandas would read a row's tuple cell as a sequence
+    columns: dict[str, list[Any]] = {}
+    for i, row in enumerate(rows):
+        for name, value in row.items():
+            column = columns.get(name)
+            if column is None:
+                column = columns[name] = [None] * len(rows)
+            column[i] = value
+    labels = pd.Index(index, name="key", dtype=object)
+    data = {
+        name: pd.Series(values, index=labels, dtype=_dtype_of(values))
+        for name, values in columns.items()
+    }
+    return pd.DataFrame(data, index=labels)
+
+
+def _dtype_of(values: list[Any]) -> Any:
+    """``object`` for columns of containers (tuples, lists, dicts), so that
+    pandas keeps each as one value; ``None`` (inferred) otherwise."""
+    if any(isinstance(v, (tuple, list, dict)) for v in values):
+        return object
+    return None
