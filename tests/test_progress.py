@@ -129,7 +129,8 @@ def test_import_of_a_multi_record_file_reports_records(store: lv.Store, tmp_path
 
 def test_gc_reports_its_one_step(store: lv.Store) -> None:
     calls, report = recorder()
-    assert store.gc(progress=report) == {"removed_files": 0, "removed_bytes": 0}
+    result = store.gc(progress=report)
+    assert (result["removed_files"], result["removed_bytes"]) == (0, 0)
     assert calls == [(0, 1), (1, 1)]
 
 
