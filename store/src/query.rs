@@ -239,6 +239,55 @@ impl Query {
     }
 }
 
+/// What evaluating a query reads from a record, so a scan can skip the
+/// rest while decoding: the top-level metadata fields its paths start with
+/// (`None`: all of them), and whether it reads array facts.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct QueryNeeds {
+    pub fields: std::collections::HashSet<String>,
+    pub arrays: bool,
+}
+
+impl Query {
+    /// The fields and facts this query reads (see [`QueryNeeds`]).
+    pub fn needs(&self) -> QueryNeeds {
+        let mut needs = QueryNeeds::default();
+        let mut stack = vec![&self.root];
+        let note = |path: &PathExpr, needs: &mut QueryNeeds| {
+            if path.root == Root::Key {
+                return;
+            }
+            if let Some(Seg::Field(first)) = path.segs.first() {
+                needs.fields.insert(first.clone());
+            }
+            if path.root == Root::Field && (path.fact.is_some() || path.array.is_some()) {
+                needs.arrays = true;
+            }
+        };
+        while let Some(node) = stack.pop() {
+            match node {
+                Node::Or(items) | Node::And(items) => stack.extend(items),
+                Node::Not(inner) => stack.push(inner),
+                Node::Compare { lhs, rhs, .. } => {
+                    for operand in [lhs, rhs] {
+                        if let Operand::Path(p) = operand {
+                            note(p, &mut needs);
+                        }
+                    }
+                }
+                Node::Exists(p) => note(p, &mut needs),
+                Node::Method { target, arg, .. } => {
+                    note(target, &mut needs);
+                    if let Operand::Path(p) = arg {
+                        note(p, &mut needs);
+                    }
+                }
+            }
+        }
+        needs
+    }
+}
+
 fn scalar(v: &Value) -> bool {
     !matches!(v, Value::Array(_) | Value::Object(_))
 }

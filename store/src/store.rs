@@ -18,7 +18,7 @@ use crate::fsio;
 use crate::index::Index;
 use crate::journal::{self, JournalWriter, JOURNAL_DIR};
 use crate::payload::{self, ArraySource, TMP_SUFFIX};
-use crate::query::{ArrayFacts, Query, RecordView};
+use crate::query::{ArrayFacts, Query, QueryNeeds, RecordView};
 
 mod maintenance;
 
@@ -140,13 +140,176 @@ pub struct Store {
     lock_file: Mutex<Option<File>>,
 }
 
-/// Record as decoded for scans: borrows strings from the index's bytes
-/// where it can, and skips the layout and payload ids without building them.
-#[derive(Deserialize)]
+/// Record as decoded for scans: only the metadata fields the query reads
+/// (see [`QueryNeeds`]), array facts only if it reads them, everything else
+/// (layout, ids, other fields) skipped without building values.
 struct ScanRecord<'a> {
     meta: Map<String, Value>,
-    #[serde(borrow, deserialize_with = "deserialize_arrays")]
     arrays: Vec<(String, ScanArray<'a>)>,
+}
+
+/// Decodes a [`ScanRecord`] keeping what `needs` names.
+struct ScanSeed<'n> {
+    needs: &'n QueryNeeds,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for ScanSeed<'_> {
+    type Value = ScanRecord<'de>;
+    fn deserialize<D: serde::Deserializer<'de>>(
+        self,
+        d: D,
+    ) -> std::result::Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for ScanSeed<'_> {
+    type Value = ScanRecord<'de>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a record")
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> std::result::Result<Self::Value, A::Error> {
+        let mut record = ScanRecord {
+            meta: Map::new(),
+            arrays: Vec::new(),
+        };
+        while let Some(key) = map.next_key_seed(KeySeed)? {
+            match &*key {
+                "meta" => record.meta = map.next_value_seed(MetaSeed { needs: self.needs })?,
+                "arrays" if self.needs.arrays => record.arrays = map.next_value_seed(ArraysSeed)?,
+                _ => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(record)
+    }
+}
+
+/// A map key, borrowed from the input when it has no escapes.
+struct KeySeed;
+
+impl<'de> serde::de::DeserializeSeed<'de> for KeySeed {
+    type Value = Cow<'de, str>;
+    fn deserialize<D: serde::Deserializer<'de>>(
+        self,
+        d: D,
+    ) -> std::result::Result<Self::Value, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for KeySeed {
+    type Value = Cow<'de, str>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a string")
+    }
+    fn visit_borrowed_str<E>(self, v: &'de str) -> std::result::Result<Self::Value, E> {
+        Ok(Cow::Borrowed(v))
+    }
+    fn visit_str<E>(self, v: &str) -> std::result::Result<Self::Value, E> {
+        Ok(Cow::Owned(v.to_owned()))
+    }
+}
+
+/// The metadata object, keeping only the fields `needs` names.
+struct MetaSeed<'n> {
+    needs: &'n QueryNeeds,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for MetaSeed<'_> {
+    type Value = Map<String, Value>;
+    fn deserialize<D: serde::Deserializer<'de>>(
+        self,
+        d: D,
+    ) -> std::result::Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for MetaSeed<'_> {
+    type Value = Map<String, Value>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a metadata object")
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> std::result::Result<Self::Value, A::Error> {
+        let mut meta = Map::new();
+        while let Some(key) = map.next_key_seed(KeySeed)? {
+            if self.needs.fields.contains(&*key) {
+                meta.insert(key.into_owned(), map.next_value::<Value>()?);
+            } else {
+                map.next_value::<serde::de::IgnoredAny>()?;
+            }
+        }
+        Ok(meta)
+    }
+}
+
+/// The `arrays` object as scans see it.
+struct ArraysSeed;
+
+impl<'de> serde::de::DeserializeSeed<'de> for ArraysSeed {
+    type Value = Vec<(String, ScanArray<'de>)>;
+    fn deserialize<D: serde::Deserializer<'de>>(
+        self,
+        d: D,
+    ) -> std::result::Result<Self::Value, D::Error> {
+        deserialize_arrays(d)
+    }
+}
+
+/// Decodes `bytes` for evaluating a query that needs `needs`.
+///
+/// Records as this writer stores them start `{"meta":{...},"arrays":{...},`
+/// (compact, in that order); then only those two values are parsed, and the
+/// layout after them, which repeats the metadata, is never tokenized.
+/// Any other shape is decoded in full.
+fn decode_for_scan<'a>(bytes: &'a [u8], needs: &QueryNeeds) -> serde_json::Result<ScanRecord<'a>> {
+    use serde::de::DeserializeSeed;
+    const META: &[u8] = br#"{"meta":"#;
+    const ARRAYS: &[u8] = br#","arrays":"#;
+    if needs.fields.is_empty() && !needs.arrays {
+        return Ok(ScanRecord {
+            meta: Map::new(),
+            arrays: Vec::new(),
+        });
+    }
+    if let Some(rest) = bytes.strip_prefix(META) {
+        // The extent of the metadata object, then its wanted fields.
+        let mut values =
+            serde_json::Deserializer::from_slice(rest).into_iter::<&serde_json::value::RawValue>();
+        let Some(raw) = values.next().transpose()? else {
+            return decode_whole(bytes, needs);
+        };
+        let after_meta = &rest[values.byte_offset()..];
+        let meta =
+            MetaSeed { needs }.deserialize(&mut serde_json::Deserializer::from_str(raw.get()))?;
+        let arrays = if needs.arrays {
+            let Some(rest) = after_meta.strip_prefix(ARRAYS) else {
+                return decode_whole(bytes, needs);
+            };
+            let mut de = serde_json::Deserializer::from_slice(rest);
+            ArraysSeed.deserialize(&mut de)?
+        } else {
+            Vec::new()
+        };
+        return Ok(ScanRecord { meta, arrays });
+    }
+    decode_whole(bytes, needs)
+}
+
+fn decode_whole<'a>(bytes: &'a [u8], needs: &QueryNeeds) -> serde_json::Result<ScanRecord<'a>> {
+    use serde::de::DeserializeSeed;
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let record = ScanSeed { needs }.deserialize(&mut de)?;
+    de.end()?;
+    Ok(record)
 }
 
 #[derive(Deserialize)]
@@ -672,13 +835,15 @@ impl Store {
     ) -> Result<()> {
         let guard = self.index()?;
         let index = guard.as_ref().expect("checked open");
+        let needs = query.map(Query::needs);
         if let Some(q) = query {
+            let needs = needs.as_ref().expect("set with the query");
             if let Some(plan) = q.index_plan(&|segs| index.is_indexed(segs)) {
                 for key in index.lookup(&plan.field.join("."), &plan.lookup)? {
                     let Some(bytes) = index.get(&key)? else {
                         continue;
                     };
-                    let record: ScanRecord = serde_json::from_slice(&bytes)
+                    let record = decode_for_scan(&bytes, needs)
                         .map_err(|e| Error::corrupt(format!("record {key:?}"), e))?;
                     if q.matches(&ScanView {
                         key: &key,
@@ -694,7 +859,7 @@ impl Store {
             let Some(query) = query else {
                 return f(key);
             };
-            let record: ScanRecord = serde_json::from_slice(bytes)
+            let record = decode_for_scan(bytes, needs.as_ref().expect("set with the query"))
                 .map_err(|e| Error::corrupt(format!("record {key:?}"), e))?;
             if query.matches(&ScanView {
                 key,
