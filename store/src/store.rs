@@ -494,9 +494,9 @@ impl Store {
     fn recover_journal(root: &Path, index: &Index) -> Result<u64> {
         let segments = journal::segments(root)?;
         let next = segments.last().map_or(1, |(n, _)| n + 1);
-        let Some((committed_segment, committed_end)) = index.journal_pos()? else {
-            return Ok(next);
-        };
+        // No position: no change ever reached the index, so every entry
+        // belongs to a change a crash cut off.
+        let (committed_segment, committed_end) = index.journal_pos()?.unwrap_or((0, 0));
         let mut changed = false;
         for (number, path) in &segments {
             if *number > committed_segment {

@@ -417,3 +417,32 @@ fn repair_refuses_what_is_not_a_store_and_a_held_store() {
     ));
     store.close().unwrap();
 }
+
+#[test]
+fn journal_entries_of_a_store_whose_index_saw_no_change_are_cut_at_open() {
+    // A writer killed before sled persisted its first batch (found by the
+    // crash harness, seed 0x188f41dadfc1f2c0): the index has no journal
+    // position, the journal has entries.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.lv");
+    Store::open(&path, Mode::Append).unwrap().close().unwrap();
+    let mut segment = b"LVJRNL\0\x01".to_vec();
+    segment.extend_from_slice(&1u64.to_le_bytes());
+    segment.extend_from_slice(&journal::encode(&journal::Entry {
+        key: "k08".into(),
+        change: journal::Change::Put {
+            record: br#"{"meta":{},"arrays":{},"layout":null}"#.to_vec(),
+            pickle: None,
+        },
+    }));
+    let file = path.join(journal::relpath(1));
+    fs::write(&file, &segment).unwrap();
+    let ro = Store::open(&path, Mode::ReadOnly).unwrap();
+    let report = ro.verify().unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    ro.close().unwrap();
+    let store = Store::open(&path, Mode::Append).unwrap();
+    assert!(!file.exists());
+    assert!(store.is_empty().unwrap());
+    store.close().unwrap();
+}

@@ -178,7 +178,9 @@ impl Store {
         let total = index.len()?;
         let mut report = VerifyReport::default();
         let mut referenced = HashSet::new();
-        let mut latest: HashMap<String, Version> = replay(&self.root, index.journal_pos()?)?
+        // Only what the index has seen: without a position, nothing.
+        let committed = index.journal_pos()?.unwrap_or((0, 0));
+        let mut latest: HashMap<String, Version> = replay(&self.root, Some(committed))?
             .versions
             .into_iter()
             .filter_map(|(k, mut v)| v.pop().map(|last| (k, last)))
