@@ -15,7 +15,8 @@
 //!          | key length u32 | record length u32 | flags u32 | reserved u32
 //!          | pickle length u64 | key | record JSON | pickle
 //!          | CRC-32 (IEEE) of the entry's preceding bytes (4)
-//! flags    bit 0: a pickled remainder follows; bit 1: a delete (no record)
+//! flags    bit 0: a pickled remainder follows; bit 1: a delete (no record);
+//!          bit 2: a commit (no key, no record): flush() made all before durable
 //! ```
 
 use std::fs::{self, File};
@@ -36,6 +37,7 @@ const HEADER_LEN: usize = 40;
 const CRC_LEN: usize = 4;
 const FLAG_PICKLE: u32 = 1;
 const FLAG_DELETE: u32 = 2;
+const FLAG_COMMIT: u32 = 4;
 
 /// What one journal entry records.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +50,9 @@ pub enum Change {
     },
     /// `key` was deleted.
     Delete,
+    /// `flush()` made everything before this point durable (the key is
+    /// empty): changes before a commit were acknowledged to the caller.
+    Commit,
 }
 
 /// One decoded entry.
@@ -64,12 +69,13 @@ fn too_large(what: &str) -> Error {
     Error::TooLarge(format!("{what} longer than 4 GiB"))
 }
 
-/// The 40-byte header of an entry.
+/// The 40-byte header of an entry; `kind` is 0 for a put, else the
+/// delete or commit flag.
 fn entry_header(
     key: &str,
     record: &[u8],
     pickle: Option<&[u8]>,
-    delete: bool,
+    kind: u32,
 ) -> Result<[u8; HEADER_LEN]> {
     let key_len = u32::try_from(key.len()).map_err(|_| too_large("a key"))?;
     let record_len = u32::try_from(record.len()).map_err(|_| too_large("record metadata"))?;
@@ -77,8 +83,7 @@ fn entry_header(
     h[0..8].copy_from_slice(ENTRY_MAGIC);
     h[16..20].copy_from_slice(&key_len.to_le_bytes());
     h[20..24].copy_from_slice(&record_len.to_le_bytes());
-    let flags =
-        if pickle.is_some() { FLAG_PICKLE } else { 0 } | if delete { FLAG_DELETE } else { 0 };
+    let flags = if pickle.is_some() { FLAG_PICKLE } else { 0 } | kind;
     h[24..28].copy_from_slice(&flags.to_le_bytes());
     h[32..40].copy_from_slice(&(pickle.map_or(0, <[u8]>::len) as u64).to_le_bytes());
     Ok(h)
@@ -87,8 +92,9 @@ fn entry_header(
 /// Encodes a whole entry into memory (tests and fuzzing).
 pub fn encode(entry: &Entry) -> Vec<u8> {
     let (record, pickle, delete) = match &entry.change {
-        Change::Put { record, pickle } => (&record[..], pickle.as_deref(), false),
-        Change::Delete => (&[][..], None, true),
+        Change::Put { record, pickle } => (&record[..], pickle.as_deref(), 0),
+        Change::Delete => (&[][..], None, FLAG_DELETE),
+        Change::Commit => (&[][..], None, FLAG_COMMIT),
     };
     let header = entry_header(&entry.key, record, pickle, delete).expect("small inputs");
     let mut out = header.to_vec();
@@ -119,7 +125,10 @@ pub fn decode(bytes: &[u8]) -> std::result::Result<(Entry, usize), String> {
     let record_len = u64::from(u32_at(20));
     let flags = u32_at(24);
     let pickle_len = u64::from_le_bytes(bytes[32..40].try_into().expect("8 bytes"));
-    if flags & !(FLAG_PICKLE | FLAG_DELETE) != 0 || u32_at(28) != 0 || bytes[8..16] != [0; 8] {
+    if flags & !(FLAG_PICKLE | FLAG_DELETE | FLAG_COMMIT) != 0
+        || u32_at(28) != 0
+        || bytes[8..16] != [0; 8]
+    {
         return Err(format!(
             "unknown flags {flags:#x} (written by a newer lazyvault?)"
         ));
@@ -129,6 +138,9 @@ pub fn decode(bytes: &[u8]) -> std::result::Result<(Entry, usize), String> {
     }
     if flags & FLAG_DELETE != 0 && (record_len != 0 || flags & FLAG_PICKLE != 0) {
         return Err("a delete carries a record".into());
+    }
+    if flags & FLAG_COMMIT != 0 && (flags != FLAG_COMMIT || record_len != 0 || key_len != 0) {
+        return Err("a commit carries a key or a record".into());
     }
     let total = (HEADER_LEN as u64 + CRC_LEN as u64)
         .checked_add(key_len)
@@ -147,10 +159,12 @@ pub fn decode(bytes: &[u8]) -> std::result::Result<(Entry, usize), String> {
     let record_end = key_end + record_len as usize;
     let key = std::str::from_utf8(&bytes[HEADER_LEN..key_end])
         .map_err(|_| "the key is not UTF-8".to_owned())?;
-    if key.is_empty() {
+    if key.is_empty() && flags != FLAG_COMMIT {
         return Err("empty key".into());
     }
-    let change = if flags & FLAG_DELETE != 0 {
+    let change = if flags & FLAG_COMMIT != 0 {
+        Change::Commit
+    } else if flags & FLAG_DELETE != 0 {
         Change::Delete
     } else {
         Change::Put {
@@ -264,6 +278,8 @@ pub(crate) struct JournalWriter {
     next_number: u64,
     /// Appended since the last sync.
     dirty: bool,
+    /// Changes appended since the last commit.
+    uncommitted: bool,
 }
 
 impl JournalWriter {
@@ -274,6 +290,7 @@ impl JournalWriter {
             current: None,
             next_number,
             dirty: false,
+            uncommitted: false,
         }
     }
 
@@ -306,6 +323,7 @@ impl JournalWriter {
     pub(crate) fn start_segment(&mut self) -> Result<()> {
         self.open_segment()?;
         self.dirty = true;
+        self.uncommitted = true;
         Ok(())
     }
 
@@ -316,13 +334,13 @@ impl JournalWriter {
         record: &[u8],
         pickle: Option<&[u8]>,
     ) -> Result<Position> {
-        let header = entry_header(key, record, pickle, false)?;
+        let header = entry_header(key, record, pickle, 0)?;
         self.append(&[&header, key.as_bytes(), record, pickle.unwrap_or_default()])
     }
 
     /// Appends a delete of `key`; returns the position after it.
     pub(crate) fn delete(&mut self, key: &str) -> Result<Position> {
-        let header = entry_header(key, &[], None, true)?;
+        let header = entry_header(key, &[], None, FLAG_DELETE)?;
         self.append(&[&header, key.as_bytes()])
     }
 
@@ -340,6 +358,7 @@ impl JournalWriter {
                 segment.len += entry.len() as u64;
                 let pos = (segment.number, segment.len);
                 self.dirty = true;
+                self.uncommitted = true;
                 Ok(pos)
             }
             Err(e) => {
@@ -388,6 +407,20 @@ impl JournalWriter {
             }
         }
         self.dirty = false;
+        Ok(())
+    }
+
+    /// Appends a commit (see [`Change::Commit`]) after the changes since
+    /// the last one and makes it durable: called once the index holds them
+    /// durably too, so a commit means "acknowledged to the caller".
+    pub(crate) fn commit(&mut self) -> Result<()> {
+        if !self.uncommitted {
+            return Ok(());
+        }
+        let header = entry_header("", &[], None, FLAG_COMMIT)?;
+        self.append(&[&header])?;
+        self.sync()?;
+        self.uncommitted = false;
         Ok(())
     }
 
@@ -463,10 +496,15 @@ mod tests {
         let mut w = JournalWriter::new(dir.path(), 7);
         w.put("a", b"{}", None).unwrap();
         let (n, end) = w.delete("a").unwrap();
-        w.put("b", b"{}", Some(b"p")).unwrap();
-        w.sync().unwrap();
+        let (_, end_b) = w.put("b", b"{}", Some(b"p")).unwrap();
+        w.commit().unwrap();
         let path = dir.path().join(relpath(n));
         let full = fs::metadata(&path).unwrap().len();
+        // commit() appended a commit after the last change.
+        let read = read_segment(&path, n, None).unwrap();
+        assert_eq!(read.entries.len(), 4);
+        assert_eq!(read.entries[3].0.change, Change::Commit);
+        assert_eq!(read.entries[3].1, full);
         File::options()
             .write(true)
             .open(&path)
@@ -474,9 +512,9 @@ mod tests {
             .set_len(full - 3)
             .unwrap();
         let read = read_segment(&path, n, None).unwrap();
-        assert_eq!(read.entries.len(), 2);
+        assert_eq!(read.entries.len(), 3);
         assert_eq!(read.entries[1].1, end);
-        assert!(read.torn.unwrap().contains(&format!("at byte {end}")));
+        assert!(read.torn.unwrap().contains(&format!("at byte {end_b}")));
         assert_eq!(read_segment(&path, n, Some(end)).unwrap().torn, None);
         assert_eq!(segments(dir.path()).unwrap(), [(7, path)]);
     }

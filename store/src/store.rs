@@ -386,6 +386,62 @@ fn remove_quietly(root: &Path, relpaths: impl IntoIterator<Item = String>) {
     }
 }
 
+/// The journal after the index's position, as found at open.
+struct JournalTail {
+    /// How many changes a flush acknowledged (a commit follows them) that
+    /// the index does not reflect: the index is behind, not the journal.
+    lost: Option<usize>,
+    /// Where the journal can be cut: after the last commit past the
+    /// index's position, or at that position.
+    keep: journal::Position,
+}
+
+/// Reads the journal past the index's position (all of it when the index
+/// has none) and compares the acknowledged changes there with the index:
+/// after a crash they are duplicates of what the index holds (sled wrote
+/// the batch, or a compaction had not yet moved the position); after a
+/// power loss that cost the index flushed changes, they are not.
+fn journal_tail(root: &Path, index: &Index) -> Result<JournalTail> {
+    let committed = index.journal_pos()?.unwrap_or((0, 0));
+    let mut keep = committed;
+    let mut pending: Vec<journal::Entry> = Vec::new();
+    let mut lost = 0;
+    for (number, path) in journal::segments(root)? {
+        if number < committed.0 {
+            continue;
+        }
+        let read = journal::read_segment(&path, number, None)?;
+        for (entry, end) in read.entries {
+            if number == committed.0 && end <= committed.1 {
+                continue;
+            }
+            if entry.change == journal::Change::Commit {
+                for change in pending.drain(..) {
+                    let reflected = match &change.change {
+                        journal::Change::Put { record, pickle } => {
+                            index.get(&change.key)?.as_deref() == Some(&record[..])
+                                && index.get_pickle(&change.key)? == *pickle
+                        }
+                        journal::Change::Delete => !index.contains(&change.key)?,
+                        journal::Change::Commit => true,
+                    };
+                    if !reflected {
+                        lost += 1;
+                    }
+                }
+                keep = (number, end);
+            } else {
+                pending.push(entry);
+            }
+        }
+        // A torn tail ends the segment; the next one goes on.
+    }
+    Ok(JournalTail {
+        lost: (lost > 0).then_some(lost),
+        keep,
+    })
+}
+
 /// How long `close()` waits for sled to shut down after it failed to write.
 const STUCK_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -494,22 +550,34 @@ impl Store {
     fn recover_journal(root: &Path, index: &Index) -> Result<u64> {
         let segments = journal::segments(root)?;
         let next = segments.last().map_or(1, |(n, _)| n + 1);
-        // No position: no change ever reached the index, so every entry
-        // belongs to a change a crash cut off.
-        let (committed_segment, committed_end) = index.journal_pos()?.unwrap_or((0, 0));
+        let tail = journal_tail(root, index)?;
+        if let Some(lost) = tail.lost {
+            return Err(Error::corrupt(
+                format!("store {}", root.display()),
+                format!(
+                    "the index is behind the journal: {lost} change(s) that flush() acknowledged \
+                     are missing from it (a power loss, or a damaged index); `lazyvault repair \
+                     {}` rebuilds it from the journal",
+                    root.display()
+                ),
+            ));
+        }
+        // Cut the changes no flush acknowledged: a crash cut them off
+        // before their index entry.
+        let (keep_segment, keep_end) = tail.keep;
         let mut changed = false;
         for (number, path) in &segments {
-            if *number > committed_segment {
+            if *number > keep_segment {
                 fsio::remove_file(path).map_err(Error::io(path))?;
                 changed = true;
-            } else if *number == committed_segment {
+            } else if *number == keep_segment {
                 let len = fs::metadata(path).map_err(Error::io(path))?.len();
-                if len > committed_end {
+                if len > keep_end {
                     let file = File::options()
                         .write(true)
                         .open(path)
                         .map_err(Error::io(path))?;
-                    fsio::truncate(&file, path, committed_end)
+                    fsio::truncate(&file, path, keep_end)
                         .and_then(|()| fsio::sync_file(&file, path))
                         .map_err(Error::io(path))?;
                 }
@@ -1013,6 +1081,8 @@ impl Store {
             return Err(index.stuck_error());
         }
         index.flush()?;
+        // Only now are the changes acknowledged: say so in the journal.
+        writer.journal.commit()?;
         remove_quietly(&self.root, writer.pending_removal.drain(..));
         Ok(())
     }

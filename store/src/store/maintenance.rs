@@ -43,12 +43,14 @@ fn replay(root: &Path, committed: Option<Position>) -> Result<Replay> {
         };
         let read = journal::read_segment(&path, number, limit)?;
         for (entry, end) in read.entries {
-            out.entries += 1;
             out.end = Some((number, end));
-            out.versions
-                .entry(entry.key)
-                .or_default()
-                .push(entry.change);
+            if entry.change != Change::Commit {
+                out.entries += 1;
+                out.versions
+                    .entry(entry.key)
+                    .or_default()
+                    .push(entry.change);
+            }
         }
         out.torn.extend(read.torn);
         if out.end.is_none_or(|(n, _)| n != number) {
@@ -119,6 +121,19 @@ impl Store {
         }
         self.flush()?;
         let mut writer = self.writer()?;
+        // gc rewrites the journal from the index and deletes what the index
+        // does not reference: never on an index that lost records.
+        let disagreements = self.index_journal_disagreements()?;
+        if disagreements > 0 {
+            return Err(Error::corrupt(
+                format!("store {}", self.root.display()),
+                format!(
+                    "gc refused: the index and the journal disagree on {disagreements} \
+                     record(s); `lazyvault verify` lists them, `lazyvault repair` rebuilds \
+                     the index from the journal"
+                ),
+            ));
+        }
         let mut report = GcReport::default();
         self.compact_journal(&mut writer.journal, &mut report)?;
         let referenced = self.referenced()?;
@@ -128,6 +143,34 @@ impl Store {
             report.removed_bytes += size;
         }
         Ok(report)
+    }
+
+    /// How many keys the index and the journal (replayed up to the index's
+    /// position) disagree on, plus acknowledged changes past it.
+    fn index_journal_disagreements(&self) -> Result<usize> {
+        let guard = self.index()?;
+        let index = guard.as_ref().expect("checked open");
+        let committed = index.journal_pos()?.unwrap_or((0, 0));
+        let mut latest: HashMap<String, Version> = replay(&self.root, Some(committed))?
+            .versions
+            .into_iter()
+            .filter_map(|(k, mut v)| v.pop().map(|last| (k, last)))
+            .collect();
+        let mut bad = 0;
+        index.scan(|key, bytes| {
+            let pickle = index.get_pickle(key)?;
+            match latest.remove(key) {
+                Some(Change::Put { record, pickle: p }) if record == bytes && p == pickle => {}
+                _ => bad += 1,
+            }
+            Ok(())
+        })?;
+        bad += latest
+            .values()
+            .filter(|v| matches!(v, Change::Put { .. }))
+            .count();
+        bad += super::journal_tail(&self.root, index)?.lost.unwrap_or(0);
+        Ok(bad)
     }
 
     /// Writes every record to a new segment, makes it durable and the
@@ -148,6 +191,7 @@ impl Store {
         compact.sync()?;
         index.set_journal_pos(compact.position().expect("started"))?;
         index.flush()?;
+        compact.commit()?;
         *current = JournalWriter::new(&self.root, number + 1);
         let mut freed = 0u64;
         for (_, path) in old {
@@ -197,6 +241,7 @@ impl Store {
                 Some(Change::Delete) => report
                     .problems
                     .push(format!("record {key:?}: the journal says it was deleted")),
+                Some(Change::Commit) => unreachable!("replay keeps no commits"),
                 None => report
                     .problems
                     .push(format!("record {key:?}: not in the journal")),
@@ -235,6 +280,12 @@ impl Store {
             report.problems.push(format!(
                 "record {key:?}: in the journal but not in the index \
                  (`lazyvault repair` rebuilds the index from the journal)"
+            ));
+        }
+        if let Some(lost) = super::journal_tail(&self.root, index)?.lost {
+            report.problems.push(format!(
+                "the index is behind the journal: {lost} change(s) that flush() acknowledged \
+                 are missing from it (`lazyvault repair` rebuilds the index from the journal)"
             ));
         }
         for rel in &writer.pending_removal {
@@ -306,8 +357,11 @@ impl Store {
     /// store, [`Error::Locked`] while a `Store` holds it, I/O errors.
     pub fn repair(path: impl AsRef<Path>) -> Result<RepairReport> {
         let root = path.as_ref().to_owned();
-        if !root.is_dir() {
+        if !root.exists() {
             return Err(Error::NotFound(root));
+        }
+        if !root.is_dir() {
+            return Err(Error::NotAStore(root));
         }
         let manifest_path = root.join(MANIFEST_FILE);
         if !manifest_path.is_file() {
@@ -321,23 +375,52 @@ impl Store {
         let lock_file = Self::lock(&root)?;
         let mut report = RepairReport::default();
         let index_dir = root.join(INDEX_DIR);
-        if fs::symlink_metadata(&index_dir).is_ok() {
-            let moved = (1u32..)
-                .map(|n| root.join(format!("{INDEX_DIR}.damaged-{n}")))
-                .find(|p| fs::symlink_metadata(p).is_err())
-                .expect("a free name");
-            fs::rename(&index_dir, &moved).map_err(Error::io(&moved))?;
-            payload::sync_dir(&root)?;
-            report.moved_index = Some(moved);
+        // Everything that can fail on bad input is read before anything
+        // moves: a failed repair leaves the store as it found it.
+        let journal_dir = root.join(JOURNAL_DIR);
+        if fs::symlink_metadata(&journal_dir).is_ok_and(|m| !m.is_dir()) {
+            return Err(Error::corrupt(
+                format!("store {}", root.display()),
+                format!("{} is not a directory", journal_dir.display()),
+            ));
         }
+        let list_path = root.join(INDEXES_FILE);
+        let index_names: Vec<(String, Vec<String>)> = match fs::read(&list_path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(Error::io(&list_path)(e)),
+            Ok(text) => {
+                let names: Vec<String> = serde_json::from_slice::<Value>(&text)
+                    .ok()
+                    .and_then(|v| serde_json::from_value(v.get("indexes")?.clone()).ok())
+                    .ok_or_else(|| {
+                        Error::corrupt(list_path.display().to_string(), "not a list of indexes")
+                    })?;
+                names
+                    .into_iter()
+                    .map(|n| {
+                        let segs = crate::secondary::parse_field(&n)
+                            .map_err(|e| Error::corrupt(list_path.display().to_string(), e))?;
+                        Ok((n, segs))
+                    })
+                    .collect::<Result<_>>()?
+            }
+        };
         let replayed = replay(&root, None)?;
         report.entries = replayed.entries;
         report.skipped.extend(replayed.torn);
-        let index = Index::open(&index_dir)?;
+        // The new index is built aside and swapped in only when complete: a
+        // repair killed half-way leaves no half-built index in place.
+        let building = root.join(format!("{INDEX_DIR}.repairing"));
+        if fs::symlink_metadata(&building).is_ok() {
+            fs::remove_dir_all(&building).map_err(Error::io(&building))?;
+        }
+        let index = Index::open(&building)?;
         let mut keys: Vec<_> = replayed.versions.into_iter().collect();
         keys.sort_by(|a, b| a.0.cmp(&b.0));
         let end = replayed.end.unwrap_or((0, journal::SEGMENT_HEADER_LEN));
         for (key, versions) in keys {
+            let mut fallback = None;
+            let mut chosen = false;
             for version in versions.into_iter().rev() {
                 let Change::Put { record, pickle } = version else {
                     break; // deleted: the key stays absent
@@ -345,31 +428,46 @@ impl Store {
                 match Self::payloads_usable(&root, &key, &record) {
                     Ok(()) => {
                         index.put(&key, &record, pickle.as_deref(), end)?;
-                        report.records += 1;
+                        chosen = true;
                         break;
                     }
-                    Err(e) => report.skipped.push(e.to_string()),
+                    Err(e) => {
+                        report.skipped.push(e.to_string());
+                        fallback.get_or_insert((record, pickle));
+                    }
                 }
             }
+            if !chosen {
+                if let Some((record, pickle)) = fallback {
+                    // No version has intact payloads: keep the latest, its
+                    // metadata and good arrays are still worth having
+                    // (verify lists the damaged payloads).
+                    report.skipped.push(format!(
+                        "record {key:?}: kept in its latest version, whose payloads are damaged"
+                    ));
+                    index.put(&key, &record, pickle.as_deref(), end)?;
+                    chosen = true;
+                }
+            }
+            report.records += u64::from(chosen);
         }
         index.set_journal_pos(end)?;
-        let list_path = root.join(INDEXES_FILE);
-        if let Ok(text) = fs::read(&list_path) {
-            let names: Vec<String> = serde_json::from_slice::<Value>(&text)
-                .ok()
-                .and_then(|v| serde_json::from_value(v.get("indexes")?.clone()).ok())
-                .ok_or_else(|| {
-                    Error::corrupt(list_path.display().to_string(), "not a list of indexes")
-                })?;
-            for name in names {
-                let segs = crate::secondary::parse_field(&name)
-                    .map_err(|e| Error::corrupt(list_path.display().to_string(), e))?;
-                index.create_index(&name, segs)?;
-                report.indexes.push(name);
-            }
+        for (name, segs) in index_names {
+            index.create_index(&name, segs)?;
+            report.indexes.push(name);
         }
         index.flush()?;
         drop(index);
+        if fs::symlink_metadata(&index_dir).is_ok() {
+            let moved = (1u32..)
+                .map(|n| root.join(format!("{INDEX_DIR}.damaged-{n}")))
+                .find(|p| fs::symlink_metadata(p).is_err())
+                .expect("a free name");
+            fs::rename(&index_dir, &moved).map_err(Error::io(&moved))?;
+            report.moved_index = Some(moved);
+        }
+        fs::rename(&building, &index_dir).map_err(Error::io(&index_dir))?;
+        payload::sync_dir(&root)?;
         drop(lock_file);
         Ok(report)
     }
