@@ -1005,6 +1005,9 @@ impl ArchiveIndex {
     /// byte: used before unpickling a payload and by verify).
     pub fn check_member_crc(&self, bytes: &[u8], entry: &ArrayEntry) -> Result<()> {
         let what = format!("{}: member {ARRAYS_PREFIX}{}.npy", self.what, entry.id);
+        if bytes.len() != self.len {
+            return Err(corrupt(&what, "the archive bytes changed size"));
+        }
         let (Some(range), Some(&crc)) =
             (self.members.get(&entry.id), self.member_crcs.get(&entry.id))
         else {

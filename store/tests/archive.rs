@@ -381,3 +381,22 @@ fn write_archive_file_replaces_by_rename_and_cleans_up_on_error() {
     .unwrap();
     assert_eq!(Archive::open(&path).unwrap().index().keys(), ["k"]);
 }
+
+/// Found by the fuzz smoke test: `check_member_crc` sliced the bytes it was
+/// given without checking that they are those `parse` read (as
+/// `array_range` does), and panicked on shorter ones.
+#[test]
+fn member_crc_of_other_bytes_is_an_error_not_a_panic() {
+    let bytes = sample_archive();
+    let index = ArchiveIndex::parse(&bytes, "mem").unwrap();
+    let entry = &index.get("k").unwrap().record.arrays["a"];
+    index.check_member_crc(&bytes, entry).unwrap();
+    for other in [&bytes[..bytes.len() / 2], &bytes[..0]] {
+        let err = index.check_member_crc(other, entry).unwrap_err();
+        assert!(matches!(err, Error::Corrupt { .. }), "{err}");
+        assert!(index.array_range(other, entry).is_err());
+    }
+    let mut longer = bytes.clone();
+    longer.push(0);
+    assert!(index.check_member_crc(&longer, entry).is_err());
+}
