@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use lazyvault_store::archive::{write_archive_bytes, ARRAYS_PREFIX};
 use lazyvault_store::npy::{parse_header, write_header, NUMPY_MAX_HEADER_LEN};
 use lazyvault_store::schema::{ArrayEntry, Manifest, Record};
-use lazyvault_store::ArraySource;
+use lazyvault_store::{journal, ArraySource};
 use serde_json::{json, Map, Value};
 use zip::write::SimpleFileOptions;
 use zip::{CompressionMethod, ZipArchive, ZipWriter};
@@ -333,6 +333,7 @@ fn entry(id: &str, descr: &str, shape: Vec<u64>, nbytes: u64) -> ArrayEntry {
         nbytes,
         data_offset: 128,
         pickled: false,
+        checksum: None,
     }
 }
 
@@ -368,6 +369,23 @@ fn record_seeds() -> Vec<Vec<u8>> {
         pickle: false,
     };
     let mut seeds = vec![full.to_json(), empty.to_json()];
+    // Record journal entries: a put with a pickle, a delete, a commit.
+    for (key, change) in [
+        (
+            "run/1",
+            journal::Change::Put {
+                record: full.to_json(),
+                pickle: Some(b"\x80\x05N.".to_vec()),
+            },
+        ),
+        ("run/1", journal::Change::Delete),
+        ("", journal::Change::Commit),
+    ] {
+        seeds.push(journal::encode(&journal::Entry {
+            key: key.into(),
+            change,
+        }));
+    }
     seeds.push(br#"{"meta":{},"arrays":{},"layout":null,"from_a_newer_minor":1}"#.to_vec());
     seeds.push(Manifest::new("lazyvault 0.1.0").to_json());
     seeds.push(

@@ -267,7 +267,8 @@ pub fn check_query(data: &[u8]) -> bool {
 // ---------------------------------------------------------------------------
 // Records and manifests
 
-/// `Record::from_json` and `Manifest::from_json` on arbitrary bytes: no panic;
+/// `Record::from_json`, `Manifest::from_json` and the journal entry decoder
+/// (`journal::decode`) on arbitrary bytes: no panic;
 /// what decodes re-encodes to JSON that decodes to an equal value, and
 /// encoding is then a fixed point. Returns whether either decoded.
 pub fn check_record(data: &[u8]) -> bool {
@@ -298,6 +299,16 @@ pub fn check_record(data: &[u8]) -> bool {
             assert_eq!(entry.data_offset % ALIGNMENT as u64, 0);
             assert_eq!(entry.is_empty(), entry.len() == Some(0));
         }
+    }
+    // The record journal's entries: what decodes re-encodes to the same bytes.
+    if let Ok((entry, used)) = lazyvault_store::journal::decode(data) {
+        accepted = true;
+        assert!(used <= data.len());
+        assert_eq!(
+            lazyvault_store::journal::encode(&entry),
+            &data[..used],
+            "journal entry encoding is not a fixed point"
+        );
     }
     if let Ok(manifest) = Manifest::from_json(data) {
         accepted = true;
