@@ -458,3 +458,18 @@ def test_gc_on_a_mistyped_path_creates_nothing(tmp_path: Path) -> None:
     missing = tmp_path / "typo.lv"
     assert main(["gc", str(missing)]) == 1
     assert not missing.exists()
+
+
+def test_ls_escapes_control_characters_and_export_names_a_missing_key(tmp_path: Path) -> None:
+    # fresh-user trial: a key with a newline printed as two lines, ESC went raw
+    path = tmp_path / "s.lv"
+    with lv.Store.open(path) as store:
+        store["line\nbreak"] = {"a": 1}
+        store["esc\x1b[31m"] = {"a": 2}
+    proc = cli("ls", path)
+    assert proc.returncode == 0
+    assert proc.stdout.splitlines() == ["esc\\x1b[31m", "line\\nbreak"]
+    assert json.loads(cli("ls", path, "--json").stdout) == ["esc\x1b[31m", "line\nbreak"]
+    proc = cli("export", path, tmp_path / "o.lvz", "--keys", "nokey")
+    assert proc.returncode == 1
+    assert "no record with key 'nokey'" in proc.stderr

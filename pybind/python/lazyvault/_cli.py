@@ -103,8 +103,17 @@ def _cmd_ls(args: argparse.Namespace, out: TextIO) -> int:
         _dump(keys, out)
     else:
         for key in keys:
-            out.write(key + "\n")
+            out.write(_printable(key) + "\n")
     return 0
+
+
+def _printable(text: str) -> str:
+    """``text`` with control characters escaped as Python would (``\\n``,
+    ``\\x1b``), so one key stays one line and no escape sequence reaches
+    the terminal; ``--json`` gives the exact keys."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _array_info(info: Any) -> dict[str, Any]:

@@ -100,6 +100,7 @@ from .errors import (
     InvalidFileError,
     KeyTypeError,
     LazyvaultError,
+    MissingKeyError,
     PickleNotAllowedError,
     StorageError,
     UnknownFormatError,
@@ -1078,7 +1079,8 @@ def _resolve_keys(store: Store, keys: Iterable[str] | None, query: str | None) -
         raise TypeError("keys= takes an iterable of keys, not one str (wrap it: [key])")
     out = list(dict.fromkeys(keys))
     for k in out:
-        store[k]  # MissingKeyError (a KeyError) before anything is written
+        if k not in store:  # before anything is written
+            raise MissingKeyError(f"no record with key {k!r} to export")
     return out
 
 
