@@ -75,8 +75,8 @@ pub struct VerifyReport {
     pub records: u64,
     /// Payloads checked.
     pub arrays: u64,
-    /// Payloads whose data was hashed against the checksum recorded at
-    /// write time.
+    /// Payloads whose data was hashed and matched the checksum recorded at
+    /// write time (a mismatch is a problem instead).
     pub checksummed: u64,
     /// One line per damaged or missing payload, undecodable record, or
     /// disagreement between the index and the journal.
