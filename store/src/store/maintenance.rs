@@ -83,6 +83,75 @@ fn walk_two_levels(dir: &Path, mut f: impl FnMut(PathBuf, &str, u64)) -> Result<
     Ok(())
 }
 
+/// The index checked against the journal replayed up to the index's
+/// position: shared by `verify` (which reports each disagreement) and `gc`
+/// (which refuses to run on any).
+struct JournalCheck {
+    /// Each key's latest journal version, removed as the index is scanned.
+    latest: HashMap<String, Version>,
+}
+
+impl JournalCheck {
+    fn new(root: &Path, index: &Index) -> Result<JournalCheck> {
+        // Only what the index has seen: without a position, nothing.
+        let committed = index.journal_pos()?.unwrap_or((0, 0));
+        let latest = replay(root, Some(committed))?
+            .versions
+            .into_iter()
+            .filter_map(|(k, mut v)| v.pop().map(|last| (k, last)))
+            .collect();
+        Ok(JournalCheck { latest })
+    }
+
+    /// How the index's `record` and `pickle` of `key` disagree with the
+    /// journal, if they do.
+    fn record(&mut self, key: &str, record: &[u8], pickle: Option<Vec<u8>>) -> Option<String> {
+        match self.latest.remove(key) {
+            Some(Change::Put {
+                record: r,
+                pickle: p,
+            }) if r == record && p == pickle => None,
+            Some(Change::Put { .. }) => Some(format!(
+                "record {key:?}: the journal's latest entry holds a different record \
+                 (`lazyvault repair` rebuilds the index from the journal)"
+            )),
+            Some(Change::Delete) => {
+                Some(format!("record {key:?}: the journal says it was deleted"))
+            }
+            Some(Change::Commit) => unreachable!("replay keeps no commits"),
+            None => Some(format!("record {key:?}: not in the journal")),
+        }
+    }
+
+    /// After the scan: the records only the journal holds, and acknowledged
+    /// changes past the index's position.
+    fn finish(self, root: &Path, index: &Index) -> Result<Vec<String>> {
+        let mut missing: Vec<String> = self
+            .latest
+            .into_iter()
+            .filter(|(_, v)| matches!(v, Change::Put { .. }))
+            .map(|(k, _)| k)
+            .collect();
+        missing.sort();
+        let mut problems: Vec<String> = missing
+            .into_iter()
+            .map(|key| {
+                format!(
+                    "record {key:?}: in the journal but not in the index \
+                     (`lazyvault repair` rebuilds the index from the journal)"
+                )
+            })
+            .collect();
+        if let Some(lost) = super::journal_tail(root, index)?.lost {
+            problems.push(format!(
+                "the index is behind the journal: {lost} change(s) that flush() acknowledged \
+                 are missing from it (`lazyvault repair` rebuilds the index from the journal)"
+            ));
+        }
+        Ok(problems)
+    }
+}
+
 impl Store {
     /// Ids of every payload a record references.
     fn referenced(&self) -> Result<HashSet<String>> {
@@ -150,27 +219,13 @@ impl Store {
     fn index_journal_disagreements(&self) -> Result<usize> {
         let guard = self.index()?;
         let index = guard.as_ref().expect("checked open");
-        let committed = index.journal_pos()?.unwrap_or((0, 0));
-        let mut latest: HashMap<String, Version> = replay(&self.root, Some(committed))?
-            .versions
-            .into_iter()
-            .filter_map(|(k, mut v)| v.pop().map(|last| (k, last)))
-            .collect();
+        let mut check = JournalCheck::new(&self.root, index)?;
         let mut bad = 0;
         index.scan(|key, bytes| {
-            let pickle = index.get_pickle(key)?;
-            match latest.remove(key) {
-                Some(Change::Put { record, pickle: p }) if record == bytes && p == pickle => {}
-                _ => bad += 1,
-            }
+            bad += usize::from(check.record(key, bytes, index.get_pickle(key)?).is_some());
             Ok(())
         })?;
-        bad += latest
-            .values()
-            .filter(|v| matches!(v, Change::Put { .. }))
-            .count();
-        bad += super::journal_tail(&self.root, index)?.lost.unwrap_or(0);
-        Ok(bad)
+        Ok(bad + check.finish(&self.root, index)?.len())
     }
 
     /// Writes every record to a new segment, makes it durable and the
@@ -222,30 +277,12 @@ impl Store {
         let total = index.len()?;
         let mut report = VerifyReport::default();
         let mut referenced = HashSet::new();
-        // Only what the index has seen: without a position, nothing.
-        let committed = index.journal_pos()?.unwrap_or((0, 0));
-        let mut latest: HashMap<String, Version> = replay(&self.root, Some(committed))?
-            .versions
-            .into_iter()
-            .filter_map(|(k, mut v)| v.pop().map(|last| (k, last)))
-            .collect();
+        let mut check = JournalCheck::new(&self.root, index)?;
         index.scan(|key, bytes| {
             report.records += 1;
-            let pickle = index.get_pickle(key)?;
-            match latest.remove(key) {
-                Some(Change::Put { record, pickle: p }) if record == bytes && p == pickle => {}
-                Some(Change::Put { .. }) => report.problems.push(format!(
-                    "record {key:?}: the journal's latest entry holds a different record \
-                     (`lazyvault repair` rebuilds the index from the journal)"
-                )),
-                Some(Change::Delete) => report
-                    .problems
-                    .push(format!("record {key:?}: the journal says it was deleted")),
-                Some(Change::Commit) => unreachable!("replay keeps no commits"),
-                None => report
-                    .problems
-                    .push(format!("record {key:?}: not in the journal")),
-            }
+            report
+                .problems
+                .extend(check.record(key, bytes, index.get_pickle(key)?));
             let record = match Record::from_json(bytes) {
                 Ok(r) => r,
                 Err(e) => {
@@ -270,24 +307,7 @@ impl Store {
             }
             Self::go_on(progress(report.records, total))
         })?;
-        let mut missing: Vec<&String> = latest
-            .iter()
-            .filter(|(_, v)| matches!(v, Change::Put { .. }))
-            .map(|(k, _)| k)
-            .collect();
-        missing.sort();
-        for key in missing {
-            report.problems.push(format!(
-                "record {key:?}: in the journal but not in the index \
-                 (`lazyvault repair` rebuilds the index from the journal)"
-            ));
-        }
-        if let Some(lost) = super::journal_tail(&self.root, index)?.lost {
-            report.problems.push(format!(
-                "the index is behind the journal: {lost} change(s) that flush() acknowledged \
-                 are missing from it (`lazyvault repair` rebuilds the index from the journal)"
-            ));
-        }
+        report.problems.extend(check.finish(&self.root, index)?);
         for rel in &writer.pending_removal {
             // Payloads of replaced records, removed at the next flush.
             let name = rel.rsplit('/').next().unwrap_or_default();
