@@ -34,7 +34,7 @@ pub enum Error {
     #[error("{0}: no such store")]
     NotFound(PathBuf),
     /// A directory that is neither empty nor a store.
-    #[error("{0}: not a lazyvault store (no lazyvault.json) and not empty")]
+    #[error("{0}: not a lazyvault store (a store is a directory holding lazyvault.json; an empty or missing directory becomes one when opened with mode 'a' or 'w')")]
     NotAStore(PathBuf),
     /// The manifest is from an unknown newer major version, or malformed.
     #[error("{path}: {source}")]

@@ -600,3 +600,21 @@ fn a_failed_or_interrupted_repair_leaves_the_store_as_it_was() {
     assert_eq!(report.records, expected.len() as u64 + 1);
     assert!(!path.join("index.repairing").exists());
 }
+
+#[test]
+fn repair_of_an_empty_directory_or_a_file_says_what_a_store_is() {
+    // final trial: the message said "and not empty" for an empty directory
+    let dir = tempfile::tempdir().unwrap();
+    fs::create_dir(dir.path().join("empty")).unwrap();
+    fs::write(dir.path().join("file"), b"hi").unwrap();
+    for name in ["empty", "file"] {
+        let err = Store::repair(dir.path().join(name)).unwrap_err();
+        assert!(matches!(err, Error::NotAStore(_)), "{err}");
+        let text = err.to_string();
+        assert!(!text.contains("not empty"), "{text}");
+        assert!(
+            text.contains("a store is a directory holding lazyvault.json"),
+            "{text}"
+        );
+    }
+}
