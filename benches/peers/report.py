@@ -1,0 +1,124 @@
+"""Ratio tables: one per workload case and cache state, lazyvault first.
+
+ratio = lazyvault cost / system cost, where cost is the time, the memory,
+or for a throughput its inverse: below 1 lazyvault is better. lazyvault's
+row also gives its result as a fraction of the physical limit that binds it
+(see limits.py), where one applies.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from workloads import Context, Row
+
+
+def fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "s":
+        for scale, name in ((1, "s"), (1e-3, "ms"), (1e-6, "µs")):
+            if value >= scale:
+                return f"{value / scale:,.3g} {name}".replace(".0 ", " ")
+        return f"{value * 1e9:.0f} ns"
+    if unit == "B/s":
+        return f"{value / 1e9:.2f} GB/s"
+    if unit == "B":
+        for scale, name in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+            if value >= scale:
+                return f"{value / scale:.3g} {name}"
+        return f"{value:.0f} B"
+    return f"{value:g}"
+
+
+def ratio(lv: Row | None, row: Row) -> str:
+    if lv is None or lv.value is None or row.value is None or row.value == 0 or lv.value == 0:
+        return "-"
+    r = row.value / lv.value if row.unit == "B/s" else lv.value / row.value
+    return f"{r:.3g}"
+
+
+def notes(row: Row) -> str:
+    if row.skipped:
+        return row.skipped
+    parts = []
+    for k, v in row.extra.items():
+        if v is None:
+            continue
+        if k in ("read() bytes", "PSS per reader", "bytes", "in-band bytes"):
+            parts.append(f"{k} {fmt(v, 'B')}")
+        elif k == "seconds":
+            parts.append(f"{fmt(v, 's')}")
+        elif k == "limit":
+            parts.append(v)
+        else:
+            parts.append(f"{k} {v:,}" if isinstance(v, int) else f"{k} {v}")
+    return ", ".join(parts)
+
+
+def limit_note(row: Row, limits: dict[str, float], ctx: Context) -> str | None:
+    """lazyvault's result as a fraction of the limit that binds it."""
+    if row.value is None or row.cache != "warm":
+        return None
+    big = ctx.big_gib * 2**30
+    if row.workload == "a" and "GiB array" in row.case:
+        return f"{big / limits['write'] / row.value:.0%} of write+fsync bandwidth"
+    if row.workload == "d" and "touch" in row.case:
+        return f"{big / limits['map_touch'] / row.value:.0%} of first-touch bandwidth"
+    if row.workload == "d":
+        return f"{limits['fault'] / row.value:.0%} is one page fault"
+    if row.workload == "e":
+        return f"{1000 * 32768 / limits['map_touch'] / row.value:.0%} of first-touch bandwidth"
+    if row.workload == "g":
+        return f"{row.value / (limits['sum'] * 2):.0%} of 2 cores' `.sum()` bandwidth"
+    if row.workload == "c" and row.extra.get("read() bytes"):
+        fraction = row.extra["read() bytes"] / limits["read"] / row.value
+        return f"{fraction:.0%} of page-cache read bandwidth"
+    return None
+
+
+def _groups(rows: list[Row]) -> dict[tuple[str, str, str], list[Row]]:
+    groups: dict[tuple[str, str, str], list[Row]] = defaultdict(list)
+    for row in rows:
+        groups[(row.workload, row.case, row.cache)].append(row)
+    return groups
+
+
+def _ordered(group: list[Row]) -> list[Row]:
+    return sorted(group, key=lambda r: r.system != "lazyvault")
+
+
+def table(rows: list[Row], limits: dict[str, float], ctx: Context) -> str:
+    out = []
+    for (w, case, cache), group in _groups(rows).items():
+        lv = next((r for r in group if r.system == "lazyvault"), None)
+        out.append(f"({w}) {case} [{cache}]")
+        for row in _ordered(group):
+            extra = notes(row)
+            if row.system == "lazyvault":
+                extra = ", ".join(x for x in (extra, limit_note(row, limits, ctx)) if x)
+            out.append(
+                f"  {row.system:<14} {fmt(row.value, row.unit):>12} {ratio(lv, row):>8}  {extra}"
+            )
+    return "\n".join(out)
+
+
+def markdown(rows: list[Row], limits: dict[str, float], ctx: Context) -> str:
+    out = []
+    for (w, case, cache), group in _groups(rows).items():
+        lv = next((r for r in group if r.system == "lazyvault"), None)
+        out += [
+            f"### ({w}) {case}, {cache} cache",
+            "",
+            "| system | result | lazyvault / system | notes |",
+            "|---|---|---|---|",
+        ]
+        for row in _ordered(group):
+            extra = notes(row)
+            if row.system == "lazyvault":
+                extra = ", ".join(x for x in (extra, limit_note(row, limits, ctx)) if x)
+            out.append(
+                f"| {row.system} | {fmt(row.value, row.unit)} | {ratio(lv, row)} | {extra} |"
+            )
+        out.append("")
+    return "\n".join(out)

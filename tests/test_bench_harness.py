@@ -1,0 +1,44 @@
+"""The peer benchmark harness (benches/peers) still runs end to end: a tiny
+run over the systems that need no extra package, checked for its tables,
+its checks across systems and its RESULTS section (no timing is asserted)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+HARNESS = Path(__file__).resolve().parents[1] / "benches" / "peers"
+
+
+def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, str(HARNESS), "--data", str(tmp_path / "data"), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_a_tiny_run_writes_every_workload_into_the_results_file(tmp_path: Path) -> None:
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# Benchmark results\n\nhand-written text stays\n")
+    args = ["--sizes", "30", "60", "--big-gib", "0.004", "--many", "40", "--repeat", "1"]
+    args += ["--limits-mib", "8", "--cold", "--results", str(results)]
+    args += ["--systems", "lazyvault", "numpy .npy", "pickle files", "SQLite+npy"]
+    out = _run(tmp_path, *args)
+    assert out.returncode == 0, out.stderr[-3000:]
+    text = results.read_text()
+    assert text.startswith("# Benchmark results\n\nhand-written text stays\n")
+    for w in "abcdefghij":
+        assert f"### ({w}) " in text, w
+    assert "warm cache" in text and "cold cache" in text
+    assert "| lazyvault |" in text and "| SQLite+npy |" in text
+    assert "./dev bench " in text and "--sizes 30 60" in text
+    # a second run replaces the section instead of appending another
+    out = _run(tmp_path, *args)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert results.read_text().count("<!-- peers:begin -->") == 1
+
+
+def test_unknown_workloads_and_a_run_without_lazyvault_are_refused(tmp_path: Path) -> None:
+    out = _run(tmp_path, "--workloads", "az", "--no-results")
+    assert out.returncode != 0 and "unknown workloads: z" in out.stderr
+    out = _run(tmp_path, "--systems", "numpy .npy", "--no-results")
+    assert out.returncode != 0 and "lazyvault must be among the systems" in out.stderr
