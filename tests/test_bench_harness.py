@@ -32,9 +32,12 @@ def test_a_tiny_run_writes_every_workload_into_the_results_file(tmp_path: Path) 
     assert "| lazyvault |" in text and "| SQLite+npy |" in text
     assert "./dev bench " in text and "--sizes 30 60" in text
     # a second run replaces the section instead of appending another
-    out = _run(tmp_path, *args)
+    again = ["--sizes", "30", "--workloads", "b", "--repeat", "1", "--limits-mib", "8"]
+    out = _run(tmp_path, *again, "--results", str(results), "--systems", "lazyvault")
     assert out.returncode == 0, out.stderr[-3000:]
-    assert results.read_text().count("<!-- peers:begin -->") == 1
+    text = results.read_text()
+    assert text.count("<!-- peers:begin -->") == 1 and "### (c) " not in text
+    assert "hand-written text stays" in text
 
 
 def test_unknown_workloads_and_a_run_without_lazyvault_are_refused(tmp_path: Path) -> None:

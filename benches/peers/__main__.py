@@ -139,7 +139,13 @@ def main() -> None:
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)
     header = describe_run(ctx, skipped, started, load_before, machine_limits)
-    body = report.markdown(rows, machine_limits, ctx)
+    body = (
+        "### Targets (issue 6)\n\n"
+        + report.targets(rows)
+        + "\n\n"
+        + report.markdown(rows, machine_limits, ctx)
+    )
+    print(report.targets(rows))
     if not args.no_results:
         write_results(args.results, header + "\n" + body)
         print(f"written to {args.results}")

@@ -63,7 +63,7 @@ def limit_note(row: Row, limits: dict[str, float], ctx: Context) -> str | None:
     big = ctx.big_gib * 2**30
     if row.workload == "a" and "GiB array" in row.case:
         return f"{big / limits['write'] / row.value:.0%} of write+fsync bandwidth"
-    if row.workload == "d" and "touch" in row.case:
+    if row.workload == "d" and "every byte" in row.case:
         return f"{big / limits['map_touch'] / row.value:.0%} of first-touch bandwidth"
     if row.workload == "d":
         return f"{limits['fault'] / row.value:.0%} is one page fault"
@@ -122,3 +122,83 @@ def markdown(rows: list[Row], limits: dict[str, float], ctx: Context) -> str:
             )
         out.append("")
     return "\n".join(out)
+
+
+# (workload, case prefix, peer, cache, goal as the highest ratio, what)
+TARGETS = [
+    ("c", "scan 100,000", "pickle files", 0.01, "scan of 100k records >= 100x faster than pickles"),
+    (
+        "c",
+        "scan 100,000",
+        "SQLite+npy",
+        1.0,
+        "scan of 100k records no slower than SQLite json_extract",
+    ),
+    (
+        "d",
+        "first element of the",
+        "numpy .npy",
+        1.0,
+        "first element of the big array <= np.load mmap",
+    ),
+    ("a", "write ", "numpy .npy", 1.1, "writing the big array within 10% of np.save"),
+    ("d", "touch every byte", "numpy .npy", 1.1, "touching every byte within 10% of np.load mmap"),
+    ("f", "write one object of", "numpy .npz", 1.0, "writing 10k small arrays <= np.savez"),
+    ("f", "read all", "numpy .npz", 1.0, "reading 10k small arrays <= np.load of the npz"),
+]
+
+
+def targets(rows: list[Row]) -> str:
+    """The issue's targets as measured in this run (warm cache)."""
+    out = ["| target | lazyvault / peer | goal | met |", "|---|---|---|---|"]
+    for w, prefix, peer, goal, what in TARGETS:
+        group = [
+            r for r in rows if r.workload == w and r.case.startswith(prefix) and r.cache == "warm"
+        ]
+        if w == "a":
+            group = [r for r in group if "GiB array" in r.case]
+        lv = next((r for r in group if r.system == "lazyvault"), None)
+        other = next((r for r in group if r.system == peer), None)
+        if lv is None or other is None or lv.value is None or other.value is None:
+            out.append(f"| {what} | not measured | <= {goal:g} | - |")
+            continue
+        r = lv.value / other.value
+        out.append(_target_row(what, f"{r:.3g}", f"<= {goal:g}", r <= goal))
+    first = {
+        r.case: r
+        for r in rows
+        if r.workload == "d" and r.system == "lazyvault" and r.cache == "warm"
+    }
+    big = next((r for c, r in first.items() if c.startswith("first element of the")), None)
+    small = first.get("first element of a 4 KiB array")
+    if big and small and big.value and small.value:
+        r = big.value / small.value
+        what = "first element independent of the array size (big / 4 KiB)"
+        out.append(_target_row(what, f"{r:.3g}", "<= 1.5", r <= 1.5))
+    hold = next(
+        (
+            r
+            for r in rows
+            if r.workload == "f" and r.case.startswith("hold") and r.system == "lazyvault"
+        ),
+        None,
+    )
+    if hold is not None:
+        held = int(hold.case.split()[2].replace(",", ""))  # "hold all N arrays ..."
+        ok = (
+            hold.value is not None
+            and hold.extra.get("fds", 999) < 256
+            and hold.extra.get("maps", 10**6) < min(65530, held)
+        )
+        detail = hold.skipped or f"fds {hold.extra.get('fds')}, maps {hold.extra.get('maps')}"
+        goal = "< 256 fds; maps < 65,530 and fewer than the arrays held"
+        out.append(_target_row(f"{hold.case}: fds and maps bounded", detail, goal, ok))
+    p5 = next((r for r in rows if r.workload == "i" and r.system == "lazyvault"), None)
+    if p5 is not None and p5.value is not None:
+        what = "pickle protocol 5 of the big object: extra memory"
+        out.append(_target_row(what, fmt(p5.value, "B"), "< 1 MiB", p5.value < 2**20))
+    return "\n".join(out)
+
+
+def _target_row(what: str, measured: str, goal: str, met: bool) -> str:
+    return f"| {what} | {measured} | {goal} | {'yes' if met else '**no**'} |"
