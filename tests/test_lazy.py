@@ -1,5 +1,6 @@
 """Invariants 1 and 2 and the zero-copy promise: metadata access opens no
-payload; arrays are read-only views of a memory map that fault in lazily;
+payload; arrays are read-only: copies when small, views of a memory map
+that fault in lazily when large;
 old views survive overwrites; damaged payloads raise, never crash."""
 
 from __future__ import annotations
@@ -89,8 +90,9 @@ def test_metadata_access_opens_no_payload(filled: lv.Store, store_path: Path) ->
     assert filled["run-003"].positions[0, 0] == 3.0
 
 
-def test_array_is_a_read_only_view_of_the_mapping(filled: lv.Store, store_path: Path) -> None:
-    rec = filled["run-007"]
+def test_array_is_a_read_only_view_of_the_mapping(store: lv.Store, store_path: Path) -> None:
+    store["k"] = {"positions": np.full((4400, 3), 7.0)}  # 103 KiB: over 64 KiB, mapped
+    rec = store["k"]
     a = rec.positions
     assert type(a) is np.ndarray and not isinstance(a, np.memmap)
     assert rec.positions is a  # cached on the proxy
@@ -107,6 +109,23 @@ def test_array_is_a_read_only_view_of_the_mapping(filled: lv.Store, store_path: 
     assert lo <= a.ctypes.data and a.ctypes.data + a.nbytes <= hi
     assert (a.ctypes.data - lo) % 64 == 0  # data offset 64-aligned, map page-aligned
     assert np.shares_memory(a, a[10:])
+    assert float(a.sum()) == 7 * 4400 * 3
+
+
+def test_small_array_is_a_read_only_aligned_copy(filled: lv.Store, store_path: Path) -> None:
+    rec = filled["run-007"]
+    a = rec.positions  # 2,400 bytes: at most 64 KiB, read into memory
+    assert type(a) is np.ndarray and not isinstance(a, np.memmap)
+    assert rec.positions is a
+    assert not a.flags.writeable and not a.flags.owndata
+    with pytest.raises(ValueError):
+        a[0, 0] = 1.0
+    with pytest.raises(ValueError):
+        a.flags.writeable = True
+    assert a.ctypes.data % 64 == 0
+    entry = rec._record["arrays"]["positions"]
+    path = str(store_path / "arrays" / entry["id"][:2] / f"{entry['id']}.npy")
+    assert path not in _mapped_payloads()
     assert float(a.sum()) == 7 * 300
 
 

@@ -1,10 +1,12 @@
-//! Zero-copy array payloads: a read-only buffer over a memory map.
+//! Array payloads as read-only buffers: a memory map for large payloads, an
+//! owned copy for small ones (see `lazyvault_store::load_payload`).
 //!
-//! `MappedBuffer` owns the map and exports it through the buffer protocol,
-//! read-only: `numpy.frombuffer` builds a plain `ndarray` on it whose `base`
-//! keeps the map alive, and numpy refuses to make it writeable because the
-//! exporter refuses `PyBUF_WRITABLE` (a write into a read-only map would be a
-//! segfault, not an exception).
+//! `MappedBuffer` owns the bytes and exports them through the buffer
+//! protocol, read-only: `numpy.frombuffer` builds a plain `ndarray` on it
+//! whose `base` keeps them alive, and numpy refuses to make it writeable
+//! because the exporter refuses `PyBUF_WRITABLE` (a write into a read-only
+//! map would be a segfault, not an exception; a copy stays read-only too,
+//! so every array of a record behaves the same).
 
 use std::ffi::{c_int, c_void};
 use std::path::Path;
@@ -18,7 +20,8 @@ use pyo3::types::PyBytes;
 use crate::convert;
 use crate::errors::IntoPy;
 
-/// The data of one `.npy` payload, memory-mapped read-only.
+/// The data of one `.npy` payload, read-only: copied into a 64-byte aligned
+/// buffer when at most `READ_MAX_BYTES` (64 KiB), memory-mapped when larger.
 #[pyclass(module = "lazyvault._lazyvault", frozen)]
 pub struct MappedBuffer {
     payload: MappedPayload,
@@ -28,6 +31,13 @@ pub struct MappedBuffer {
 impl MappedBuffer {
     fn __len__(&self) -> usize {
         self.payload.as_bytes().len()
+    }
+
+    /// Whether the bytes are a memory map of the payload file (`False`: a
+    /// copy in memory).
+    #[getter]
+    fn mapped(&self) -> bool {
+        self.payload.is_mapped()
     }
 
     unsafe fn __getbuffer__(
@@ -60,7 +70,7 @@ pub unsafe fn export_read_only(
     }
     if flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE {
         return Err(PyBufferError::new_err(
-            "lazyvault arrays are read-only views of a memory map; copy the array to modify it",
+            "lazyvault arrays are read-only (large ones view a memory map); copy the array to modify it",
         ));
     }
     // PyBuffer_FillInfo sets obj (with a new reference), len, readonly,
@@ -79,8 +89,10 @@ pub unsafe fn export_read_only(
     Ok(())
 }
 
-/// Maps the payload `id` of the store at `root` after checking it against the
-/// record (header, size). Returns `None` for a zero-size array (nothing to map).
+/// The data of payload `id` of the store at `root`, after checking it against
+/// the record (header, size): read into memory when at most 64 KiB
+/// (`lazyvault_store::READ_MAX_BYTES`), memory-mapped when larger. Returns
+/// `None` for a zero-size array (nothing to read).
 ///
 /// Raises `CorruptError` for a missing, short or mismatched file.
 #[pyfunction]
@@ -97,7 +109,7 @@ pub fn map_array(
 ) -> PyResult<Option<MappedBuffer>> {
     let entry = convert::entry(id, descr, shape, fortran_order, nbytes, data_offset, false);
     let payload = py
-        .detach(|| lazyvault_store::map_payload(Path::new(root), &entry))
+        .detach(|| lazyvault_store::load_payload(Path::new(root), &entry))
         .py_err()?;
     if payload.as_bytes().is_empty() {
         return Ok(None);

@@ -23,6 +23,7 @@ mod error;
 mod fsio;
 mod index;
 pub mod journal;
+mod metascan;
 pub mod npy;
 mod payload;
 pub mod query;
@@ -32,7 +33,10 @@ mod store;
 pub use error::{Error, Result};
 pub use fsio::fault;
 pub use lazyvault_schema as schema;
-pub use payload::{map_payload, open_payload, read_payload, ArraySource, MappedPayload};
+pub use payload::{
+    load_payload, map_payload, open_payload, read_payload, ArraySource, MappedPayload,
+    READ_MAX_BYTES,
+};
 pub use store::{
     GcReport, Mode, RepairReport, Store, VerifyReport, INDEXES_FILE, INDEX_DIR, LOCK_FILE,
 };

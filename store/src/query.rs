@@ -248,19 +248,36 @@ pub struct QueryNeeds {
     pub arrays: bool,
 }
 
+impl QueryNeeds {
+    /// Whether the top-level metadata field `name` is read. Queries name
+    /// few fields: comparing them beats hashing `name` (SipHash) for each
+    /// field of each record scanned.
+    pub fn wants(&self, name: &str) -> bool {
+        if self.fields.len() <= 8 {
+            self.fields.iter().any(|f| f == name)
+        } else {
+            self.fields.contains(name)
+        }
+    }
+}
+
 impl Query {
     /// The fields and facts this query reads (see [`QueryNeeds`]).
     pub fn needs(&self) -> QueryNeeds {
         let mut needs = QueryNeeds::default();
         let mut stack = vec![&self.root];
-        let note = |path: &PathExpr, needs: &mut QueryNeeds| {
+        // Array entries are read for a fact (`image.shape`) and, in
+        // `exists`, for a path that may name an array; a plain comparison
+        // of a field never reads them.
+        let note = |path: &PathExpr, needs: &mut QueryNeeds, exists: bool| {
             if path.root == Root::Key {
                 return;
             }
             if let Some(Seg::Field(first)) = path.segs.first() {
                 needs.fields.insert(first.clone());
             }
-            if path.root == Root::Field && (path.fact.is_some() || path.array.is_some()) {
+            if path.root == Root::Field && (path.fact.is_some() || (exists && path.array.is_some()))
+            {
                 needs.arrays = true;
             }
         };
@@ -271,15 +288,15 @@ impl Query {
                 Node::Compare { lhs, rhs, .. } => {
                     for operand in [lhs, rhs] {
                         if let Operand::Path(p) = operand {
-                            note(p, &mut needs);
+                            note(p, &mut needs, false);
                         }
                     }
                 }
-                Node::Exists(p) => note(p, &mut needs),
+                Node::Exists(p) => note(p, &mut needs, true),
                 Node::Method { target, arg, .. } => {
-                    note(target, &mut needs);
+                    note(target, &mut needs, false);
                     if let Operand::Path(p) = arg {
-                        note(p, &mut needs);
+                        note(p, &mut needs, false);
                     }
                 }
             }
@@ -3839,5 +3856,23 @@ mod tests {
         let rec = TestRecord::new(json!({"a": {"y z": 1}, "c": null}));
         assert_eq!(query(&src).matches(&rec), ref_eval(&e, &rec.meta));
         assert!(query(&src).matches(&rec));
+    }
+
+    #[test]
+    fn needs_reads_array_entries_only_for_facts_and_exists() {
+        let needs = |q: &str| Query::parse(q).unwrap().needs();
+        let plain = needs("temperature > 399.0 and material == 'Si'");
+        assert!(!plain.arrays);
+        let fields: std::collections::HashSet<String> =
+            ["temperature", "material"].map(String::from).into();
+        assert_eq!(plain.fields, fields);
+        assert!(plain.wants("material") && !plain.wants("note"));
+        assert!(!needs("params.lr < 1 or name.startswith('a')").arrays);
+        assert!(needs("image.shape[0] == 480").arrays);
+        assert!(needs("image.dtype == 'uint8'").arrays);
+        assert!(needs("exists(image)").arrays);
+        assert!(needs("exists(frames[0])").arrays);
+        assert!(!needs("key == 'a'").arrays);
+        assert!(needs("key == 'a'").fields.is_empty());
     }
 }

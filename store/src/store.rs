@@ -241,7 +241,7 @@ impl<'de> serde::de::Visitor<'de> for MetaSeed<'_> {
     ) -> std::result::Result<Self::Value, A::Error> {
         let mut meta = Map::new();
         while let Some(key) = map.next_key_seed(KeySeed)? {
-            if self.needs.fields.contains(&*key) {
+            if self.needs.wants(&key) {
                 meta.insert(key.into_owned(), map.next_value::<Value>()?);
             } else {
                 map.next_value::<serde::de::IgnoredAny>()?;
@@ -281,6 +281,20 @@ fn decode_for_scan<'a>(bytes: &'a [u8], needs: &QueryNeeds) -> serde_json::Resul
         });
     }
     if let Some(rest) = bytes.strip_prefix(META) {
+        if !needs.arrays {
+            // One pass over the metadata object; what follows it is never
+            // read. The fast scanner hands anything unusual (escaped keys,
+            // malformed input) to serde_json, which decodes or reports it.
+            let meta = match crate::metascan::fast_meta(rest, needs) {
+                Some(meta) => meta,
+                None => MetaSeed { needs }
+                    .deserialize(&mut serde_json::Deserializer::from_slice(rest))?,
+            };
+            return Ok(ScanRecord {
+                meta,
+                arrays: Vec::new(),
+            });
+        }
         // The extent of the metadata object, then its wanted fields.
         let mut values =
             serde_json::Deserializer::from_slice(rest).into_iter::<&serde_json::value::RawValue>();
@@ -1043,8 +1057,15 @@ impl Store {
         write_file_durably(&self.root.join(INDEXES_FILE), &text)
     }
 
-    /// Keys of the records whose metadata match `query`.
+    /// Keys of the records whose metadata match `query`, in key order.
+    /// A full scan runs on two threads when there are two cores (see
+    /// [`Store::explain`] for when a secondary index is used instead).
     pub fn find(&self, query: &Query) -> Result<Vec<String>> {
+        if let Some(parts) = self.scan_split(query, |key, keys: &mut Vec<String>| {
+            keys.push(key.to_owned())
+        })? {
+            return Ok(parts.concat());
+        }
         let mut keys = Vec::new();
         self.scan_matching(Some(query), |k| {
             keys.push(k.to_owned());
@@ -1053,14 +1074,47 @@ impl Store {
         Ok(keys)
     }
 
-    /// Number of records whose metadata match `query`.
+    /// Number of records whose metadata match `query` (scanning as
+    /// [`Store::find`] does).
     pub fn count(&self, query: &Query) -> Result<u64> {
+        if let Some(parts) = self.scan_split(query, |_, n: &mut u64| *n += 1)? {
+            return Ok(parts.iter().sum());
+        }
         let mut n = 0;
         self.scan_matching(Some(query), |_| {
             n += 1;
             Ok(())
         })?;
         Ok(n)
+    }
+
+    /// A full scan for `query` split over two threads ([`Index::scan_split`]),
+    /// `add(key, acc)` called for each match; `None` when a secondary index
+    /// narrows the query (the caller then uses [`Store::scan_matching`]).
+    fn scan_split<T: Default + Send>(
+        &self,
+        query: &Query,
+        add: impl Fn(&str, &mut T) + Sync,
+    ) -> Result<Option<Vec<T>>> {
+        let guard = self.index()?;
+        let index = guard.as_ref().expect("checked open");
+        if query.index_plan(&|segs| index.is_indexed(segs)).is_some() {
+            return Ok(None);
+        }
+        let needs = query.needs();
+        index
+            .scan_split(|key, bytes, acc| {
+                let record = decode_for_scan(bytes, &needs)
+                    .map_err(|e| Error::corrupt(format!("record {key:?}"), e))?;
+                if query.matches(&ScanView {
+                    key,
+                    record: &record,
+                }) {
+                    add(key, acc);
+                }
+                Ok(())
+            })
+            .map(Some)
     }
 
     /// Makes every change so far durable (the journal first, one fsync,

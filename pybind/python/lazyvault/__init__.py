@@ -1,6 +1,7 @@
 """lazyvault: store Python objects made of small metadata and large numpy
 arrays. Metadata goes to a JSON record indexed in sled; arrays go to standard
-``.npy`` payload files, memory-mapped read-only on first access.
+``.npy`` payload files, loaded read-only on first access (copied when at
+most 64 KiB, memory-mapped when larger).
 
 >>> import lazyvault as lv
 >>> store = lv.Store.open("runs.lv")                       # doctest: +SKIP

@@ -65,9 +65,10 @@ def payload_args(name: str, array: np.ndarray) -> tuple[Any, ...]:
 def array_from_buffer(
     buffer: Any, descr: str, shape: tuple[int, ...], fortran_order: bool
 ) -> np.ndarray:
-    """A read-only ndarray viewing ``buffer`` (a mapped payload) with no copy.
+    """A read-only ndarray viewing ``buffer`` (a payload's bytes, mapped or
+    copied) with no further copy.
 
-    ``buffer`` is ``None`` for a zero-size array (nothing is mapped).
+    ``buffer`` is ``None`` for a zero-size array (nothing is read).
     """
     dtype = dtype_from_descr(descr)
     order = "F" if fortran_order else "C"

@@ -37,7 +37,7 @@ PROG = "lazyvault"
 
 _DESCRIPTION = """\
 Store Python objects made of small metadata and numpy arrays: metadata as
-JSON records in an index, arrays as .npy files memory-mapped on first access."""
+JSON records in an index, arrays as .npy files loaded on first access (memory-mapped when large)."""
 
 _EPILOG = """\
 examples:

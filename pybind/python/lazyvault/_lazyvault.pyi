@@ -31,14 +31,20 @@ __version__: str
 
 @final
 class MappedBuffer:
-    """The data bytes of one ``.npy`` payload, memory-mapped read-only.
+    """The data bytes of one ``.npy`` payload, read-only: a private copy,
+    64-byte aligned, when at most 64 KiB; a memory map of the file when larger.
 
     Exports a read-only, 1-d, ``"B"``-format buffer (PEP 3118); a request for
-    a writable buffer raises ``BufferError``. Keeps the mapping alive while any
-    view (e.g. an ndarray from ``numpy.frombuffer``) exists.
+    a writable buffer raises ``BufferError``. Keeps the bytes (copy or
+    mapping) alive while any view (e.g. an ndarray from ``numpy.frombuffer``)
+    exists.
     """
 
     def __len__(self) -> int: ...
+    @property
+    def mapped(self) -> bool:
+        """Whether the bytes are a memory map of the payload file (``False``:
+        a copy in memory)."""
 
 def map_array(
     root: str,
@@ -49,9 +55,11 @@ def map_array(
     nbytes: int,
     data_offset: int,
 ) -> MappedBuffer | None:
-    """Maps payload ``id`` of the store at ``root`` after checking its
+    """The data of payload ``id`` of the store at ``root`` after checking its
     ``.npy`` header against (descr, shape, fortran_order, data_offset) and the
-    file length against ``data_offset + nbytes``. ``None`` for 0 bytes.
+    file length against ``data_offset + nbytes``: read into memory when
+    ``nbytes`` is at most 64 KiB, memory-mapped when larger (the file is
+    closed either way). ``None`` for 0 bytes.
 
     Raises ``CorruptError`` for a missing, short or mismatched payload.
     """

@@ -5,11 +5,12 @@ Three ways a :class:`~lazyvault.Record` leaves its process:
 - **By value** (``pickle.dumps(record, protocol=p)``, any protocol 0-5):
   the pickle carries the record entry (metadata, array entries, layout,
   pickle flag), the pickled remainder bytes and every array as the plain,
-  read-only ``numpy.ndarray`` that views the memory-mapped payload. numpy's
-  own ``ndarray.__reduce_ex__`` then decides how the array bytes travel:
-  with protocol 5 and a ``buffer_callback`` each C- or Fortran-contiguous
-  array becomes one out-of-band :class:`pickle.PickleBuffer` viewing the
-  mapping (no copy: the main pickle holds only a few hundred bytes per
+  read-only ``numpy.ndarray`` that views the payload's bytes (a memory
+  map, or a private copy for arrays of at most 64 KiB). numpy's own
+  ``ndarray.__reduce_ex__`` then decides how the array bytes travel: with
+  protocol 5 and a ``buffer_callback`` each C- or Fortran-contiguous array
+  becomes one out-of-band :class:`pickle.PickleBuffer` viewing those bytes
+  (no copy: the main pickle holds only a few hundred bytes per
   array, and nothing is read from disk while pickling); with protocol 5
   and no callback, or protocols 0-4, the bytes are copied in-band.
   ``datetime64``/``timedelta64`` arrays cannot export a buffer and always go
@@ -21,10 +22,11 @@ Three ways a :class:`~lazyvault.Record` leaves its process:
   ``ForkingPickler`` (``Pool`` arguments and results, queues, pipes, spawn
   and fork start methods alike); for it a record of a store directory
   travels as ``(store path, key, record entry, pickled remainder,
-  allow_pickle)`` and the receiving process memory-maps the same payload
-  files without opening the index (no lock). Other records (unpickled by
-  value, from an archive) travel by value. :meth:`Record.ref` returns the
-  same reference explicitly as a :class:`RecordRef`.
+  allow_pickle)`` and the receiving process loads the same payload files
+  (memory-mapping the large ones) without opening the index (no lock).
+  Other records (unpickled by value, from an archive) travel by value.
+  :meth:`Record.ref` returns the same reference explicitly as a
+  :class:`RecordRef`.
 - A :class:`~lazyvault.Store` pickles by path: unpickling opens it again.
 
 A reference stays valid while its payload files exist: overwriting or
@@ -157,7 +159,8 @@ def _open_reference(
     allow_pickle: bool,
 ) -> Record:
     """A record of the store directory ``path`` rebuilt from its entry; its
-    arrays are memory-mapped from the payload files on first access."""
+    arrays are loaded from the payload files on first access (large ones
+    memory-mapped)."""
     source = DirectorySource(path, allow_pickle, _FixedPickle(pickled))
     return Record(source, key, record)
 
@@ -206,8 +209,8 @@ class RecordRef:
     :meth:`open`-ed records may unpickle (as the store it came from).
 
     It pickles in a few hundred bytes with any protocol (0-5): no array data.
-    :meth:`open` memory-maps the same payload files without opening the
-    index, so any number of processes can open it while a writer holds the
+    :meth:`open` reads the same payload files (mapping large ones) without
+    opening the index, so any number of processes can open it while a writer holds the
     store. It stays valid while the payloads exist: overwriting or deleting
     the record and flushing the store removes them (``CorruptError`` then).
     """

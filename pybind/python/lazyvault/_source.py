@@ -41,7 +41,8 @@ def refuse_pickled_array(key: str, name: str) -> PickleNotAllowedError:
 
 class DirectorySource:
     """The payload files of the store directory ``root``, read without the
-    index: each array is checked against its record and memory-mapped."""
+    index: each array is checked against its record and read into memory
+    (at most 64 KiB) or memory-mapped (larger)."""
 
     def __init__(
         self,

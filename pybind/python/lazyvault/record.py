@@ -62,9 +62,10 @@ class Record:
 
     Metadata attributes (``rec.temperature``) and ``.meta`` come straight from
     the index; ``.arrays`` describes the payloads without opening them; an
-    array attribute (``rec.positions``) memory-maps its payload on first
-    access and returns a read-only ``numpy.ndarray`` viewing the map (no
-    copy), cached on the proxy. ``load()`` rebuilds the original object.
+    array attribute (``rec.positions``) loads its payload on first access and
+    returns a read-only ``numpy.ndarray``, cached on the proxy: a view of a
+    memory map of the payload (no copy) when it is over 64 KiB, a private
+    aligned copy when smaller. ``load()`` rebuilds the original object.
     """
 
     __slots__ = ("__weakref__", "_cache", "_key", "_pickle", "_record", "_source", "_store")
@@ -128,7 +129,8 @@ class Record:
         }
 
     def array(self, name: str) -> np.ndarray:
-        """The array stored at path ``name``, memory-mapped read-only.
+        """The array stored at path ``name``, read-only: memory-mapped when
+        over 64 KiB, read into memory when smaller (see the class).
 
         Raises ``KeyError`` if there is none, :class:`CorruptError` if its
         payload is missing or damaged, :class:`PickleNotAllowedError` for an
@@ -146,7 +148,7 @@ class Record:
 
     def load(self) -> Any:
         """The original object rebuilt: dicts, lists, tuples, dataclasses and
-        class instances as they were, arrays memory-mapped read-only.
+        class instances as they were, arrays read-only (as :meth:`array`).
 
         Raises :class:`PickleNotAllowedError` when rebuilding needs unpickling
         (a class instance or a pickled remainder) and the store was opened
@@ -263,7 +265,7 @@ def _array_property(name: str) -> property:
         return self.array(name)
 
     get.__name__ = get.__qualname__ = name
-    get.__doc__ = f"The array {name!r}, memory-mapped read-only on first access."
+    get.__doc__ = f"The array {name!r}, read-only, loaded on first access (see Record.array)."
     # a real class, not a string: jedi reads it to complete rec.name.<tab>
     get.__annotations__ = {"return": np.ndarray}
     return property(get)

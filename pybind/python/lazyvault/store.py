@@ -304,7 +304,8 @@ class Store(MutableMapping[str, Record]):
 
         ``expr`` is a query (``"temperature > 250 and material == 'Si'"``,
         grammar in store/QUERY.md) evaluated in Rust over the index, opening
-        no payload; or a Python callable taking a :class:`Record` (slower:
+        no payload, with the GIL released (a full scan runs on two threads
+        when there are two cores); or a Python callable taking a :class:`Record` (slower:
         each record crosses into Python). Raises :class:`QueryError` (a
         ``ValueError`` with ``.column``) for a malformed query.
         """

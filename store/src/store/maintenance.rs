@@ -341,7 +341,7 @@ impl Store {
     /// Checks a payload and, if it has a recorded checksum, hashes its data;
     /// returns whether it hashed.
     fn verify_checksum(&self, entry: &ArrayEntry) -> Result<bool> {
-        let mapped = payload::map_payload(&self.root, entry)?;
+        let mapped = payload::load_payload(&self.root, entry)?;
         let Some(expected) = entry.checksum.as_deref() else {
             return Ok(false);
         };
