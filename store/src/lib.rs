@@ -34,5 +34,6 @@ pub use fsio::fault;
 pub use lazyvault_schema as schema;
 pub use payload::{map_payload, open_payload, read_payload, ArraySource, MappedPayload};
 pub use store::{
-    GcReport, Mode, RepairReport, Store, VerifyReport, INDEXES_FILE, INDEX_DIR, LOCK_FILE,
+    GcReport, Mode, NewRecord, RepairReport, Store, VerifyReport, INDEXES_FILE, INDEX_DIR,
+    LOCK_FILE,
 };
