@@ -167,6 +167,35 @@ def test_a_payload_larger_than_the_free_space_fails_cleanly(disk: Path) -> None:
     assert free > 3 * 2**20  # the partial 5 MiB payload was removed
 
 
+def test_update_adds_whole_chunks_only_on_a_full_disk(
+    disk: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 2 records of 5 arrays per chunk: 10 payloads, the syncfs barrier path
+    monkeypatch.setattr(lv.store, "_UPDATE_CHUNK_RECORDS", 2)
+    path = disk / "s.lv"
+
+    def obj(i: int, n: int) -> dict[str, Any]:
+        return {"i": i, **{f"a{j}": np.full(n, i, dtype=np.uint8) for j in range(5)}}
+
+    small = {f"k{i}": obj(i, 20_000) for i in range(2)}
+    big = {f"k{i}": obj(i, 500_000) for i in range(2, 4)}  # 5 MB on a 4 MiB disk
+    with lv.Store.open(path) as store:
+        with pytest.raises(lv.StorageError) as info:
+            store.update({**small, **big}, progress=False)
+        assert_storage_full(info.value, path)
+        # the first chunk stays, nothing of the second
+        assert sorted(store) == ["k0", "k1"]
+        for k, o in small.items():
+            assert store[k].a4.tolist() == o["a4"].tolist()
+        assert sorted(p.suffix for p in (path / "arrays").glob("*/*")) == [".npy"] * 10
+        report = store.verify()
+        assert report["ok"] and report["orphans"] == [], report
+        store.update({"k2": obj(2, 10)}, progress=False)  # space is back
+        assert store["k2"].a0.tolist() == [2] * 10
+    free = shutil.disk_usage(disk).free
+    assert free > 3 * 2**20  # the second chunk's payloads were removed
+
+
 @pytest.fixture
 def source(tmp_path: Path) -> Iterator[lv.Store]:
     """A store on the ordinary disk: 12 records of 512 KiB (6 MiB)."""

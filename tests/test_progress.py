@@ -26,20 +26,32 @@ def objects(n: int) -> dict[str, dict[str, Any]]:
 # -- update ---------------------------------------------------------------------------
 
 
-def test_update_reports_every_record(store: lv.Store) -> None:
+@pytest.fixture
+def chunks_of_two(monkeypatch: pytest.MonkeyPatch) -> None:
+    """update() writes 2 records per chunk (1,000 by default)."""
+    monkeypatch.setattr(lv.store, "_UPDATE_CHUNK_RECORDS", 2)
+
+
+def test_update_reports_each_chunk_written(store: lv.Store, chunks_of_two: None) -> None:
     calls, report = recorder()
     store.update(objects(5), progress=report)
-    assert calls == [(i, 5) for i in range(6)]
+    assert calls == [(0, 5), (2, 5), (4, 5), (5, 5)]
     assert [store[f"k{i}"].i for i in range(5)] == list(range(5))
 
 
-def test_update_from_an_iterator_has_no_total(store: lv.Store) -> None:
+def test_update_reports_once_for_a_small_update(store: lv.Store) -> None:
+    calls, report = recorder()
+    store.update(objects(5), progress=report)
+    assert calls == [(0, 5), (5, 5)]
+
+
+def test_update_from_an_iterator_has_no_total(store: lv.Store, chunks_of_two: None) -> None:
     calls, report = recorder()
     store.update(((f"g{i}", {"i": i}) for i in range(3)), progress=report)
-    assert calls == [(0, None), (1, None), (2, None), (3, None)]
+    assert calls == [(0, None), (2, None), (3, None)]
     calls.clear()
     store.update([("p", {"i": 1})], q={"i": 2}, progress=report)  # pairs and keywords
-    assert calls == [(0, 2), (1, 2), (2, 2)] and store["q"].i == 2
+    assert calls == [(0, 2), (2, 2)] and store["q"].i == 2
 
 
 def test_update_keeps_dict_semantics(store: lv.Store) -> None:
@@ -72,7 +84,9 @@ def test_bad_progress_is_a_type_error(store: lv.Store, tmp_path: Path) -> None:
     assert "a" not in store
 
 
-def test_an_exception_from_the_callable_stops_the_update(store: lv.Store) -> None:
+def test_an_exception_from_the_callable_stops_the_update(
+    store: lv.Store, chunks_of_two: None
+) -> None:
     def stop(done: int, total: Any) -> None:
         if done == 2:
             raise KeyboardInterrupt

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import MutableMapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -372,3 +373,49 @@ def test_final_trial_regressions(tmp_path: Path) -> None:
     from lazyvault._cli import main
 
     assert main(["verify", str(tmp_path / "out.lvz")]) == 0
+
+
+def test_update_is_all_or_nothing_per_chunk(
+    store: lv.Store, store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lv.store, "_UPDATE_CHUNK_RECORDS", 2)
+    objs: dict[str, Any] = {f"k{i}": {"i": i, "a": np.arange(i + 1)} for i in range(4)}
+    objs["k3"] = {"bad": np.zeros(2, dtype="V0")}  # no bytes per item: InvalidArrayError
+    with pytest.raises(lv.InvalidArrayError):
+        store.update(objs, progress=False)
+    # chunk [k0, k1] was written; chunk [k2, k3] failed as a whole
+    assert sorted(store) == ["k0", "k1"]
+    assert len(list((store_path / "arrays").glob("*/*"))) == 2
+    with pytest.raises(lv.InvalidKeyError):
+        store.update({"k2": {"i": 2}, "": {"i": 0}}, progress=False)
+    assert "k2" not in store
+
+
+def test_update_writes_many_records_and_arrays_in_chunks(
+    store: lv.Store, store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lv.store, "_UPDATE_CHUNK_BYTES", 1000)
+    objs = {f"k{i}": {"i": i, "a": np.full(100, i), "b": np.arange(i)} for i in range(30)}
+    objs["k7"] = {"i": 70}  # a repeated key: the later value wins, as in dict.update
+    store.update(objs, k7={"i": 7, "a": np.full(100, 7)}, progress=False)
+    assert len(store) == 30
+    assert store["k7"].i == 7 and store["k7"].a.tolist() == [7] * 100
+    for i in (0, 1, 29):
+        assert store[f"k{i}"].a.tolist() == [i] * 100
+        assert store[f"k{i}"].b.tolist() == list(range(i))
+    store.flush()
+    assert len(list((store_path / "arrays").glob("*/*.npy"))) == 29 * 2 + 1
+    report = store.verify()
+    assert report["ok"] and report["orphans"] == [], report
+
+
+def test_update_copies_records_in_order_between_chunks(
+    store: lv.Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lv.store, "_UPDATE_CHUNK_RECORDS", 2)
+    with lv.Store.open(tmp_path / "other.lv") as other:
+        other["r"] = {"v": "copied", "a": np.arange(3)}
+        pairs = [("x", {"v": 1}), ("y", other["r"]), ("x", {"v": 2}), ("z", {"v": 3})]
+        store.update(pairs, progress=False)
+    assert store["x"].v == 2 and store["z"].v == 3
+    assert store["y"].v == "copied" and store["y"].a.tolist() == [0, 1, 2]

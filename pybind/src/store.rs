@@ -2,7 +2,7 @@
 //! `lazyvault.Store` wraps it with the mapping API and the object splitting.
 
 use lazyvault_store::query::Query;
-use lazyvault_store::{Mode, Store};
+use lazyvault_store::{Mode, NewRecord, Store};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -17,6 +17,22 @@ pub fn check_query(expr: &str) -> PyResult<()> {
         .map_err(lazyvault_store::Error::from)
         .py_err()?;
     Ok(())
+}
+
+/// One record for `put_many`: `(key, meta_json, layout_json, arrays,
+/// pickle or None)`.
+#[derive(FromPyObject)]
+struct RecordArg {
+    #[pyo3(item(0))]
+    key: String,
+    #[pyo3(item(1))]
+    meta_json: String,
+    #[pyo3(item(2))]
+    layout_json: String,
+    #[pyo3(item(3))]
+    arrays: Vec<ArrayArg>,
+    #[pyo3(item(4))]
+    pickle: Option<Py<PyBytes>>,
 }
 
 /// An open store (the sled index and the writer lock).
@@ -72,6 +88,31 @@ impl StoreCore {
         let sources: Vec<_> = arrays.iter().map(ArrayArg::as_source).collect();
         py.detach(|| self.inner.put(key, meta, layout, &sources, pickle))
             .py_err()
+    }
+
+    /// Puts `records`, a list of `(key, meta_json, layout_json, arrays,
+    /// pickle or None)` (the arguments of `put`), all or nothing, with one
+    /// durability barrier and one index batch (`Store::put_many`).
+    fn put_many(&self, py: Python<'_>, records: Vec<RecordArg>) -> PyResult<()> {
+        let mut parsed = Vec::with_capacity(records.len());
+        for r in &records {
+            let meta = convert::meta_from_json(&r.meta_json)?;
+            let layout = convert::layout_from_json(&r.layout_json)?;
+            let sources: Vec<_> = r.arrays.iter().map(ArrayArg::as_source).collect();
+            parsed.push((meta, layout, sources));
+        }
+        let batch: Vec<NewRecord<'_>> = records
+            .iter()
+            .zip(&mut parsed)
+            .map(|(r, (meta, layout, sources))| NewRecord {
+                key: &r.key,
+                meta: std::mem::take(meta),
+                layout: layout.take(),
+                arrays: sources,
+                pickle: r.pickle.as_ref().map(|p| p.as_bytes(py)),
+            })
+            .collect();
+        py.detach(|| self.inner.put_many(batch)).py_err()
     }
 
     /// The record JSON of `key`, or None.

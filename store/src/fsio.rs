@@ -19,8 +19,10 @@ pub mod fault {
     use std::sync::Mutex;
 
     struct Plan {
-        /// Operations seen since the plan was set.
+        /// Operations seen since the plan was set (only those named `only`,
+        /// if set).
         seen: u64,
+        only: Option<String>,
         /// 1-based number of the first operation to fail.
         first: u64,
         /// Fail every operation from `first` on (a full disk), or only it.
@@ -34,8 +36,13 @@ pub mod fault {
     static PLAN: Mutex<Option<Plan>> = Mutex::new(None);
 
     fn set(first: u64, errno: i32, sticky: bool) {
+        set_only(None, first, errno, sticky);
+    }
+
+    fn set_only(only: Option<String>, first: u64, errno: i32, sticky: bool) {
         *PLAN.lock().unwrap_or_else(|p| p.into_inner()) = Some(Plan {
             seen: 0,
+            only,
             first,
             sticky,
             errno,
@@ -50,18 +57,28 @@ pub mod fault {
         set(n, errno, false);
     }
 
+    /// The `n`th operation named `op` from now (`"create"`, `"write"`,
+    /// `"fsync"`, `"syncfs"`, `"rename"`, `"index"`, ...) fails with `errno`;
+    /// all others succeed. Unlike [`fail_nth`], this reaches every
+    /// operation of a kind even when the number of other operations varies
+    /// from run to run (directories created or not for random payload ids).
+    pub fn fail_nth_of(op: &str, n: u64, errno: i32) {
+        set_only(Some(op.to_owned()), n, errno, false);
+    }
+
     /// Every operation from the `n`th on fails with `errno` (a full disk).
     pub fn fail_from(n: u64, errno: i32) {
         set(n, errno, true);
     }
 
-    /// Counts operations without failing any (to learn how many a call makes).
+    /// Counts operations without failing any (to learn how many a call
+    /// makes); [`clear`] then lists them all as `"op path"`.
     pub fn count() {
         set(u64::MAX, 0, false);
     }
 
     /// Ends the plan; returns how many operations ran under it and which
-    /// ones failed.
+    /// ones failed (all of them, under [`count`]).
     pub fn clear() -> (u64, Vec<String>) {
         ACTIVE.store(false, Ordering::SeqCst);
         match PLAN.lock().unwrap_or_else(|p| p.into_inner()).take() {
@@ -79,13 +96,18 @@ pub mod fault {
         let Some(plan) = guard.as_mut() else {
             return Ok(());
         };
+        if plan.only.as_deref().is_some_and(|only| only != op) {
+            return Ok(());
+        }
         plan.seen += 1;
         let fails = if plan.sticky {
             plan.seen >= plan.first
         } else {
             plan.seen == plan.first
         };
-        if fails {
+        if plan.first == u64::MAX {
+            plan.failed.push(format!("{op} {}", path.display()));
+        } else if fails {
             plan.failed.push(format!("{op} {}", path.display()));
             return Err(io::Error::from_raw_os_error(plan.errno));
         }
@@ -106,6 +128,29 @@ pub(crate) fn write_all(file: &mut File, path: &Path, bytes: &[u8]) -> io::Resul
     file.write_all(bytes)
 }
 
+/// Writes all of `bytes` to `file` in pieces of [`WRITE_CHUNK`] bytes,
+/// calling `each(piece)` just before each piece is written: a pass over the
+/// data (a checksum) then reads it while it is still in the CPU cache,
+/// instead of in a second sweep over memory. One operation for fault
+/// injection, like [`write_all`].
+pub(crate) fn write_all_with(
+    file: &mut File,
+    path: &Path,
+    bytes: &[u8],
+    mut each: impl FnMut(&[u8]),
+) -> io::Result<()> {
+    fault::check("write", path)?;
+    for piece in bytes.chunks(WRITE_CHUNK) {
+        each(piece);
+        file.write_all(piece)?;
+    }
+    Ok(())
+}
+
+/// Piece size of [`write_all_with`]: fits in L2 cache, large enough that
+/// the per-call cost is negligible.
+pub(crate) const WRITE_CHUNK: usize = 1 << 20;
+
 /// fsyncs a file's data and metadata.
 pub(crate) fn sync_file(file: &File, path: &Path) -> io::Result<()> {
     fault::check("fsync", path)?;
@@ -116,6 +161,30 @@ pub(crate) fn sync_file(file: &File, path: &Path) -> io::Result<()> {
 pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
     fault::check("fsync-dir", dir)?;
     File::open(dir)?.sync_all()
+}
+
+/// Opens a directory to use with [`sync_fs`]. Open it before writing the
+/// files the barrier covers: `syncfs` reports the write-back errors that
+/// happened since the descriptor was opened.
+pub(crate) fn open_dir(dir: &Path) -> io::Result<File> {
+    fault::check("open-dir", dir)?;
+    File::open(dir)
+}
+
+/// `syncfs(2)`: makes everything written to the file system holding `dir`
+/// durable (file data, inodes, directory entries) with one journal commit
+/// and one cache flush, reporting write-back errors since `dir` was opened
+/// (Linux 5.8 and later).
+#[cfg(target_os = "linux")]
+pub(crate) fn sync_fs(dir: &File, path: &Path) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    fault::check("syncfs", path)?;
+    // SAFETY: syncfs only reads the descriptor, which `dir` keeps open.
+    if unsafe { libc::syncfs(dir.as_raw_fd()) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// Renames `from` to `to` atomically (replacing `to` if present).

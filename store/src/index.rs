@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
 use crate::fsio::fault;
-use crate::journal::Position;
+use crate::journal::{Position, Put};
 use crate::query::IndexLookup;
 use crate::secondary;
 
@@ -286,22 +286,54 @@ impl Index {
         pickle: Option<&[u8]>,
         pos: Position,
     ) -> Result<Option<Vec<u8>>> {
-        fault::check("index", std::path::Path::new(key)).map_err(injected(&self.dir))?;
-        let rkey = prefixed(RECORD, key);
-        let old = self.tree.get(&rkey).map_err(self.err())?;
+        Ok(self
+            .put_many(&[(key, record, pickle)], pos)?
+            .pop()
+            .flatten())
+    }
+
+    /// Sets each `(key, record, pickle)` in order (a later one of the same
+    /// key wins) in ONE atomic sled batch, with `#pos` := `pos` (the end of
+    /// their journal entries). Returns, for each, the record it replaced (an
+    /// earlier one of the same call, for a repeated key). The caller
+    /// serialises writers.
+    pub(crate) fn put_many(&self, puts: &[Put<'_>], pos: Position) -> Result<Vec<Option<Vec<u8>>>> {
+        let first = puts.first().map_or("", |p| p.0);
+        fault::check("index", std::path::Path::new(first)).map_err(injected(&self.dir))?;
         let mut batch = sled::Batch::default();
-        batch.insert(rkey, record);
-        match pickle {
-            Some(p) => batch.insert(prefixed(PICKLE, key), p),
-            None => batch.remove(prefixed(PICKLE, key)),
+        let mut count = self.len()?;
+        // Records set earlier in this batch, for repeated keys.
+        let mut set: std::collections::HashMap<&str, &[u8]> = std::collections::HashMap::new();
+        let mut replaced = Vec::with_capacity(puts.len());
+        for &(key, record, pickle) in puts {
+            let rkey = prefixed(RECORD, key);
+            let old = match set.get(key) {
+                Some(earlier) => Some(earlier.to_vec()),
+                None => self
+                    .tree
+                    .get(&rkey)
+                    .map_err(self.err())?
+                    .map(|v| v.to_vec()),
+            };
+            batch.insert(rkey, record);
+            match pickle {
+                Some(p) => batch.insert(prefixed(PICKLE, key), p),
+                None => batch.remove(prefixed(PICKLE, key)),
+            }
+            // A sled batch keeps the last operation per key, so entries
+            // inserted for an earlier version of the key and removed here
+            // end up removed.
+            self.update_entries(&mut batch, key, old.as_deref(), Some(record));
+            if old.is_none() {
+                count += 1;
+            }
+            set.insert(key, record);
+            replaced.push(old);
         }
-        self.update_entries(&mut batch, key, old.as_deref(), Some(record));
-        if old.is_none() {
-            batch.insert(COUNT, &(self.len()? + 1).to_le_bytes());
-        }
+        batch.insert(COUNT, &count.to_le_bytes());
         batch.insert(JOURNAL_POS, &encode_pos(pos));
         self.tree.apply_batch(batch).map_err(self.err())?;
-        Ok(old.map(|v| v.to_vec()))
+        Ok(replaced)
     }
 
     /// Removes `key`, whose delete entry in the journal ends at `pos`;

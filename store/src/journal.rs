@@ -65,6 +65,9 @@ pub struct Entry {
 /// A position in the journal: segment number and byte offset in it.
 pub type Position = (u64, u64);
 
+/// One put as the writer appends it: key, record JSON, pickled remainder.
+pub(crate) type Put<'a> = (&'a str, &'a [u8], Option<&'a [u8]>);
+
 fn too_large(what: &str) -> Error {
     Error::TooLarge(format!("{what} longer than 4 GiB"))
 }
@@ -271,6 +274,17 @@ struct Segment {
     new: bool,
 }
 
+/// Appends one entry made of `parts` and its CRC to `buf`.
+fn encode_into(buf: &mut Vec<u8>, parts: &[&[u8]]) {
+    let mut crc = crc32fast::Hasher::new();
+    buf.reserve(parts.iter().map(|p| p.len()).sum::<usize>() + CRC_LEN);
+    for part in parts {
+        crc.update(part);
+        buf.extend_from_slice(part);
+    }
+    buf.extend_from_slice(&crc.finalize().to_le_bytes());
+}
+
 /// Appends entries for the writer; the caller serialises.
 pub(crate) struct JournalWriter {
     root: PathBuf,
@@ -334,28 +348,38 @@ impl JournalWriter {
         record: &[u8],
         pickle: Option<&[u8]>,
     ) -> Result<Position> {
-        let header = entry_header(key, record, pickle, 0)?;
-        self.append(&[&header, key.as_bytes(), record, pickle.unwrap_or_default()])
+        self.put_many(&[(key, record, pickle)])
+    }
+
+    /// Appends a put entry for each `(key, record, pickle)`, in order, with
+    /// one write; returns the position after the last. On error none of
+    /// them is in the segment.
+    pub(crate) fn put_many(&mut self, puts: &[Put<'_>]) -> Result<Position> {
+        let mut buf = Vec::new();
+        for (key, record, pickle) in puts {
+            let header = entry_header(key, record, *pickle, 0)?;
+            encode_into(
+                &mut buf,
+                &[&header, key.as_bytes(), record, pickle.unwrap_or_default()],
+            );
+        }
+        self.append(&buf)
     }
 
     /// Appends a delete of `key`; returns the position after it.
     pub(crate) fn delete(&mut self, key: &str) -> Result<Position> {
         let header = entry_header(key, &[], None, FLAG_DELETE)?;
-        self.append(&[&header, key.as_bytes()])
+        let mut buf = Vec::new();
+        encode_into(&mut buf, &[&header, key.as_bytes()]);
+        self.append(&buf)
     }
 
-    fn append(&mut self, parts: &[&[u8]]) -> Result<Position> {
-        let mut crc = crc32fast::Hasher::new();
-        let mut entry = Vec::with_capacity(parts.iter().map(|p| p.len()).sum::<usize>() + CRC_LEN);
-        for part in parts {
-            crc.update(part);
-            entry.extend_from_slice(part);
-        }
-        entry.extend_from_slice(&crc.finalize().to_le_bytes());
+    /// Writes encoded entries at the end of the segment.
+    fn append(&mut self, entries: &[u8]) -> Result<Position> {
         let segment = self.open_segment()?;
-        match fsio::write_all(&mut segment.file, &segment.path, &entry) {
+        match fsio::write_all(&mut segment.file, &segment.path, entries) {
             Ok(()) => {
-                segment.len += entry.len() as u64;
+                segment.len += entries.len() as u64;
                 let pos = (segment.number, segment.len);
                 self.dirty = true;
                 self.uncommitted = true;
@@ -418,7 +442,9 @@ impl JournalWriter {
             return Ok(());
         }
         let header = entry_header("", &[], None, FLAG_COMMIT)?;
-        self.append(&[&header])?;
+        let mut buf = Vec::new();
+        encode_into(&mut buf, &[&header]);
+        self.append(&buf)?;
         self.sync()?;
         self.uncommitted = false;
         Ok(())

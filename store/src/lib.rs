@@ -38,5 +38,6 @@ pub use payload::{
     READ_MAX_BYTES,
 };
 pub use store::{
-    GcReport, Mode, RepairReport, Store, VerifyReport, INDEXES_FILE, INDEX_DIR, LOCK_FILE,
+    GcReport, Mode, NewRecord, RepairReport, Store, VerifyReport, INDEXES_FILE, INDEX_DIR,
+    LOCK_FILE,
 };

@@ -1,11 +1,12 @@
 //! Payload files: writing a `.npy` file crash-safely, and mapping one back
 //! after checking that it is what its record says (DESIGN.md invariants 2, 3, 5).
 
+use std::collections::{BTreeSet, HashSet};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-use lazyvault_schema::{ArrayEntry, PAYLOAD_DIR};
+use lazyvault_schema::{payload_relpath, ArrayEntry, PAYLOAD_DIR};
 use memmap2::{Mmap, MmapOptions};
 
 use crate::error::{Error, Result};
@@ -78,34 +79,166 @@ pub(crate) fn prepare_payload(src: &ArraySource<'_>) -> Result<(Vec<u8>, ArrayEn
     Ok((header, entry))
 }
 
-/// Writes `src` as a new payload file and returns its entry and the
-/// directory that holds it (which the caller fsyncs once per batch).
+/// A put that writes more payload files than this makes them durable with
+/// one `syncfs(2)` barrier instead of one fsync each (Linux only; see
+/// [`PayloadWriter`]). Below it, per-file fsyncs are as fast and touch only
+/// the files written.
+pub(crate) const BARRIER_MIN_FILES: usize = 9;
+
+/// Writes the payload files of one put (or one batch of puts) crash-safely
+/// (invariant 3): every file goes to `<id>.npy.tmp` and is made durable
+/// before it is renamed to `<id>.npy`; nothing is written after the rename.
 ///
-/// Order (invariant 3): write to `<id>.npy.tmp`, fsync the file, rename to
-/// `<id>.npy`. The file is never written again after the rename.
-pub(crate) fn write_payload(root: &Path, src: &ArraySource<'_>) -> Result<(ArrayEntry, PathBuf)> {
-    let (header, entry) = prepare_payload(src)?;
-    let id = uuid::Uuid::new_v4().simple().to_string();
-    let dir = root.join(PAYLOAD_DIR).join(&id[..2]);
-    fsio::create_dir_all(&dir).map_err(Error::io(&dir))?;
-    let path = dir.join(format!("{id}.npy"));
-    let tmp = dir.join(format!("{id}.npy{TMP_SUFFIX}"));
-    fsio::write_new_file(&path, &tmp, &[&header, src.data]).map_err(Error::io(&tmp))?;
-    let checksum = Some(checksum(src.data));
-    Ok((
-        ArrayEntry {
+/// Two ways to make the files durable, same guarantee:
+/// - per file: fsync each temporary file, then rename it at once;
+/// - barrier (Linux, [`BARRIER_MIN_FILES`] files or more): write every
+///   temporary file without fsync, then one `syncfs(2)` on the store's file
+///   system, then rename them all. The descriptor used for `syncfs` is
+///   opened before the first file is written, so write-back errors of these
+///   files are reported by it.
+///
+/// The caller then fsyncs [`PayloadWriter::dirs`] (the renames) and, only
+/// after that, lets a record reference the files. On error (or if the
+/// record is not committed) [`PayloadWriter::abort`] removes every file
+/// this writer made.
+pub(crate) struct PayloadWriter<'r> {
+    root: &'r Path,
+    /// The store root, open for `syncfs`, in barrier mode.
+    barrier: Option<File>,
+    /// `arrays/<xx>` directories created or checked by this writer.
+    made: HashSet<PathBuf>,
+    /// Directories holding the renamed files.
+    pub(crate) dirs: BTreeSet<PathBuf>,
+    /// Whether a second barrier after the renames already made `dirs` (and
+    /// `arrays/`) durable: no directory fsync is needed.
+    pub(crate) dirs_durable: bool,
+    /// Temporary files written, not yet durable and renamed: (tmp, final).
+    pending: Vec<(PathBuf, PathBuf)>,
+    /// Files renamed into place, relative to the root.
+    renamed: Vec<String>,
+}
+
+impl<'r> PayloadWriter<'r> {
+    /// A writer for `files` payloads under `root`; chooses the barrier when
+    /// there are enough files and the platform has `syncfs`.
+    pub(crate) fn new(root: &'r Path, files: usize) -> Result<PayloadWriter<'r>> {
+        let barrier = if cfg!(target_os = "linux") && files >= BARRIER_MIN_FILES {
+            Some(fsio::open_dir(root).map_err(Error::io(root))?)
+        } else {
+            None
+        };
+        Ok(PayloadWriter {
+            root,
+            barrier,
+            made: HashSet::new(),
+            dirs: BTreeSet::new(),
+            dirs_durable: false,
+            pending: Vec::new(),
+            renamed: Vec::new(),
+        })
+    }
+
+    /// Writes `src` as a new payload file and returns its entry. In barrier
+    /// mode the file is not durable (nor renamed) until [`Self::finish`].
+    pub(crate) fn write(&mut self, src: &ArraySource<'_>) -> Result<ArrayEntry> {
+        let (header, entry) = prepare_payload(src)?;
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let dir = self.root.join(PAYLOAD_DIR).join(&id[..2]);
+        if !self.made.contains(&dir) {
+            fsio::create_dir_all(&dir).map_err(Error::io(&dir))?;
+            self.made.insert(dir.clone());
+        }
+        let path = dir.join(format!("{id}.npy"));
+        let tmp = dir.join(format!("{id}.npy{TMP_SUFFIX}"));
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        let durable = self.barrier.is_none();
+        let written = (|| {
+            let mut f = fsio::create(&tmp)?;
+            fsio::write_all(&mut f, &tmp, &header)?;
+            fsio::write_all_with(&mut f, &tmp, src.data, |piece| hasher.update(piece))?;
+            if durable {
+                fsio::sync_file(&f, &tmp)?;
+                fsio::rename(&tmp, &path)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = written {
+            let _ = fsio::remove_file(&tmp);
+            return Err(Error::io(&tmp)(e));
+        }
+        let relpath = payload_relpath(&id);
+        if durable {
+            self.renamed.push(relpath);
+            self.dirs.insert(dir);
+        } else {
+            self.pending.push((tmp, path));
+        }
+        Ok(ArrayEntry {
             id,
-            checksum,
+            checksum: Some(format_checksum(hasher.digest())),
             ..entry
-        },
-        dir,
-    ))
+        })
+    }
+
+    /// Makes the files written in barrier mode durable (one `syncfs`),
+    /// renames them into place and, if they went into more than
+    /// [`BARRIER_MIN_FILES`] directories, makes the renames durable with a
+    /// second `syncfs` instead of one fsync per directory. Per-file mode has
+    /// nothing left to do.
+    pub(crate) fn finish(&mut self) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        self.barrier()?;
+        while let Some((tmp, path)) = self.pending.pop() {
+            if let Err(e) = fsio::rename(&tmp, &path) {
+                self.pending.push((tmp.clone(), path));
+                return Err(Error::io(&tmp)(e));
+            }
+            let dir = path.parent().expect("a payload path has a directory");
+            let id = path
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .expect("payload names are ASCII");
+            self.renamed.push(payload_relpath(id));
+            self.dirs.insert(dir.to_owned());
+        }
+        if self.dirs.len() >= BARRIER_MIN_FILES {
+            self.barrier()?;
+            self.dirs_durable = true;
+        }
+        Ok(())
+    }
+
+    /// `syncfs` on the store's file system (barrier mode only).
+    fn barrier(&self) -> Result<()> {
+        #[cfg(target_os = "linux")]
+        if let Some(fs) = &self.barrier {
+            fsio::sync_fs(fs, self.root).map_err(Error::io(self.root))?;
+        }
+        Ok(())
+    }
+
+    /// Removes every file written (best effort: a file left behind is an
+    /// orphan that `gc()` removes, never a loss).
+    pub(crate) fn abort(self) {
+        for (tmp, _) in &self.pending {
+            let _ = fsio::remove_file(tmp);
+        }
+        for rel in &self.renamed {
+            let _ = fsio::remove_file(&self.root.join(rel));
+        }
+    }
 }
 
 /// The checksum recorded for a payload's data bytes: `"xxh3-64:"` and the
 /// 64-bit XXH3 hash as 16 lowercase hex digits (FORMAT.md).
 pub(crate) fn checksum(data: &[u8]) -> String {
-    format!("{CHECKSUM_PREFIX}{:016x}", xxhash_rust::xxh3::xxh3_64(data))
+    format_checksum(xxhash_rust::xxh3::xxh3_64(data))
+}
+
+fn format_checksum(hash: u64) -> String {
+    format!("{CHECKSUM_PREFIX}{hash:016x}")
 }
 
 /// The algorithm tag of [`checksum`].

@@ -381,12 +381,21 @@ fn gen_array(rng: &mut Rng, seq: u64, name: &str) -> ArraySpec {
 /// The record that the writer puts under `key` with sequence number `seq`.
 fn gen_record(key: &str, seq: u64) -> RecordSpec {
     let mut rng = Rng::new(mix(seq, 0x7265_636f_7264));
-    let n = rng.below(4) as usize;
-    let mut names: Vec<&str> = NAMES.to_vec();
-    let mut arrays = Vec::with_capacity(n);
-    for _ in 0..n {
-        let name = names.swap_remove(rng.below(names.len() as u64) as usize);
-        arrays.push(gen_array(&mut rng, seq, name));
+    let mut arrays = Vec::new();
+    if rng.chance(15) {
+        // Many arrays: the put makes them durable with one syncfs barrier
+        // (and, spread over enough directories, a second one for the
+        // renames) instead of one fsync each.
+        for i in 0..rng.range(9, 40) {
+            arrays.push(gen_array(&mut rng, seq, &format!("many/{i}")));
+        }
+    } else {
+        let n = rng.below(4) as usize;
+        let mut names: Vec<&str> = NAMES.to_vec();
+        for _ in 0..n {
+            let name = names.swap_remove(rng.below(names.len() as u64) as usize);
+            arrays.push(gen_array(&mut rng, seq, name));
+        }
     }
     let pickle = rng.chance(30).then(|| {
         let len = if rng.chance(10) {

@@ -5,12 +5,12 @@
 //!
 //! The fault plan is process-wide, so the tests here take one lock.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Mutex;
 
 use lazyvault_store::schema::Record;
-use lazyvault_store::{fault, map_payload, ArraySource, Error, Mode, Store};
+use lazyvault_store::{fault, map_payload, ArraySource, Error, Mode, NewRecord, Store};
 use serde_json::{json, Map, Value};
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -18,8 +18,35 @@ static SERIAL: Mutex<()> = Mutex::new(());
 const ENOSPC: i32 = 28;
 const EIO: i32 = 5;
 
-/// What a key holds: (metadata value `v`, payload bytes, pickle).
-type Model = BTreeMap<String, (i64, Vec<u8>, Option<Vec<u8>>)>;
+/// What a key holds: (metadata value `v`, payload bytes by array name,
+/// pickle).
+type Model = BTreeMap<String, (i64, Arrays, Option<Vec<u8>>)>;
+type Arrays = BTreeMap<String, Vec<u8>>;
+
+/// Enough arrays for the `syncfs` barrier, and (spread over `arrays/<xx>`
+/// by random ids) for its second barrier in place of directory fsyncs.
+const MANY: usize = 24;
+
+fn one(data: &[u8]) -> Arrays {
+    BTreeMap::from([("a".to_owned(), data.to_vec())])
+}
+
+/// `n` arrays `a0`, `a1`, ... of `len` bytes `fill + i`.
+fn many(n: usize, len: usize, fill: u8) -> Arrays {
+    (0..n)
+        .map(|i| (format!("a{i}"), vec![fill.wrapping_add(i as u8); len]))
+        .collect()
+}
+
+fn sources(arrays: &Arrays) -> Vec<ArraySource<'_>> {
+    arrays
+        .iter()
+        .map(|(name, data)| ArraySource {
+            name: name.clone(),
+            ..array(data)
+        })
+        .collect()
+}
 
 fn array(data: &[u8]) -> ArraySource<'_> {
     ArraySource {
@@ -38,16 +65,40 @@ fn put(store: &Store, key: &str, v: i64, data: &[u8], pickle: Option<&[u8]>) -> 
     store.put(key, meta, Value::Null, &[array(data)], pickle)
 }
 
+/// `put_many` of `(key, v, arrays)`, no pickles.
+fn put_many(store: &Store, records: &[(&str, i64, &Arrays)]) -> Result<(), Error> {
+    let srcs: Vec<Vec<ArraySource<'_>>> = records.iter().map(|r| sources(r.2)).collect();
+    let batch = records
+        .iter()
+        .zip(&srcs)
+        .map(|(&(key, v, _), arrays)| NewRecord {
+            key,
+            meta: json!({ "v": v }).as_object().cloned().unwrap(),
+            layout: Value::Null,
+            arrays,
+            pickle: None,
+        })
+        .collect();
+    store.put_many(batch)
+}
+
 fn state(store: &Store) -> Model {
     let mut out = Model::new();
     for key in store.keys().unwrap() {
         let (json, pickle) = store.get_with_pickle(&key).unwrap().unwrap();
         let record = Record::from_json(&json).unwrap();
-        let data = map_payload(store.root(), &record.arrays["a"])
-            .unwrap()
-            .as_bytes()
-            .to_vec();
-        out.insert(key, (record.meta["v"].as_i64().unwrap(), data, pickle));
+        let arrays = record
+            .arrays
+            .iter()
+            .map(|(name, entry)| {
+                let data = map_payload(store.root(), entry)
+                    .unwrap()
+                    .as_bytes()
+                    .to_vec();
+                (name.clone(), data)
+            })
+            .collect();
+        out.insert(key, (record.meta["v"].as_i64().unwrap(), arrays, pickle));
     }
     out
 }
@@ -66,6 +117,10 @@ fn baseline(dir: &Path) -> (Store, Model) {
 #[derive(Debug, Clone, Copy)]
 enum Op {
     PutNew,
+    /// One record with [`MANY`] arrays: the `syncfs` barrier path.
+    PutManyArrays,
+    /// `put_many` of a new key, an overwrite and the new key again.
+    PutMany,
     Overwrite,
     Delete,
     Flush,
@@ -76,6 +131,20 @@ enum Op {
 fn run(store: &Store, op: Op) -> Result<(), Error> {
     match op {
         Op::PutNew => put(store, "new", 3, &[3; 5000], Some(b"p3")),
+        Op::PutManyArrays => {
+            let arrays = many(MANY, 100, 10);
+            let srcs = sources(&arrays);
+            let meta = json!({"v": 3}).as_object().cloned().unwrap();
+            store.put("new", meta, Value::Null, &srcs, None)
+        }
+        Op::PutMany => put_many(
+            store,
+            &[
+                ("new", 3, &many(MANY / 2, 50, 20)),
+                ("target", 4, &many(MANY / 2, 70, 40)),
+                ("new", 6, &one(&[6; 30])),
+            ],
+        ),
         Op::Overwrite => put(store, "target", 4, &[4; 200], None),
         Op::Delete => store.delete("target").map(drop),
         Op::Flush => {
@@ -93,16 +162,23 @@ fn allowed(op: Op, before: &Model) -> Vec<Model> {
     let mut after = before.clone();
     match op {
         Op::PutNew => {
-            after.insert("new".into(), (3, vec![3; 5000], Some(b"p3".to_vec())));
+            after.insert("new".into(), (3, one(&[3; 5000]), Some(b"p3".to_vec())));
+        }
+        Op::PutManyArrays => {
+            after.insert("new".into(), (3, many(MANY, 100, 10), None));
+        }
+        Op::PutMany => {
+            after.insert("target".into(), (4, many(MANY / 2, 70, 40), None));
+            after.insert("new".into(), (6, one(&[6; 30]), None));
         }
         Op::Overwrite => {
-            after.insert("target".into(), (4, vec![4; 200], None));
+            after.insert("target".into(), (4, one(&[4; 200]), None));
         }
         Op::Delete => {
             after.remove("target");
         }
         Op::Flush => {
-            after.insert("target".into(), (5, vec![5; 10], None));
+            after.insert("target".into(), (5, one(&[5; 10]), None));
         }
         Op::Gc | Op::Close => {}
     }
@@ -118,7 +194,7 @@ fn check_after_fault(
     before: &Model,
     n: u64,
 ) {
-    let ctx = format!("{op:?}, operation {n} failing with errno {errno}: {outcome:?}");
+    let ctx = format!("{op:?}, operation {n} of its kind failing with errno {errno}: {outcome:?}");
     if let Err(e) = outcome {
         match e {
             Error::Io { source, .. } => {
@@ -135,6 +211,9 @@ fn check_after_fault(
         assert!(choices.contains(&now), "{ctx}: state {now:?}");
         if outcome.is_err() && !matches!(op, Op::Flush | Op::Gc | Op::Close) {
             assert_eq!(&now, before, "{ctx}: a failed write changed the store");
+            // A failed put removed every file it wrote (temporary or not).
+            let orphans = store.verify().unwrap().orphans;
+            assert!(orphans.is_empty(), "{ctx}: left {orphans:?}");
         }
         put(&store, "later", 9, &[9; 10], None).unwrap_or_else(|e| panic!("{ctx}: then {e}"));
         store.flush().unwrap_or_else(|e| panic!("{ctx}: flush {e}"));
@@ -155,27 +234,63 @@ fn check_after_fault(
     store.close().unwrap();
 }
 
-fn each_operation_failing(op: Op, errno: i32) -> u64 {
-    // How many operations does `op` make?
+/// Every kind of operation the store routes through its fault injection.
+const OP_NAMES: &[&str] = &[
+    "mkdir",
+    "open-dir",
+    "create",
+    "write",
+    "fsync",
+    "syncfs",
+    "rename",
+    "fsync-dir",
+    "unlink",
+    "truncate",
+    "index",
+    "index-flush",
+];
+
+/// Fails each operation of `op` in turn (the 1st, 2nd, ... of each kind);
+/// returns how many were failed and the kinds that occurred.
+fn each_operation_failing(op: Op, errno: i32) -> (u64, BTreeSet<String>) {
     let total = {
         let dir = tempfile::tempdir().unwrap();
         let (store, _) = baseline(dir.path());
         fault::count();
         run(&store, op).unwrap();
-        let (n, _) = fault::clear();
+        let (n, all) = fault::clear();
+        for seen in &all {
+            let kind = seen.split(' ').next().unwrap();
+            assert!(
+                OP_NAMES.contains(&kind),
+                "{op:?}: {kind} is missing from OP_NAMES"
+            );
+        }
         n
     };
     assert!(total > 0, "{op:?} makes no file operation");
-    for n in 1..=total {
-        let dir = tempfile::tempdir().unwrap();
-        let (store, before) = baseline(dir.path());
-        fault::fail_nth(n, errno);
-        let outcome = run(&store, op);
-        let (_, failed) = fault::clear();
-        assert_eq!(failed.len(), 1, "{op:?} op {n}");
-        check_after_fault(dir.path(), store, op, &outcome, errno, &before, n);
+    let mut names = BTreeSet::new();
+    let mut injected = 0;
+    for name in OP_NAMES {
+        for k in 1.. {
+            let dir = tempfile::tempdir().unwrap();
+            let (store, before) = baseline(dir.path());
+            fault::fail_nth_of(name, k, errno);
+            let outcome = run(&store, op);
+            let (_, failed) = fault::clear();
+            if failed.is_empty() {
+                // `op` made fewer than `k` operations of this kind.
+                assert!(outcome.is_ok(), "{op:?}: {outcome:?}");
+                break;
+            }
+            assert_eq!(failed.len(), 1, "{op:?} {name} {k}");
+            assert!(failed[0].starts_with(&format!("{name} ")), "{failed:?}");
+            names.insert((*name).to_owned());
+            injected += 1;
+            check_after_fault(dir.path(), store, op, &outcome, errno, &before, k);
+        }
     }
-    total
+    (injected, names)
 }
 
 #[test]
@@ -184,6 +299,8 @@ fn every_single_failing_operation_is_reported_and_loses_nothing() {
     let mut injected = 0;
     for op in [
         Op::PutNew,
+        Op::PutManyArrays,
+        Op::PutMany,
         Op::Overwrite,
         Op::Delete,
         Op::Flush,
@@ -191,7 +308,19 @@ fn every_single_failing_operation_is_reported_and_loses_nothing() {
         Op::Close,
     ] {
         for errno in [ENOSPC, EIO] {
-            injected += each_operation_failing(op, errno);
+            let (n, names) = each_operation_failing(op, errno);
+            injected += n;
+            if cfg!(target_os = "linux") && matches!(op, Op::PutManyArrays | Op::PutMany) {
+                // The barrier path ran: its descriptor and syncfs failed in
+                // turn, and no payload was fsynced on its own.
+                for name in ["open-dir", "syncfs", "create", "write", "rename", "index"] {
+                    assert!(
+                        names.contains(name),
+                        "{op:?}: {name} never failed: {names:?}"
+                    );
+                }
+                assert!(!names.contains("fsync"), "{op:?}: {names:?}");
+            }
         }
     }
     assert!(injected > 40, "only {injected} faults injected");
@@ -222,7 +351,7 @@ fn a_full_disk_fails_every_write_until_space_returns() {
     store.close().unwrap();
     let store = Store::open(dir.path().join("s.lv"), Mode::Append).unwrap();
     let mut now = state(&store);
-    assert_eq!(now.remove("after"), Some((7, vec![7; 7], None)));
+    assert_eq!(now.remove("after"), Some((7, one(&[7; 7]), None)));
     assert_eq!(now, before);
     store.gc().unwrap();
     assert!(store.verify().unwrap().orphans.is_empty());

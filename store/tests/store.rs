@@ -259,3 +259,117 @@ fn zero_size_arrays_map_nothing() {
         .as_bytes()
         .is_empty());
 }
+
+/// Files under `arrays/` (payloads and temporary files).
+fn payload_files(root: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for dir in fs::read_dir(root.join("arrays")).unwrap() {
+        for f in fs::read_dir(dir.unwrap().path()).unwrap() {
+            out.push(f.unwrap().path());
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn put_many_sets_every_record_in_order_with_one_batch() {
+    use lazyvault_store::NewRecord;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("s.lv"), Mode::Append).unwrap();
+    store.create_index("v").unwrap();
+    store
+        .put("old", meta(json!({"v": 0})), Value::Null, &[], None)
+        .unwrap();
+    // 30 arrays in all: the syncfs barrier path on Linux.
+    let data: Vec<Vec<u8>> = (0..30).map(|i| bytes_of(&[i as f64; 4])).collect();
+    let srcs: Vec<ArraySource<'_>> = data
+        .iter()
+        .enumerate()
+        .map(|(i, d)| f64_source(&format!("x{i}"), d, vec![4]))
+        .collect();
+    let record = |key: &'static str, v: i64, arrays| NewRecord {
+        key,
+        meta: meta(json!({ "v": v })),
+        layout: Value::Null,
+        arrays,
+        pickle: None,
+    };
+    store
+        .put_many(vec![
+            record("a", 1, &srcs[..10]),
+            record("old", 2, &srcs[10..20]),
+            record("a", 3, &srcs[20..]),
+        ])
+        .unwrap();
+    assert_eq!(store.len().unwrap(), 2, "a repeated key counts once");
+    let a = store.get("a").unwrap().unwrap();
+    assert_eq!(a.meta["v"], json!(3), "the later record of a key wins");
+    assert_eq!(a.arrays.len(), 10);
+    let mapped = map_payload(store.root(), &a.arrays["x25"]).unwrap();
+    assert_eq!(mapped.as_bytes(), &bytes_of(&[25.0; 4])[..]);
+    assert_eq!(store.get("old").unwrap().unwrap().meta["v"], json!(2));
+    // The secondary index follows the last version of each key only.
+    let find = |q: &str| store.find(&Query::parse(q).unwrap()).unwrap();
+    assert_eq!(find("v == 3"), ["a"]);
+    assert_eq!(find("v == 2"), ["old"]);
+    assert!(find("v == 1").is_empty() && find("v == 0").is_empty());
+    // The first version of "a" is unreferenced: removed at flush.
+    store.flush().unwrap();
+    assert_eq!(payload_files(store.root()).len(), 20);
+    store.put_many(Vec::new()).unwrap();
+    store.close().unwrap();
+    // The journal holds all of it: a repaired index has the same records.
+    Store::repair(dir.path().join("s.lv")).unwrap();
+    let store = Store::open(dir.path().join("s.lv"), Mode::Append).unwrap();
+    assert_eq!(store.get("a").unwrap().unwrap().meta["v"], json!(3));
+    assert_eq!(store.len().unwrap(), 2);
+    assert!(store.verify().unwrap().is_ok());
+}
+
+#[test]
+fn put_many_is_all_or_nothing() {
+    use lazyvault_store::NewRecord;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("s.lv"), Mode::Append).unwrap();
+    let good = bytes_of(&[1.0, 2.0]);
+    store
+        .put(
+            "keep",
+            meta(json!({"v": 0})),
+            Value::Null,
+            &[f64_source("x", &good, vec![2])],
+            None,
+        )
+        .unwrap();
+    let before = payload_files(store.root());
+    let many: Vec<ArraySource<'_>> = (0..20)
+        .map(|i| f64_source(&format!("x{i}"), &good, vec![2]))
+        .collect();
+    let bad = [f64_source("x", &good, vec![3])]; // 16 bytes for 3 float64
+    let record = |key: &'static str, arrays| NewRecord {
+        key,
+        meta: meta(json!({"v": 1})),
+        layout: Value::Null,
+        arrays,
+        pickle: None,
+    };
+    for (arrays, late) in [(&many[..], &bad[..]), (&bad[..], &many[..])] {
+        let err = store
+            .put_many(vec![record("new", arrays), record("keep", late)])
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidArray { .. }), "{err}");
+        assert!(!store.contains("new").unwrap());
+        assert_eq!(store.get("keep").unwrap().unwrap().meta["v"], json!(0));
+        assert_eq!(payload_files(store.root()), before, "payloads left behind");
+    }
+    // Invalid keys are refused before anything is written.
+    let err = store
+        .put_many(vec![record("new", &many[..]), record("", &[])])
+        .unwrap_err();
+    assert!(matches!(err, Error::EmptyKey), "{err}");
+    assert_eq!(payload_files(store.root()), before);
+    store.close().unwrap();
+    let store = Store::open(dir.path().join("s.lv"), Mode::Append).unwrap();
+    assert_eq!(store.keys().unwrap(), ["keep"]);
+}

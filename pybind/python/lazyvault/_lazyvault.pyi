@@ -101,6 +101,23 @@ class StoreCore:
         """Writes each array ``(name, descr, dtype_name, shape, fortran_order,
         data, pickled)`` as a payload (temp file, fsync, rename), then the
         record. ``data`` is C-contiguous bytes."""
+    def put_many(
+        self,
+        records: list[
+            tuple[
+                str,
+                str,
+                str,
+                list[tuple[str, str, str, tuple[int, ...], bool, Buffer, bool]],
+                bytes | None,
+            ]
+        ],
+    ) -> None:
+        """Puts each ``(key, meta_json, layout_json, arrays, pickle)`` (the
+        arguments of :meth:`put`), in order, all or nothing: every payload is
+        written, made durable with one barrier (``syncfs`` for many files)
+        and renamed, then the records enter the journal and the index in one
+        batch. On error none is added and their payload files are removed."""
     def get(self, key: str) -> bytes | None:
         """The record JSON of ``key`` (see schema/FORMAT.md)."""
     def get_full(self, key: str) -> tuple[bytes, bytes | None] | None:

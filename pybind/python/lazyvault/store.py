@@ -49,6 +49,22 @@ def _close_open_stores() -> None:
             pass
 
 
+# update() writes records in chunks of at most this many records or array
+# bytes: each chunk costs one durability barrier and one index batch, and
+# holds its objects' arrays (views, no copies) until it is written.
+_UPDATE_CHUNK_RECORDS = 1000
+_UPDATE_CHUNK_BYTES = 256 << 20
+
+
+def _put_args(key: str, obj: Any) -> tuple[Any, ...]:
+    """What the core's ``put`` takes for storing ``obj`` under ``key``:
+    ``(key, meta_json, layout_json, arrays, pickle or None)``."""
+    parts, splitter = _split.split(obj)
+    pickled = splitter.pickle_leftovers(parts.leftovers) if parts.leftovers else None
+    arrays = [_arrays.payload_args(name, a) for name, a in splitter.arrays.items()]
+    return (key, parts.meta_json(), parts.layout_json(), arrays, pickled)
+
+
 def _check_key(key: object) -> str:
     if type(key) is not str:
         if not isinstance(key, str):
@@ -230,10 +246,7 @@ class Store(MutableMapping[str, Record]):
 
             _interop.copy_record(self, key, obj)
             return
-        parts, splitter = _split.split(obj)
-        pickled = splitter.pickle_leftovers(parts.leftovers) if parts.leftovers else None
-        arrays = [_arrays.payload_args(name, a) for name, a in splitter.arrays.items()]
-        self._core.put(key, parts.meta_json(), parts.layout_json(), arrays, pickled)
+        self._core.put(*_put_args(key, obj))
 
     def __delitem__(self, key: str) -> None:
         key = _check_key(key)
@@ -251,11 +264,24 @@ class Store(MutableMapping[str, Record]):
         """Stores every ``key, obj`` of ``other`` (a mapping, or an iterable
         of pairs, read one at a time) and of ``kwargs``, as ``dict.update``.
 
+        Records are written in chunks (up to 1,000 records or 256 MiB of
+        array data each): the payloads of a whole chunk are made durable
+        with one barrier and its records enter the index in one batch, which
+        is much faster than one ``store[key] = obj`` each. A chunk is all or
+        nothing: if writing it fails (``StorageError`` for a full disk,
+        ``InvalidArrayError``, ...), or one of its keys is invalid, or
+        splitting one of its objects raises,
+        none of its records is added and its payload files are removed;
+        records of earlier chunks stay stored. Like ``__setitem__``, durable
+        after :meth:`flush` or :meth:`close`.
+
         ``progress``: a tqdm bar when None and interactive, or True; False
-        for none; or a callable ``f(done, total)`` (records; ``total`` is
-        None for an iterable without a length). ``progress`` is this
-        option, never a key: store a record named so with
-        ``store["progress"] = obj``.
+        for none; or a callable ``f(done, total)`` called with ``done = 0``
+        first, then after each chunk with the number of records stored so
+        far (``total`` is None for an iterable without a length). An
+        exception it raises stops the update; the chunks stored before stay.
+        ``progress`` is this option, never a key: store a record named so
+        with ``store["progress"] = obj``.
         """
         if isinstance(other, Mapping):
             pairs: Iterable[tuple[str, Any]] = ((k, other[k]) for k in other)
@@ -271,11 +297,35 @@ class Store(MutableMapping[str, Record]):
             done = 0
             if report is not None:
                 report(0, total)
-            for key, obj in itertools.chain(pairs, kwargs.items()):
-                self[key] = obj
-                done += 1
+            chunk: list[tuple[Any, ...]] = []
+            chunk_bytes = 0
+
+            def send() -> None:
+                nonlocal done, chunk_bytes
+                if not chunk:
+                    return
+                self._core.put_many(chunk)
+                done += len(chunk)
+                chunk.clear()
+                chunk_bytes = 0
                 if report is not None:
                     report(done, total)
+
+            for key, obj in itertools.chain(pairs, kwargs.items()):
+                key = _check_key(key)
+                if isinstance(obj, Record):
+                    send()  # keep the order: a copied record goes alone
+                    self[key] = obj
+                    done += 1
+                    if report is not None:
+                        report(done, total)
+                    continue
+                args = _put_args(key, obj)
+                chunk.append(args)
+                chunk_bytes += sum(len(a[5]) for a in args[3])
+                if len(chunk) >= _UPDATE_CHUNK_RECORDS or chunk_bytes >= _UPDATE_CHUNK_BYTES:
+                    send()
+            send()
 
     def __contains__(self, key: object) -> bool:
         return self._core.contains(_check_key(key))
