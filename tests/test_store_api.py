@@ -419,3 +419,44 @@ def test_update_copies_records_in_order_between_chunks(
         store.update(pairs, progress=False)
     assert store["x"].v == 2 and store["z"].v == 3
     assert store["y"].v == "copied" and store["y"].a.tolist() == [0, 1, 2]
+
+
+def test_replace_arrays_writes_only_the_new_arrays(store_path: Path) -> None:
+    from conftest import payload_files
+
+    store = lv.Store.open(store_path, allow_pickle=True)
+    big = np.arange(200_000, dtype=np.float64).reshape(400, 500)  # 1.6 MB: mapped
+    obj = {"run": 3, "big": big, "labels": np.arange(4), "nested": {"w": np.ones(3)}, "s": {1}}
+    store["k"] = obj
+    store.flush()
+    before = store["k"]
+    held = before.big  # a mapping made before the replacement stays valid
+    files = set(payload_files(store_path))
+
+    store.replace_arrays("k", {"labels": np.array(["a", "b"]), "nested/w": [7.0, 8.0]})
+    rec = store["k"]
+    assert rec.meta == before.meta and rec.run == 3
+    assert list(rec.arrays) == list(before.arrays)  # same names, same order
+    assert rec.arrays["big"] == before.arrays["big"]
+    assert rec.labels.tolist() == ["a", "b"] and rec.labels.dtype == np.dtype("<U1")
+    loaded = rec.load()
+    assert loaded["nested"]["w"].tolist() == [7.0, 8.0] and loaded["s"] == {1}
+    np.testing.assert_array_equal(loaded["big"], big)
+    store.flush()
+    now = set(payload_files(store_path))
+    assert len(now) == len(files) and len(now - files) == 2  # two new, two removed
+    np.testing.assert_array_equal(held, big)
+    report = store.verify()
+    assert not report["problems"] and not report["orphans"], report
+    store.close()
+
+
+def test_replace_arrays_refuses_missing_keys_and_unknown_names(store: lv.Store) -> None:
+    store["k"] = {"a": np.arange(3)}
+    with pytest.raises(lv.MissingKeyError):
+        store.replace_arrays("nope", {"a": np.arange(2)})
+    with pytest.raises(lv.InvalidArrayError, match="no array of this name"):
+        store.replace_arrays("k", {"b": np.arange(2)})
+    with pytest.raises(TypeError):
+        store.replace_arrays(3, {"a": np.arange(2)})  # type: ignore[arg-type]
+    assert store["k"].a.tolist() == [0, 1, 2]

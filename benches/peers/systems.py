@@ -163,9 +163,7 @@ class LazyVault(System):
         return pickle.dumps(self.store[key].ref())
 
     def replace_array(self, key, name, value):
-        obj = self.store[key].load()
-        obj[name] = value
-        self.store[key] = obj
+        self.store.replace_arrays(key, {name: value})
         self.store.flush()
 
     def picklable(self, key):

@@ -115,6 +115,15 @@ impl StoreCore {
         py.detach(|| self.inner.put_many(batch)).py_err()
     }
 
+    /// Replaces the arrays of `key` named like those of `arrays` (tuples as
+    /// for `put`), keeping everything else (`Store::replace_arrays`);
+    /// False when there is no record under `key`.
+    fn replace_arrays(&self, py: Python<'_>, key: &str, arrays: Vec<ArrayArg>) -> PyResult<bool> {
+        let sources: Vec<_> = arrays.iter().map(ArrayArg::as_source).collect();
+        py.detach(|| self.inner.replace_arrays(key, &sources))
+            .py_err()
+    }
+
     /// The record JSON of `key`, or None.
     fn get<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let json = self.inner.get_json(key).py_err()?;

@@ -780,18 +780,95 @@ impl Store {
             return Err(index.stuck_error());
         }
         let mut writer = self.writer()?;
-        let writer = &mut *writer;
+        let records = records.into_iter().map(|r| (r, IndexMap::new())).collect();
+        self.put_locked(index, &mut writer, records)
+    }
+
+    /// Replaces the arrays of the record under `key` named like those of
+    /// `arrays` (dtype and shape may change), keeping its metadata, layout,
+    /// pickled remainder and other arrays: only the new payloads are
+    /// written, as h5py's `del group[name]; group[name] = ...`, instead of
+    /// the whole object. The replaced payloads are removed at the next
+    /// [`Store::flush`]. Returns `false`, changing nothing, when there is no
+    /// record under `key`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArray`] for a name the record has no array of (store
+    /// the whole object to add arrays) or given twice; otherwise as
+    /// [`Store::put`].
+    pub fn replace_arrays(&self, key: &str, arrays: &[ArraySource<'_>]) -> Result<bool> {
+        check_key(key)?;
+        let index_guard = self.index()?;
+        let index = index_guard.as_ref().expect("checked open");
+        if index.io_failed() {
+            return Err(index.stuck_error());
+        }
+        // Read under the writer lock: no put can retire these payloads
+        // between this read and the new record.
+        let mut writer = self.writer()?;
+        let Some(json) = index.get(key)? else {
+            return Ok(false);
+        };
+        let old =
+            Record::from_json(&json).map_err(|e| Error::corrupt(format!("record {key:?}"), e))?;
+        let mut kept = old.arrays;
+        for (i, src) in arrays.iter().enumerate() {
+            let detail = if arrays[..i].iter().any(|a| a.name == src.name) {
+                "two arrays with the same name"
+            } else if !kept.contains_key(&src.name) {
+                "the record has no array of this name (store the whole object to add one)"
+            } else {
+                continue;
+            };
+            return Err(Error::InvalidArray {
+                name: src.name.clone(),
+                detail: detail.into(),
+            });
+        }
+        for src in arrays {
+            kept.shift_remove(&src.name);
+        }
+        let pickle = if old.pickle {
+            index.get_pickle(key)?
+        } else {
+            None
+        };
+        let record = NewRecord {
+            key,
+            meta: old.meta,
+            layout: old.layout,
+            arrays,
+            pickle: pickle.as_deref(),
+        };
+        self.put_locked(index, &mut writer, vec![(record, kept)])?;
+        Ok(true)
+    }
+
+    /// Writes `records` (each with the entries of arrays it keeps from the
+    /// record it replaces) as [`Store::put_many`] describes; the caller
+    /// holds the writer lock.
+    fn put_locked(
+        &self,
+        index: &Index,
+        writer: &mut WriterState,
+        records: Vec<(NewRecord<'_>, IndexMap<String, ArrayEntry>)>,
+    ) -> Result<()> {
         if records.is_empty() {
             return Ok(());
         }
-        let files = records.iter().map(|r| r.arrays.len()).sum();
+        let files = records.iter().map(|(r, _)| r.arrays.len()).sum();
+        // payloads the new records keep from the ones they replace
+        let kept_ids: Vec<HashSet<String>> = records
+            .iter()
+            .map(|(_, kept)| kept.values().map(|e| e.id.clone()).collect())
+            .collect();
         let mut payloads = PayloadWriter::new(&self.root, files)?;
         let before = writer.journal.position();
         let mut appended = false;
         let committed = (|| -> Result<Vec<Option<Vec<u8>>>> {
             let mut entries = Vec::with_capacity(records.len());
-            for r in &records {
-                let mut e = IndexMap::with_capacity(r.arrays.len());
+            for (r, kept) in &records {
+                let mut e = kept.clone();
                 for src in r.arrays {
                     e.insert(src.name.clone(), payloads.write(src)?);
                 }
@@ -804,7 +881,7 @@ impl Store {
                 Self::sync_payload_dirs(&self.root, writer, &payloads.dirs)?;
             }
             let mut jsons = Vec::with_capacity(records.len());
-            for (r, arrays) in records.into_iter().zip(entries) {
+            for ((r, _), arrays) in records.into_iter().zip(entries) {
                 let json = Record {
                     meta: r.meta,
                     arrays,
@@ -832,8 +909,10 @@ impl Store {
                 Err(e)
             }
             Ok(replaced) => {
-                for old in replaced.into_iter().flatten() {
-                    Self::retire(writer, &old);
+                for (old, kept) in replaced.into_iter().zip(kept_ids) {
+                    if let Some(old) = old {
+                        Self::retire(writer, &old, &kept);
+                    }
                 }
                 Ok(())
             }
@@ -862,14 +941,18 @@ impl Store {
         Ok(())
     }
 
-    /// Queues the payloads of a replaced or deleted record for removal
-    /// after the next index flush. A damaged old record leaves orphans for
-    /// gc(), nothing worse.
-    fn retire(writer: &mut WriterState, record: &[u8]) {
+    /// Queues the payloads of a replaced or deleted record, except those
+    /// with an id in `kept` (still referenced), for removal after the next
+    /// index flush. A damaged old record leaves orphans for gc(), nothing
+    /// worse.
+    fn retire(writer: &mut WriterState, record: &[u8], kept: &HashSet<String>) {
         if let Ok(old) = Record::from_json(record) {
-            writer
-                .pending_removal
-                .extend(old.arrays.values().map(ArrayEntry::relpath));
+            writer.pending_removal.extend(
+                old.arrays
+                    .values()
+                    .filter(|e| !kept.contains(&e.id))
+                    .map(ArrayEntry::relpath),
+            );
         }
     }
 
@@ -948,7 +1031,7 @@ impl Store {
         match index.remove(key, pos) {
             Ok(old) => {
                 if let Some(old) = old {
-                    Self::retire(&mut writer, &old);
+                    Self::retire(&mut writer, &old, &HashSet::new());
                 }
                 Ok(true)
             }

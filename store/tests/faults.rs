@@ -122,6 +122,8 @@ enum Op {
     /// `put_many` of a new key, an overwrite and the new key again.
     PutMany,
     Overwrite,
+    /// `replace_arrays` of the one array of `keep` (which has a pickle).
+    ReplaceArray,
     Delete,
     Flush,
     Gc,
@@ -146,6 +148,7 @@ fn run(store: &Store, op: Op) -> Result<(), Error> {
             ],
         ),
         Op::Overwrite => put(store, "target", 4, &[4; 200], None),
+        Op::ReplaceArray => store.replace_arrays("keep", &[array(&[7; 300])]).map(drop),
         Op::Delete => store.delete("target").map(drop),
         Op::Flush => {
             put(store, "target", 5, &[5; 10], None)?;
@@ -173,6 +176,9 @@ fn allowed(op: Op, before: &Model) -> Vec<Model> {
         }
         Op::Overwrite => {
             after.insert("target".into(), (4, one(&[4; 200]), None));
+        }
+        Op::ReplaceArray => {
+            after.insert("keep".into(), (1, one(&[7; 300]), Some(b"p1".to_vec())));
         }
         Op::Delete => {
             after.remove("target");
@@ -302,6 +308,7 @@ fn every_single_failing_operation_is_reported_and_loses_nothing() {
         Op::PutManyArrays,
         Op::PutMany,
         Op::Overwrite,
+        Op::ReplaceArray,
         Op::Delete,
         Op::Flush,
         Op::Gc,

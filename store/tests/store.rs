@@ -373,3 +373,107 @@ fn put_many_is_all_or_nothing() {
     let store = Store::open(dir.path().join("s.lv"), Mode::Append).unwrap();
     assert_eq!(store.keys().unwrap(), ["keep"]);
 }
+
+#[test]
+fn replace_arrays_writes_only_the_new_payloads_and_keeps_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.lv");
+    let big = bytes_of(&[1.0; 64]);
+    let labels = bytes_of(&[1.0, 2.0]);
+    let store = Store::open(&path, Mode::Append).unwrap();
+    let arrays = [
+        f64_source("big", &big, vec![8, 8]),
+        f64_source("labels", &labels, vec![2]),
+    ];
+    let pickle: &[u8] = b"\x80\x05N.";
+    store
+        .put(
+            "k",
+            meta(json!({"run": 7})),
+            json!({"t": "dict"}),
+            &arrays,
+            Some(pickle),
+        )
+        .unwrap();
+    store.flush().unwrap();
+    let before = store.get("k").unwrap().unwrap();
+    let big_file = path.join(before.arrays["big"].relpath());
+    let old_labels = path.join(before.arrays["labels"].relpath());
+
+    let new_labels = bytes_of(&[5.0, 6.0, 7.0]);
+    let replaced = store
+        .replace_arrays("k", &[f64_source("labels", &new_labels, vec![3])])
+        .unwrap();
+    assert!(replaced);
+    let after = store.get("k").unwrap().unwrap();
+    assert_eq!(after.meta, before.meta);
+    assert_eq!(after.layout, before.layout);
+    assert_eq!(store.get_pickle("k").unwrap().as_deref(), Some(pickle));
+    // same payload for the kept array, a new one for the replaced, same order
+    assert_eq!(after.arrays["big"], before.arrays["big"]);
+    assert_ne!(after.arrays["labels"].id, before.arrays["labels"].id);
+    assert_eq!(after.arrays.keys().collect::<Vec<_>>(), ["big", "labels"]);
+    let mapped = map_payload(&path, &after.arrays["labels"]).unwrap();
+    assert_eq!(mapped.as_bytes(), &new_labels[..]);
+
+    store.flush().unwrap();
+    assert!(big_file.exists(), "a kept payload must never be removed");
+    assert!(!old_labels.exists(), "the replaced payload goes at flush");
+    assert_eq!(payload_files(&path).len(), 2);
+    let report = store.verify().unwrap();
+    assert!(
+        report.problems.is_empty() && report.orphans.is_empty(),
+        "{report:?}"
+    );
+    store.close().unwrap();
+
+    // the journal says the same: a rebuilt index has the same record
+    Store::repair(&path).unwrap();
+    let store = Store::open(&path, Mode::ReadOnly).unwrap();
+    assert_eq!(store.get("k").unwrap().unwrap(), after);
+}
+
+#[test]
+fn replace_arrays_refuses_unknown_or_repeated_names_and_missing_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.lv");
+    let data = bytes_of(&[1.0, 2.0]);
+    let store = Store::open(&path, Mode::Append).unwrap();
+    store
+        .put(
+            "k",
+            meta(json!({})),
+            Value::Null,
+            &[f64_source("a", &data, vec![2])],
+            None,
+        )
+        .unwrap();
+    let before = store.get_json("k").unwrap();
+    assert!(!store
+        .replace_arrays("missing", &[f64_source("a", &data, vec![2])])
+        .unwrap());
+    let err = store
+        .replace_arrays("k", &[f64_source("b", &data, vec![2])])
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidArray { name, detail } if name == "b" && detail.contains("no array of this name")),
+        "{err}"
+    );
+    let twice = [
+        f64_source("a", &data, vec![2]),
+        f64_source("a", &data, vec![2]),
+    ];
+    let err = store.replace_arrays("k", &twice).unwrap_err();
+    assert!(matches!(&err, Error::InvalidArray { detail, .. } if detail.contains("same name")));
+    let bad = store
+        .replace_arrays("k", &[f64_source("a", &data, vec![3])])
+        .unwrap_err();
+    assert!(matches!(bad, Error::InvalidArray { .. }));
+    assert_eq!(store.get_json("k").unwrap(), before, "nothing changed");
+    assert_eq!(
+        payload_files(&path).len(),
+        1,
+        "no file left by a refused call"
+    );
+    assert!(!store.contains("missing").unwrap());
+}

@@ -118,6 +118,12 @@ class StoreCore:
         written, made durable with one barrier (``syncfs`` for many files)
         and renamed, then the records enter the journal and the index in one
         batch. On error none is added and their payload files are removed."""
+    def replace_arrays(
+        self, key: str, arrays: list[tuple[str, str, str, tuple[int, ...], bool, Buffer, bool]]
+    ) -> bool:
+        """Replaces the arrays of ``key`` named like those of ``arrays``
+        (tuples as for :meth:`put`), keeping its metadata, layout, pickled
+        remainder and other payloads; False when ``key`` has no record."""
     def get(self, key: str) -> bytes | None:
         """The record JSON of ``key`` (see schema/FORMAT.md)."""
     def get_full(self, key: str) -> tuple[bytes, bytes | None] | None:

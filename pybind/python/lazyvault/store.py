@@ -18,6 +18,8 @@ from collections.abc import (
 )
 from typing import TYPE_CHECKING, Any, Literal, overload
 
+import numpy as np
+
 from . import _archive, _arrays, _display, _lazyvault, _split
 from ._progress import ProgressArg, progress_callback
 from ._source import DirectorySource
@@ -247,6 +249,28 @@ class Store(MutableMapping[str, Record]):
             _interop.copy_record(self, key, obj)
             return
         self._core.put(*_put_args(key, obj))
+
+    def replace_arrays(self, key: str, arrays: Mapping[str, Any]) -> None:
+        """Replaces some arrays of the record under ``key`` and keeps the
+        rest: ``arrays`` maps array names as in ``store[key].arrays``
+        (``"labels"``, ``"frames/0"``) to new arrays (anything
+        ``numpy.asarray`` takes; dtype and shape may change). Only the new
+        payloads are written; the metadata, the layout, the pickled
+        remainder and every other payload stay as they are, so replacing a
+        small array of an object that also holds gigabytes costs the small
+        array only (h5py's ``del group[name]; group[name] = new``). The
+        replaced payloads are removed at the next :meth:`flush` (mappings
+        already made of them stay valid). Durable after :meth:`flush`.
+
+        Raises :class:`MissingKeyError` when there is no record under
+        ``key``; :class:`InvalidArrayError` (a ``ValueError``) for a name
+        the record has no array of (store the whole object to add one),
+        changing nothing.
+        """
+        key = _check_key(key)
+        args = [_arrays.payload_args(name, np.asarray(a)) for name, a in arrays.items()]
+        if not self._core.replace_arrays(key, args):
+            raise MissingKeyError(key)
 
     def __delitem__(self, key: str) -> None:
         key = _check_key(key)
