@@ -40,8 +40,28 @@ def test_a_tiny_run_writes_every_workload_into_the_results_file(tmp_path: Path) 
     assert "hand-written text stays" in text
 
 
-def test_unknown_workloads_and_a_run_without_lazyvault_are_refused(tmp_path: Path) -> None:
-    out = _run(tmp_path, "--workloads", "az", "--no-results")
-    assert out.returncode != 0 and "unknown workloads: z" in out.stderr
-    out = _run(tmp_path, "--systems", "numpy .npy", "--no-results")
-    assert out.returncode != 0 and "lazyvault must be among the systems" in out.stderr
+def test_bad_arguments_are_refused_before_any_work(tmp_path: Path) -> None:
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    for args, message in [
+        (["--workloads", "az"], "unknown workloads: z"),
+        (["--systems", "numpy .npy"], "lazyvault must be among the systems"),
+        (["--systems", "lazyvault", "foo"], "unknown systems: 'foo'"),
+        (["--sizes", "0"], "--sizes must be positive"),
+        (["--repeat", "0"], "--repeat must be at least 1"),
+        (["--big-gib", "0"], "--big-gib must hold"),
+        (["--data", str(a_file)], "not a directory"),
+    ]:
+        out = _run(tmp_path, *args, "--no-results")
+        assert out.returncode == 2 and message in out.stderr, (args, out.stderr[-500:])
+        assert "measuring" not in out.stdout, args
+
+
+def test_data_keeps_what_was_in_it(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "precious.txt").write_text("x")
+    args = ["--sizes", "5", "--workloads", "b", "--repeat", "1", "--limits-mib", "1"]
+    out = _run(tmp_path, *args, "--systems", "lazyvault", "--no-results")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert [p.name for p in data.iterdir()] == ["precious.txt"]

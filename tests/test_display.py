@@ -135,10 +135,10 @@ def test_record_text_and_html_show_metadata_and_arrays(no_payload: list, filled:
 
 def test_mapped_column_follows_the_proxy(filled: lv.Store) -> None:
     rec = filled["run-001"]
-    assert "0 mapped" in str(rec)
+    assert "0 loaded" in str(rec)
     rec.positions
     text = str(rec)
-    assert "1 mapped" in text
+    assert "1 loaded" in text
     assert next(ln for ln in text.splitlines() if "positions" in ln).split()[-1] == "yes"
     assert next(ln for ln in text.splitlines() if "frames/0" in ln).split()[-1] == "no"
     assert "<td>yes</td>" in rec._repr_html_()
@@ -450,7 +450,7 @@ def test_html_renders_as_tables_in_headless_chromium(filled: lv.Store, tmp_path:
     assert "positions float64 (100, 3)" in store_table[2][-2] and store_table[2][-1] == "2.4 KiB"
     assert store_table[-1] == ["... 6 more records"]
     assert ["params.lr", "0.001"] in fields
-    assert arrays[0] == ["array", "shape", "dtype", "size", "order", "mapped"]
+    assert arrays[0] == ["array", "shape", "dtype", "size", "order", "loaded"]
     assert arrays[1] == ["positions", "(100, 3)", "float64", "2.3 KiB", "C", "yes"]
     assert arrays[2] == ["frames/0", "(4,)", "int64", "32 B", "C", "no"]
     assert [row[0] for row in results[1:]] == [f"run-{i:03d}" for i in range(16, 25)]

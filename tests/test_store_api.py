@@ -433,7 +433,7 @@ def test_replace_arrays_writes_only_the_new_arrays(store_path: Path) -> None:
     held = before.big  # a mapping made before the replacement stays valid
     files = set(payload_files(store_path))
 
-    store.replace_arrays("k", {"labels": np.array(["a", "b"]), "nested/w": [7.0, 8.0]})
+    store.replace_arrays("k", {"labels": np.array(["a", "b"]), "nested/w": np.array([7.0, 8.0])})
     rec = store["k"]
     assert rec.meta == before.meta and rec.run == 3
     assert list(rec.arrays) == list(before.arrays)  # same names, same order
@@ -459,4 +459,7 @@ def test_replace_arrays_refuses_missing_keys_and_unknown_names(store: lv.Store) 
         store.replace_arrays("k", {"b": np.arange(2)})
     with pytest.raises(TypeError):
         store.replace_arrays(3, {"a": np.arange(2)})  # type: ignore[arg-type]
+    for value in (None, "hello", [1, 2], np.ma.masked_array([1, 2], mask=[0, 1])):
+        with pytest.raises(TypeError, match=r"numpy\.ndarray"):
+            store.replace_arrays("k", {"a": value})
     assert store["k"].a.tolist() == [0, 1, 2]

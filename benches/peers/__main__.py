@@ -19,6 +19,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import sys
 import tempfile
@@ -56,7 +57,8 @@ def main() -> None:
         "--budget", type=float, default=600.0, help="skip a write estimated to take longer (s)"
     )
     p.add_argument("--workloads", default="abcdefghij", help="which of a..j to run, e.g. 'acd'")
-    p.add_argument("--systems", nargs="+", help="only these systems (names as in the table)")
+    names = ", ".join(repr(c.name) for c in systems.ALL)
+    p.add_argument("--systems", nargs="+", help=f"only these systems, among: {names}")
     p.add_argument("--cold", action="store_true", help="also run the reads with a cold page cache")
     p.add_argument(
         "--quick", action="store_true", help="small sizes: N 200/1000, 64 MiB, 500 arrays, repeat 3"
@@ -92,8 +94,13 @@ def main() -> None:
             3,
             64,
         )
+    check_args(p, args)
 
     chosen: dict[str, type[systems.System]] = {}
+    known = {c.name for c in systems.ALL} | {c.__name__ for c in systems.ALL}
+    unknown = sorted(set(args.systems or ()) - known)
+    if unknown:
+        p.error(f"unknown systems: {', '.join(map(repr, unknown))} (choose among: {names})")
     skipped: dict[str, str] = {}
     for cls in systems.ALL:
         if args.systems and cls.name not in args.systems and cls.__name__ not in args.systems:
@@ -108,8 +115,10 @@ def main() -> None:
     for name, why in skipped.items():
         print(f"skipping {name}: {why}")
 
-    base = args.data or Path(tempfile.mkdtemp(prefix=".peers-data-", dir=HERE.parent))
-    base.mkdir(parents=True, exist_ok=True)
+    # a directory of its own, inside --data: only it is removed afterwards
+    parent = args.data or HERE.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    base = Path(tempfile.mkdtemp(prefix=".peers-data-", dir=parent))
     ctx = workloads.Context(
         systems=chosen,
         data=base,
@@ -141,14 +150,32 @@ def main() -> None:
     header = describe_run(ctx, skipped, started, load_before, machine_limits)
     body = (
         "### Targets (issue 6)\n\n"
-        + report.targets(rows)
+        + report.targets(rows, ctx)
         + "\n\n"
         + report.markdown(rows, machine_limits, ctx)
     )
-    print(report.targets(rows))
+    print(report.targets(rows, ctx))
     if not args.no_results:
         write_results(args.results, header + "\n" + body)
         print(f"written to {args.results}")
+
+
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuses, before any work, what the run could not do."""
+    if any(n < 1 for n in args.sizes):
+        p.error("--sizes must be positive object counts")
+    args.sizes = sorted(set(args.sizes))
+    for name in ("repeat", "many", "limits_mib"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if not args.big_gib * 2**30 >= 8192 * 4:
+        p.error("--big-gib must hold at least one 32 KiB row (>= 0.00003)")
+    if args.data is not None and args.data.exists() and not args.data.is_dir():
+        p.error(f"--data {args.data}: not a directory")
+    try:
+        plan(args.workloads)
+    except SystemExit as e:
+        p.error(str(e))
 
 
 def plan(which: str) -> list:
@@ -203,7 +230,7 @@ def describe_run(ctx, skipped, started, load_before, machine_limits) -> str:
         "",
         "Rerun:",
         "",
-        f"    ./dev bench {' '.join(sys.argv[1:])}".rstrip(),
+        f"    ./dev bench {shlex.join(sys.argv[1:])}".rstrip(),
         "",
         "Physical limits measured in the same run:",
         "",

@@ -148,6 +148,14 @@ class Archive(Mapping[str, Record]):
     def __delitem__(self, key: str) -> None:
         raise ReadOnlyError("a .lvz archive is read-only: import it into a store to change it")
 
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        """Raises :class:`ReadOnlyError`: archives are read-only."""
+        raise ReadOnlyError("a .lvz archive is read-only: import it into a store to change it")
+
+    def replace_arrays(self, key: str, arrays: Any) -> None:
+        """Raises :class:`ReadOnlyError`: archives are read-only."""
+        raise ReadOnlyError("a .lvz archive is read-only: import it into a store to change it")
+
     def __init__(
         self,
         core: _lazyvault.ArchiveCore,

@@ -4,7 +4,8 @@ notebook: the ``_repr_pretty_`` text (IPython's ``text/plain``, also
 
 Everything here reads the index only: metadata, and each array's shape,
 dtype and size as the record holds them. No payload is opened or mapped;
-whether an array is mapped is read from the proxy's cache. Large stores and
+whether an array is loaded (mapped, or read if small) is read from the
+proxy's cache. Large stores and
 results are paged (the first :data:`MAX_ROWS` rows, then "... N more").
 Keys, field names, values and dtype names are user data: the HTML escapes
 every one of them, and the text shows unprintable keys as ``repr``.
@@ -138,18 +139,18 @@ def _record_parts(rec: Record) -> tuple[str, _Table, _Table]:
     """(summary line, fields table, arrays table) of one record."""
     fields = flatten(rec.meta)
     arrays = rec.arrays
-    mapped = set(rec._cache)  # what this proxy has mapped so far; nothing is opened here
+    loaded = set(rec._cache)  # what this proxy has loaded so far; nothing is opened here
     total = sum(info.nbytes for info in arrays.values())
     summary = (
         f"{len(fields):,} field{'s' * (len(fields) != 1)}, "
         f"{len(arrays):,} array{'s' * (len(arrays) != 1)} ({human_size(total)}, "
-        f"{sum(1 for n in arrays if n in mapped):,} mapped)"
+        f"{sum(1 for n in arrays if n in loaded):,} loaded)"
     )
     meta_table = _Table(["field", "value"])
     for name, value in list(fields.items())[:MAX_ROWS]:
         meta_table.rows.append([_cut(_name(name)), short_repr(value)])
     meta_table.more = _more(len(fields), MAX_ROWS, "fields")
-    array_table = _Table(["array", "shape", "dtype", "size", "order", "mapped"])
+    array_table = _Table(["array", "shape", "dtype", "size", "order", "loaded"])
     for name, info in list(arrays.items())[:MAX_ROWS]:
         array_table.rows.append(
             [
@@ -158,7 +159,7 @@ def _record_parts(rec: Record) -> tuple[str, _Table, _Table]:
                 _cut(str(info.dtype)),
                 human_size(info.nbytes),
                 info.order,
-                "yes" if name in mapped else "no",
+                "yes" if name in loaded else "no",
             ]
         )
     array_table.more = _more(len(arrays), MAX_ROWS, "arrays")
@@ -172,7 +173,7 @@ def _record_title(rec: Record) -> str:
 
 def record_text(rec: Record) -> str:
     """Several lines: the key, the metadata (nested fields as dotted names)
-    and the arrays (shape, dtype, size, order, mapped yet or not)."""
+    and the arrays (shape, dtype, size, order, loaded yet or not)."""
     summary, meta_table, array_table = _record_parts(rec)
     lines = [f"{_record_title(rec)}: {summary}"]
     if meta_table.rows:

@@ -253,8 +253,9 @@ class Store(MutableMapping[str, Record]):
     def replace_arrays(self, key: str, arrays: Mapping[str, Any]) -> None:
         """Replaces some arrays of the record under ``key`` and keeps the
         rest: ``arrays`` maps array names as in ``store[key].arrays``
-        (``"labels"``, ``"frames/0"``) to new arrays (anything
-        ``numpy.asarray`` takes; dtype and shape may change). Only the new
+        (``"labels"``, ``"frames/0"``) to new ``numpy.ndarray`` values
+        (dtype and shape may change; ``object`` arrays are pickled and need
+        ``allow_pickle`` to read back). Only the new
         payloads are written; the metadata, the layout, the pickled
         remainder and every other payload stay as they are, so replacing a
         small array of an object that also holds gigabytes costs the small
@@ -264,11 +265,20 @@ class Store(MutableMapping[str, Record]):
 
         Raises :class:`MissingKeyError` when there is no record under
         ``key``; :class:`InvalidArrayError` (a ``ValueError``) for a name
-        the record has no array of (store the whole object to add one),
-        changing nothing.
+        the record has no array of (store the whole object to add one);
+        ``TypeError`` for a value that is not a plain ``numpy.ndarray``;
+        each changing nothing. A proxy taken before the call and not yet
+        loaded reads the replaced payload, which is gone after the next
+        :meth:`flush` (``CorruptError``): take ``store[key]`` again.
         """
         key = _check_key(key)
-        args = [_arrays.payload_args(name, np.asarray(a)) for name, a in arrays.items()]
+        for name, a in arrays.items():
+            if type(a) is not np.ndarray:  # subclasses (masked, matrix) would lose state
+                raise TypeError(
+                    f"replace_arrays takes numpy.ndarray values; {name!r} is "
+                    f"{type(a).__name__} (store the whole object for other types)"
+                )
+        args = [_arrays.payload_args(name, a) for name, a in arrays.items()]
         if not self._core.replace_arrays(key, args):
             raise MissingKeyError(key)
 
@@ -288,8 +298,9 @@ class Store(MutableMapping[str, Record]):
         """Stores every ``key, obj`` of ``other`` (a mapping, or an iterable
         of pairs, read one at a time) and of ``kwargs``, as ``dict.update``.
 
-        Records are written in chunks (up to 1,000 records or 256 MiB of
-        array data each): the payloads of a whole chunk are made durable
+        Records are written in chunks (1,000 records, or fewer once a
+        chunk holds 256 MiB of array data, so a chunk ends with the record
+        that crosses 256 MiB): the payloads of a whole chunk are made durable
         with one barrier and its records enter the index in one batch, which
         is much faster than one ``store[key] = obj`` each. A chunk is all or
         nothing: if writing it fails (``StorageError`` for a full disk,
