@@ -86,6 +86,14 @@ def drop_cache(root: Path) -> None:
                 os.close(fd)
 
 
+def reopen_cold(s: System) -> None:
+    """Before a cold run on an open system: close it (dropping whatever it
+    cached in memory), evict its files, open it again."""
+    s.close()
+    drop_cache(s.root)
+    s.open()
+
+
 def timed(
     fn: Callable[[], Any],
     repeat: int,
@@ -241,7 +249,7 @@ def scan(ctx: Context) -> list[Row]:
                 s.open()
                 try:
                     assert s.scan() == expected, system
-                    before = (lambda s=s: drop_cache(s.root)) if cache == "cold" else None
+                    before = (lambda s=s: reopen_cold(s)) if cache == "cold" else None
                     r0 = _rchar()
                     seconds = timed(s.scan, ctx.repeat, before)
                     read = (_rchar() - r0) / ctx.repeat
@@ -290,7 +298,7 @@ def first_access(ctx: Context) -> list[Row]:
                 s = ctx.instance(system, dataset)
                 s.open()
                 try:
-                    before = (lambda s=s: drop_cache(s.root)) if cache == "cold" else None
+                    before = (lambda s=s: reopen_cold(s)) if cache == "cold" else None
 
                     def first(s: System = s, key: str = key) -> None:
                         assert float(np.asarray(s.array(key, "data")[0:1]).ravel()[0]) == 0.0
@@ -341,7 +349,7 @@ def row_slices(ctx: Context) -> list[Row]:
                     for i in picks:
                         assert float(np.asarray(a[i : i + 1]).sum()) == 8192.0 * i
 
-                before = (lambda s=s: drop_cache(s.root)) if cache == "cold" else None
+                before = (lambda s=s: reopen_cold(s)) if cache == "cold" else None
                 rows.append(Row("e", case, system, timed(slices, ctx.repeat, before), cache=cache))
             finally:
                 s.close()
