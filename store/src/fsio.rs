@@ -128,28 +128,39 @@ pub(crate) fn write_all(file: &mut File, path: &Path, bytes: &[u8]) -> io::Resul
     file.write_all(bytes)
 }
 
-/// Writes all of `bytes` to `file` in pieces of [`WRITE_CHUNK`] bytes,
-/// calling `each(piece)` just before each piece is written: a pass over the
-/// data (a checksum) then reads it while it is still in the CPU cache,
-/// instead of in a second sweep over memory. One operation for fault
-/// injection, like [`write_all`].
+/// Writes all of `bytes` to `file`, whose write position is `at`, in
+/// pieces that end on multiples of [`WRITE_CHUNK`] in the file, calling
+/// `each(piece)` just before each piece is written: a pass over the data (a
+/// checksum) then reads it while it is still in the CPU cache, instead of
+/// in a second sweep over memory. One operation for fault injection, like
+/// [`write_all`].
 pub(crate) fn write_all_with(
     file: &mut File,
     path: &Path,
+    at: usize,
     bytes: &[u8],
     mut each: impl FnMut(&[u8]),
 ) -> io::Result<()> {
     fault::check("write", path)?;
-    for piece in bytes.chunks(WRITE_CHUNK) {
+    let mut rest = bytes;
+    let mut at = at;
+    while !rest.is_empty() {
+        let (piece, tail) = rest.split_at(rest.len().min(WRITE_CHUNK - at % WRITE_CHUNK));
         each(piece);
         file.write_all(piece)?;
+        at += piece.len();
+        rest = tail;
     }
     Ok(())
 }
 
-/// Piece size of [`write_all_with`]: fits in L2 cache, large enough that
-/// the per-call cost is negligible.
-pub(crate) const WRITE_CHUNK: usize = 1 << 20;
+/// Piece size of [`write_all_with`]. Writes this large, aligned to it in
+/// the file, let the kernel cache the file in large folios: a memory map of
+/// it then takes one page fault per 2 MiB instead of one per 64-256 KiB
+/// (measured: 128 against 1,028 faults for 256 MiB written in 256 KiB
+/// pieces; a `.npy` header written first had misaligned every piece). Still
+/// small enough to stay in the CPU's last-level cache for the checksum.
+pub(crate) const WRITE_CHUNK: usize = 4 << 20;
 
 /// fsyncs a file's data and metadata.
 pub(crate) fn sync_file(file: &File, path: &Path) -> io::Result<()> {
@@ -227,4 +238,30 @@ pub(crate) fn write_new_file(path: &Path, tmp: &Path, parts: &[&[u8]]) -> io::Re
         let _ = remove_file(tmp);
     }
     written
+}
+
+#[cfg(test)]
+mod write_tests {
+    use super::*;
+
+    #[test]
+    fn write_all_with_ends_pieces_on_chunk_multiples_of_the_file_and_writes_everything() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let mut file = File::create(&path).unwrap();
+        let header = [7u8; 128];
+        file.write_all(&header).unwrap();
+        let data: Vec<u8> = (0..2 * WRITE_CHUNK + 1000).map(|i| (i % 251) as u8).collect();
+        let mut pieces = Vec::new();
+        write_all_with(&mut file, &path, header.len(), &data, |p| pieces.push(p.len())).unwrap();
+        assert_eq!(
+            pieces,
+            [WRITE_CHUNK - 128, WRITE_CHUNK, 1128],
+            "pieces end where the file reaches a multiple of WRITE_CHUNK"
+        );
+        drop(file);
+        let written = std::fs::read(&path).unwrap();
+        assert_eq!(&written[..128], &header);
+        assert_eq!(&written[128..], &data[..]);
+    }
 }

@@ -155,7 +155,9 @@ impl<'r> PayloadWriter<'r> {
         let written = (|| {
             let mut f = fsio::create(&tmp)?;
             fsio::write_all(&mut f, &tmp, &header)?;
-            fsio::write_all_with(&mut f, &tmp, src.data, |piece| hasher.update(piece))?;
+            fsio::write_all_with(&mut f, &tmp, header.len(), src.data, |piece| {
+                hasher.update(piece)
+            })?;
             if durable {
                 fsio::sync_file(&f, &tmp)?;
                 fsio::rename(&tmp, &path)?;
