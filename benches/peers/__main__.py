@@ -144,20 +144,21 @@ def main() -> None:
             print(f"({fn.__name__}: {time.perf_counter() - t0:.0f} s)")
             rows += new
             print(report.table(new, machine_limits, ctx), flush=True)
+        # the results before the clean-up (removing 10^6 files takes minutes)
+        header = describe_run(ctx, skipped, started, load_before, machine_limits)
+        body = (
+            "### Targets (issue 6)\n\n"
+            + report.targets(rows, ctx)
+            + "\n\n"
+            + report.markdown(rows, machine_limits, ctx)
+        )
+        print(report.targets(rows, ctx))
+        if not args.no_results:
+            write_results(args.results, header + "\n" + body)
+            print(f"written to {args.results}", flush=True)
     finally:
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)
-    header = describe_run(ctx, skipped, started, load_before, machine_limits)
-    body = (
-        "### Targets (issue 6)\n\n"
-        + report.targets(rows, ctx)
-        + "\n\n"
-        + report.markdown(rows, machine_limits, ctx)
-    )
-    print(report.targets(rows, ctx))
-    if not args.no_results:
-        write_results(args.results, header + "\n" + body)
-        print(f"written to {args.results}")
 
 
 def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
