@@ -251,9 +251,14 @@ mod write_tests {
         let mut file = File::create(&path).unwrap();
         let header = [7u8; 128];
         file.write_all(&header).unwrap();
-        let data: Vec<u8> = (0..2 * WRITE_CHUNK + 1000).map(|i| (i % 251) as u8).collect();
+        let data: Vec<u8> = (0..2 * WRITE_CHUNK + 1000)
+            .map(|i| (i % 251) as u8)
+            .collect();
         let mut pieces = Vec::new();
-        write_all_with(&mut file, &path, header.len(), &data, |p| pieces.push(p.len())).unwrap();
+        write_all_with(&mut file, &path, header.len(), &data, |p| {
+            pieces.push(p.len())
+        })
+        .unwrap();
         assert_eq!(
             pieces,
             [WRITE_CHUNK - 128, WRITE_CHUNK, 1128],
