@@ -63,6 +63,16 @@ pub fn to_pyerr(err: Error) -> PyErr {
                         .unwrap_or_else(|_| py.None()),
                 )],
             ),
+            Error::NoLocks(path) => raise(
+                py,
+                "StorageError",
+                (
+                    libc_errno::ENOLCK,
+                    msg.clone(),
+                    path.to_string_lossy().into_owned(),
+                ),
+                &[],
+            ),
             Error::Exists(_) => raise(py, "StoreExistsError", (msg,), &[]),
             Error::NotFound(_) => raise(py, "StoreNotFoundError", (msg,), &[]),
             Error::NotAStore(_) => raise(py, "NotAStoreError", (msg,), &[]),
@@ -125,6 +135,7 @@ mod libc_errno {
     pub const EACCES: i32 = 13;
     pub const ENOSPC: i32 = 28;
     pub const EROFS: i32 = 30;
+    pub const ENOLCK: i32 = 37;
     pub const EDQUOT: i32 = 122;
 }
 

@@ -35,7 +35,8 @@ struct RecordArg {
     pickle: Option<Py<PyBytes>>,
 }
 
-/// An open store (the sled index and the writer lock).
+/// An open store: a reader's snapshot until the first write, then the
+/// writer role (the sled index and the store's lock).
 #[pyclass(module = "lazyvault._lazyvault", frozen)]
 pub struct StoreCore {
     inner: Store,
@@ -43,12 +44,62 @@ pub struct StoreCore {
 
 #[pymethods]
 impl StoreCore {
-    /// Opens the store at `path` with `mode` "r", "a" or "w".
+    /// Opens the store at `path` with `mode` "r", "a" or "w"; with
+    /// `version`, read-only as of that commit (mode must be "r").
     #[new]
-    fn new(py: Python<'_>, path: std::path::PathBuf, mode: &str) -> PyResult<Self> {
+    #[pyo3(signature = (path, mode, version=None))]
+    fn new(
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        mode: &str,
+        version: Option<u64>,
+    ) -> PyResult<Self> {
         let mode: Mode = mode.parse().map_err(PyValueError::new_err)?;
-        let inner = py.detach(|| Store::open(&path, mode)).py_err()?;
+        let inner = match version {
+            None => py.detach(|| Store::open(&path, mode)),
+            Some(_) if mode != Mode::ReadOnly => {
+                return Err(PyValueError::new_err(
+                    "a version opens a store with mode 'r'",
+                ))
+            }
+            Some(v) => py.detach(|| Store::open_at(&path, v)),
+        }
+        .py_err()?;
         Ok(StoreCore { inner })
+    }
+
+    /// The commit this handle shows (commits since the store was created).
+    #[getter]
+    fn version(&self) -> PyResult<u64> {
+        self.inner.version().py_err()
+    }
+
+    /// Moves a reader to the latest commit; returns its version.
+    fn refresh(&self, py: Python<'_>) -> PyResult<u64> {
+        py.detach(|| self.inner.refresh()).py_err()
+    }
+
+    /// Whether this handle holds the writer role.
+    #[getter]
+    fn is_writer(&self) -> bool {
+        self.inner.is_writer()
+    }
+
+    /// Seconds superseded data is kept for readers on other machines.
+    #[getter]
+    fn retention(&self) -> f64 {
+        self.inner.retention().as_secs_f64()
+    }
+
+    #[setter]
+    fn set_retention(&self, seconds: f64) -> PyResult<()> {
+        let d = std::time::Duration::try_from_secs_f64(seconds).map_err(|_| {
+            PyValueError::new_err(format!(
+                "retention must be a finite number of seconds >= 0, not {seconds}"
+            ))
+        })?;
+        self.inner.set_retention(d);
+        Ok(())
     }
 
     /// The store's directory.
@@ -256,7 +307,7 @@ impl StoreCore {
         convert::verify_report(py, &report.py_err()?)
     }
 
-    /// Rebuilds the index of the store at `path` from its record sidecars.
+    /// Rebuilds the index of the store at `path` from its record journal.
     #[staticmethod]
     fn repair<'py>(py: Python<'py>, path: std::path::PathBuf) -> PyResult<Bound<'py, PyDict>> {
         let report = py.detach(|| Store::repair(&path)).py_err()?;

@@ -20,13 +20,17 @@ pub enum Error {
     /// An I/O error on a named file, with its `io::ErrorKind` kept.
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: io::Error },
-    /// Another `Store` (in this or another process) holds the store.
-    #[error("store {path} is locked by {holder}; one writer process at a time (pass records or export a .lvz to share data)")]
+    /// Another process writes the store (one writer at a time).
+    #[error("store {path} is being written by {holder}: one writer at a time (readers need no lock: open with mode 'r', or read before writing; writing becomes possible once that writer closes)")]
     Locked {
         path: PathBuf,
         holder: String,
         pid: Option<u32>,
     },
+    /// The file system refuses locks (`ENOLCK`), so a writer cannot make
+    /// sure it is alone.
+    #[error("{0}: the file system refuses file locks (ENOLCK), so a writer cannot make sure it is the only one; mount it with locking (NFS: without `nolock`, with lockd running; Lustre: `-o flock`) or write the store on a local disk; readers (mode 'r') need no lock")]
+    NoLocks(PathBuf),
     /// Mode `"w"` on a path that exists.
     #[error("{0}: already exists (mode 'w' creates a new store)")]
     Exists(PathBuf),

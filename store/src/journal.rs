@@ -264,6 +264,121 @@ pub fn read_segment(path: &Path, number: u64, limit: Option<u64>) -> Result<Segm
     Ok(out)
 }
 
+/// A committed change as readers apply it: the record and its pickled
+/// remainder, or `None` for a delete.
+pub(crate) type Committed = Option<(Vec<u8>, Option<Vec<u8>>)>;
+
+/// What [`read_committed`] found past a position.
+#[derive(Debug, Default)]
+pub(crate) struct CommittedTail {
+    /// Commits read.
+    pub commits: u64,
+    /// The position just after the last commit read (where the next read
+    /// starts); the start position when there was none.
+    pub end: Position,
+}
+
+/// The header of segment `number` checked, then its bytes from `start`
+/// (at least the header's end) to its end.
+fn segment_bytes_from(path: &Path, number: u64, start: u64) -> Result<Option<Vec<u8>>> {
+    let mut file = match File::open(path) {
+        Ok(f) => f,
+        // Removed since it was listed: a newer checkpoint covers it.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(path)(e)),
+    };
+    let mut header = [0u8; SEGMENT_HEADER_LEN as usize];
+    if file.read_exact(&mut header).is_err()
+        || &header[..8] != SEGMENT_MAGIC
+        || header[8..16] != number.to_le_bytes()
+    {
+        // A segment whose header is not (yet) written holds no commit.
+        return Ok(Some(Vec::new()));
+    }
+    let start = start.max(SEGMENT_HEADER_LEN);
+    file.seek(SeekFrom::Start(start)).map_err(Error::io(path))?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).map_err(Error::io(path))?;
+    Ok(Some(bytes))
+}
+
+/// Reads the journal of `root` after `from` (segment, offset; `(0, 0)`
+/// for the whole journal) and hands `apply(key, change)` every change that
+/// a commit covers, in journal order, stopping after `max_commits` commits
+/// when given. A commit covers the changes before it in its own segment
+/// since the previous commit there; changes after a segment's last commit
+/// were never acknowledged (a crash, or a write in progress) and are not
+/// applied. Readers use this on a journal a writer appends to: a torn or
+/// partly written entry ends the segment, exactly like an unflushed one.
+///
+/// # Errors
+/// [`Error::Corrupt`] when the segment holding `from` is gone although
+/// later ones exist (the journal was compacted since `from` was taken: open
+/// the newest checkpoint instead); I/O errors.
+pub(crate) fn read_committed(
+    root: &Path,
+    from: Position,
+    max_commits: Option<u64>,
+    mut apply: impl FnMut(String, Committed),
+) -> Result<CommittedTail> {
+    let mut tail = CommittedTail {
+        commits: 0,
+        end: from,
+    };
+    let segments = segments(root)?;
+    if from.0 > 0
+        && !segments.iter().any(|(n, _)| *n == from.0)
+        && segments.iter().any(|(n, _)| *n > from.0)
+    {
+        return Err(Error::corrupt(
+            format!("journal {}", root.join(relpath(from.0)).display()),
+            "removed since this snapshot's checkpoint was written",
+        ));
+    }
+    for (number, path) in segments {
+        if number < from.0 {
+            continue;
+        }
+        let start = if number == from.0 { from.1 } else { 0 };
+        let Some(bytes) = segment_bytes_from(&path, number, start)? else {
+            if number == from.0 {
+                return Err(Error::corrupt(
+                    format!("journal {}", path.display()),
+                    "removed since this snapshot's checkpoint was written",
+                ));
+            }
+            continue;
+        };
+        let base = start.max(SEGMENT_HEADER_LEN);
+        let mut pending: Vec<Entry> = Vec::new();
+        let mut at = 0usize;
+        while at < bytes.len() {
+            let Ok((entry, used)) = decode(&bytes[at..]) else {
+                break;
+            };
+            at += used;
+            match entry.change {
+                Change::Commit => {
+                    for e in pending.drain(..) {
+                        let change = match e.change {
+                            Change::Put { record, pickle } => Some((record, pickle)),
+                            _ => None,
+                        };
+                        apply(e.key, change);
+                    }
+                    tail.commits += 1;
+                    tail.end = (number, base + at as u64);
+                    if max_commits.is_some_and(|m| tail.commits >= m) {
+                        return Ok(tail);
+                    }
+                }
+                _ => pending.push(entry),
+            }
+        }
+    }
+    Ok(tail)
+}
+
 /// The segment this session appends to.
 struct Segment {
     file: File,
@@ -294,6 +409,8 @@ pub(crate) struct JournalWriter {
     dirty: bool,
     /// Changes appended since the last commit.
     uncommitted: bool,
+    /// Bytes appended by this writer (for the checkpoint threshold).
+    appended: u64,
 }
 
 impl JournalWriter {
@@ -305,6 +422,7 @@ impl JournalWriter {
             next_number,
             dirty: false,
             uncommitted: false,
+            appended: 0,
         }
     }
 
@@ -381,6 +499,7 @@ impl JournalWriter {
             Ok(()) => {
                 segment.len += entries.len() as u64;
                 let pos = (segment.number, segment.len);
+                self.appended += entries.len() as u64;
                 self.dirty = true;
                 self.uncommitted = true;
                 Ok(pos)
@@ -437,9 +556,10 @@ impl JournalWriter {
     /// Appends a commit (see [`Change::Commit`]) after the changes since
     /// the last one and makes it durable: called once the index holds them
     /// durably too, so a commit means "acknowledged to the caller".
-    pub(crate) fn commit(&mut self) -> Result<()> {
+    /// Returns whether there was anything to commit.
+    pub(crate) fn commit(&mut self) -> Result<bool> {
         if !self.uncommitted {
-            return Ok(());
+            return Ok(false);
         }
         let header = entry_header("", &[], None, FLAG_COMMIT)?;
         let mut buf = Vec::new();
@@ -447,7 +567,12 @@ impl JournalWriter {
         self.append(&buf)?;
         self.sync()?;
         self.uncommitted = false;
-        Ok(())
+        Ok(true)
+    }
+
+    /// Bytes appended so far by this writer.
+    pub(crate) fn appended(&self) -> u64 {
+        self.appended
     }
 
     /// Ends the current segment; the next append starts a new one.

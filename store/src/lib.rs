@@ -19,6 +19,7 @@
 //! ```
 
 pub mod archive;
+mod checkpoint;
 mod error;
 mod fsio;
 mod index;
@@ -28,8 +29,10 @@ pub mod npy;
 mod payload;
 pub mod query;
 mod secondary;
+mod snapshot;
 mod store;
 
+pub use checkpoint::CHECKPOINT_DIR;
 pub use error::{Error, Result};
 pub use fsio::fault;
 pub use lazyvault_schema as schema;
@@ -37,6 +40,7 @@ pub use payload::{
     load_payload, map_payload, open_payload, read_payload, ArraySource, MappedPayload,
     READ_MAX_BYTES,
 };
+pub use store::writer::{CHECKPOINT_TAIL_BYTES, DEFAULT_RETENTION};
 pub use store::{
     GcReport, Mode, NewRecord, RepairReport, Store, VerifyReport, INDEXES_FILE, INDEX_DIR,
     LOCK_FILE,

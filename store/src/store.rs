@@ -3,10 +3,11 @@
 use std::borrow::Cow;
 use std::collections::{BTreeSet, HashSet};
 use std::fs::{self, File};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+use std::time::Duration;
 
 use indexmap::IndexMap;
 use lazyvault_schema::{ArrayEntry, Manifest, Record, MANIFEST_FILE, PAYLOAD_DIR};
@@ -15,12 +16,16 @@ use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
 use crate::fsio;
-use crate::index::Index;
-use crate::journal::{self, JournalWriter, JOURNAL_DIR};
+use crate::index::{self, Index, RecordIndex};
+use crate::journal::{self, JOURNAL_DIR};
 use crate::payload::{self, ArraySource, PayloadWriter, TMP_SUFFIX};
 use crate::query::{ArrayFacts, Query, QueryNeeds, RecordView};
+use crate::snapshot::Snapshot;
 
 mod maintenance;
+pub(crate) mod writer;
+
+use writer::{Writer, WriterState};
 
 /// Directory of the sled index inside a store.
 pub const INDEX_DIR: &str = "index";
@@ -119,20 +124,6 @@ pub struct RepairReport {
     pub moved_index: Option<PathBuf>,
 }
 
-/// The writer's state, behind the mutex that serialises writers.
-struct WriterState {
-    /// Payload files (relative to the root) of records replaced or deleted
-    /// since the last flush. They are unlinked only after the index change
-    /// that dropped them is durable, so a crash never leaves a record whose
-    /// payloads are gone (invariant 3).
-    pending_removal: Vec<String>,
-    /// Appends every change to the record journal.
-    journal: JournalWriter,
-    /// `arrays/<xx>` directories whose entry in `arrays/` this session has
-    /// already fsynced: `arrays/` need not be fsynced again for them.
-    durable_dirs: HashSet<PathBuf>,
-}
-
 impl VerifyReport {
     /// Whether every record and payload checked out.
     pub fn is_ok(&self) -> bool {
@@ -142,17 +133,35 @@ impl VerifyReport {
 
 /// A lazyvault store opened by this process.
 ///
-/// All methods take `&self`; writers are serialised internally, readers run
-/// concurrently. The sled index and the lock are held until [`Store::close`]
-/// (or drop).
+/// All methods take `&self`. A handle reads a snapshot (the newest
+/// checkpoint plus the committed journal after it, no lock) until its first
+/// write; then it takes the writer role, shared by every handle of the
+/// store in this process, and reads the writer's index (its own changes
+/// included). Writers are serialised internally, readers run concurrently.
 pub struct Store {
     root: PathBuf,
     mode: Mode,
     opener_pid: u32,
-    index: RwLock<Option<Index>>,
-    /// Serialises writers.
-    writer: Mutex<WriterState>,
-    lock_file: Mutex<Option<File>>,
+    state: RwLock<State>,
+    /// `None`: [`writer::default_retention`] of the store's file system.
+    retention: Mutex<Option<Duration>>,
+}
+
+/// What a handle reads through.
+enum State {
+    Closed,
+    Reading(Snapshot),
+    Writing(Arc<Writer>),
+}
+
+impl State {
+    fn index(&self) -> Result<&dyn RecordIndex> {
+        match self {
+            State::Closed => Err(Error::Closed),
+            State::Reading(s) => Ok(s),
+            State::Writing(w) => Ok(w.index()),
+        }
+    }
 }
 
 /// Record as decoded for scans: only the metadata fields the query reads
@@ -407,14 +416,6 @@ fn write_file_durably(path: &Path, contents: &[u8]) -> Result<()> {
     payload::sync_dir(path.parent().unwrap_or(Path::new(".")))
 }
 
-/// Unlinks `relpaths` under `root`, ignoring failures: a file left behind
-/// is an orphan that `gc()` removes, never a loss.
-fn remove_quietly(root: &Path, relpaths: impl IntoIterator<Item = String>) {
-    for rel in relpaths {
-        let _ = fsio::remove_file(&root.join(rel));
-    }
-}
-
 /// The journal after the index's position, as found at open.
 struct JournalTail {
     /// How many changes a flush acknowledged (a commit follows them) that
@@ -423,6 +424,10 @@ struct JournalTail {
     /// Where the journal can be cut: after the last commit past the
     /// index's position, or at that position.
     keep: journal::Position,
+    /// Whether changes the index holds follow the last commit before its
+    /// position (a crash after sled wrote them, before a flush): they need
+    /// a commit so that readers see what the writer sees.
+    uncommitted: bool,
 }
 
 /// Reads the journal past the index's position (all of it when the index
@@ -435,6 +440,7 @@ fn journal_tail(root: &Path, index: &Index) -> Result<JournalTail> {
     let mut keep = committed;
     let mut pending: Vec<journal::Entry> = Vec::new();
     let mut lost = 0;
+    let mut uncommitted = false;
     for (number, path) in journal::segments(root)? {
         if number < committed.0 {
             continue;
@@ -442,6 +448,7 @@ fn journal_tail(root: &Path, index: &Index) -> Result<JournalTail> {
         let read = journal::read_segment(&path, number, None)?;
         for (entry, end) in read.entries {
             if number == committed.0 && end <= committed.1 {
+                uncommitted = entry.change != journal::Change::Commit;
                 continue;
             }
             if entry.change == journal::Change::Commit {
@@ -459,6 +466,7 @@ fn journal_tail(root: &Path, index: &Index) -> Result<JournalTail> {
                     }
                 }
                 keep = (number, end);
+                uncommitted = false;
             } else {
                 pending.push(entry);
             }
@@ -468,11 +476,9 @@ fn journal_tail(root: &Path, index: &Index) -> Result<JournalTail> {
     Ok(JournalTail {
         lost: (lost > 0).then_some(lost),
         keep,
+        uncommitted: uncommitted && keep == committed,
     })
 }
-
-/// How long `close()` waits for sled to shut down after it failed to write.
-const STUCK_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 fn check_key(key: &str) -> Result<()> {
     if key.is_empty() {
@@ -482,101 +488,113 @@ fn check_key(key: &str) -> Result<()> {
     }
 }
 
+/// Read access to a handle's current view, held for one operation.
+struct View<'a>(RwLockReadGuard<'a, State>);
+
+impl View<'_> {
+    fn index(&self) -> &dyn RecordIndex {
+        self.0.index().expect("checked open")
+    }
+}
+
 impl Store {
     /// Opens the store at `path` in `mode` (see [`Mode`]).
     ///
+    /// An existing store opens as a reader in modes `"r"` and `"a"`: no
+    /// lock, no file created or changed, read-only media fine. Mode `"a"`
+    /// takes the writer role at its first write; creating a store (mode
+    /// `"w"`, or `"a"` on a missing or empty directory) takes it at once.
+    ///
     /// # Errors
-    /// [`Error::Locked`] when another `Store` holds it (naming its PID),
     /// [`Error::Exists`] / [`Error::NotFound`] / [`Error::NotAStore`] by
-    /// mode, [`Error::Format`] for a newer major format version.
+    /// mode, [`Error::Format`] for a newer major format version,
+    /// [`Error::Corrupt`] for a damaged checkpoint, [`Error::Locked`] when
+    /// creating a store another process is creating.
     pub fn open(path: impl AsRef<Path>, mode: Mode) -> Result<Store> {
-        let root = path.as_ref().to_owned();
+        Self::open_inner(path.as_ref(), mode, None)
+    }
+
+    /// Opens the store at `path` read-only as of commit `version` (see
+    /// [`Store::version`]): how a pickled store comes back in another
+    /// process. The checkpoint before that version must still be there
+    /// (its sender's snapshot keeps it).
+    ///
+    /// # Errors
+    /// As [`Store::open`]; [`Error::Corrupt`] when the version is no longer
+    /// available.
+    pub fn open_at(path: impl AsRef<Path>, version: u64) -> Result<Store> {
+        Self::open_inner(path.as_ref(), Mode::ReadOnly, Some(version))
+    }
+
+    fn open_inner(root: &Path, mode: Mode, at: Option<u64>) -> Result<Store> {
+        let root = root.to_owned();
         let exists = root.exists();
         match mode {
             Mode::Create if exists => return Err(Error::Exists(root)),
             Mode::ReadOnly if !exists => return Err(Error::NotFound(root)),
             _ => {}
         }
-        if !exists {
-            fs::create_dir_all(&root).map_err(Error::io(&root))?;
-        } else if !root.is_dir() {
+        if exists && !root.is_dir() {
             return Err(Error::NotAStore(root));
         }
         let manifest_path = root.join(MANIFEST_FILE);
-        let has_manifest = manifest_path.exists();
-        if !has_manifest {
-            if !Self::is_empty_or_unfinished(&root)? {
-                return Err(Error::NotAStore(root));
-            }
-            if mode == Mode::ReadOnly {
-                return Err(Error::NotFound(root));
-            }
+        let has_manifest = exists && manifest_path.exists();
+        if !has_manifest && exists && !Self::is_empty_or_unfinished(&root)? {
+            return Err(Error::NotAStore(root));
         }
-        let lock_file = Self::lock(&root)?;
-        let index_dir = root.join(INDEX_DIR);
-        let index = if has_manifest {
+        if !has_manifest && mode == Mode::ReadOnly {
+            return Err(Error::NotFound(root));
+        }
+        let state = if has_manifest {
             let bytes = fs::read(&manifest_path).map_err(Error::io(&manifest_path))?;
             Manifest::from_json(&bytes).map_err(|source| Error::Format {
                 path: manifest_path.clone(),
                 source,
             })?;
-            if !index_dir.is_dir() {
-                // Never recreate it silently: an empty index would make gc()
-                // delete every payload.
-                return Err(Error::corrupt(
-                    format!("store {}", root.display()),
-                    format!(
-                        "the index directory {} is missing; `lazyvault repair {}` rebuilds it \
-                         from the record journal",
-                        index_dir.display(),
-                        root.display()
-                    ),
-                ));
-            }
-            Index::open(&index_dir)?
+            State::Reading(Snapshot::open(&root, at)?)
         } else {
-            // Creating: everything else first, the manifest last, so that a
-            // crash at any point leaves a directory without a manifest, which
-            // is created again from scratch. An index left by such a crash
-            // may be torn (sled writes its files without a temporary name).
-            if fs::symlink_metadata(&index_dir).is_ok() {
-                fs::remove_dir_all(&index_dir).map_err(Error::io(&index_dir))?;
-            }
-            for dir in [PAYLOAD_DIR, JOURNAL_DIR] {
-                fs::create_dir_all(root.join(dir)).map_err(Error::io(&root))?;
-            }
-            let index = Index::open(&index_dir)?;
-            index.flush()?;
-            let manifest = Manifest::new(format!("lazyvault {}", env!("CARGO_PKG_VERSION")));
-            write_file_durably(&manifest_path, &manifest.to_json())?;
-            index
+            State::Writing(Self::create(&root)?)
         };
-        let next_segment = if mode == Mode::ReadOnly {
-            0
-        } else {
-            Self::recover_journal(&root, &index)?
-        };
-        let journal = JournalWriter::new(&root, next_segment);
         Ok(Store {
             root,
             mode,
             opener_pid: std::process::id(),
-            index: RwLock::new(Some(index)),
-            writer: Mutex::new(WriterState {
-                pending_removal: Vec::new(),
-                journal,
-                durable_dirs: HashSet::new(),
-            }),
-            lock_file: Mutex::new(Some(lock_file)),
+            state: RwLock::new(state),
+            retention: Mutex::new(None),
         })
+    }
+
+    /// Creates a store in `root` (missing, empty, or left by an
+    /// interrupted creation) and returns its writer: everything else
+    /// first, the manifest last, so that a crash at any point leaves a
+    /// directory without a manifest, which is created again from scratch.
+    fn create(root: &Path) -> Result<Arc<Writer>> {
+        fs::create_dir_all(root).map_err(Error::io(root))?;
+        let lock_file = writer::lock(root)?;
+        let index_dir = root.join(INDEX_DIR);
+        // An index left by such a crash may be torn (sled writes its files
+        // without a temporary name).
+        if fs::symlink_metadata(&index_dir).is_ok() {
+            fs::remove_dir_all(&index_dir).map_err(Error::io(&index_dir))?;
+        }
+        for dir in [PAYLOAD_DIR, JOURNAL_DIR] {
+            fs::create_dir_all(root.join(dir)).map_err(Error::io(root))?;
+        }
+        let index = Index::open(&index_dir)?;
+        index.flush()?;
+        let manifest = Manifest::new(format!("lazyvault {}", env!("CARGO_PKG_VERSION")));
+        write_file_durably(&root.join(MANIFEST_FILE), &manifest.to_json())?;
+        let writer = Writer::take(root, Some((lock_file, index)))?;
+        Writer::register(root, writer)
     }
 
     /// Before the first write of a session: cuts the journal back to the
     /// position the index holds. Entries past it belong to changes a crash
     /// cut off before their index entry (never acknowledged by a flush);
-    /// left in place, a later repair would bring them back. Returns the
-    /// number of the next segment.
-    fn recover_journal(root: &Path, index: &Index) -> Result<u64> {
+    /// left in place, a later repair would bring them back. Changes the
+    /// index holds but no commit covers get one, so readers see them too.
+    /// Returns the number of the next segment.
+    pub(crate) fn recover_journal(root: &Path, index: &Index) -> Result<u64> {
         let segments = journal::segments(root)?;
         let next = segments.last().map_or(1, |(n, _)| n + 1);
         let tail = journal_tail(root, index)?;
@@ -601,14 +619,22 @@ impl Store {
                 changed = true;
             } else if *number == keep_segment {
                 let len = fs::metadata(path).map_err(Error::io(path))?.len();
-                if len > keep_end {
-                    let file = File::options()
+                if len > keep_end || tail.uncommitted {
+                    let mut file = File::options()
                         .write(true)
                         .open(path)
                         .map_err(Error::io(path))?;
-                    fsio::truncate(&file, path, keep_end)
-                        .and_then(|()| fsio::sync_file(&file, path))
-                        .map_err(Error::io(path))?;
+                    fsio::truncate(&file, path, keep_end).map_err(Error::io(path))?;
+                    if tail.uncommitted {
+                        let commit = journal::encode(&journal::Entry {
+                            key: String::new(),
+                            change: journal::Change::Commit,
+                        });
+                        file.seek(SeekFrom::Start(keep_end))
+                            .map_err(Error::io(path))?;
+                        fsio::write_all(&mut file, path, &commit).map_err(Error::io(path))?;
+                    }
+                    fsio::sync_file(&file, path).map_err(Error::io(path))?;
                 }
             }
         }
@@ -642,47 +668,6 @@ impl Store {
         Ok(true)
     }
 
-    /// Takes the store's exclusive lock (`flock`) and writes our PID into the
-    /// lock file, so a second opener can name the holder.
-    fn lock(root: &Path) -> Result<File> {
-        let path = root.join(LOCK_FILE);
-        let mut file = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(Error::io(&path))?;
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(fs::TryLockError::WouldBlock) => {
-                let mut text = String::new();
-                let _ = file.read_to_string(&mut text);
-                let pid = text.trim().parse::<u32>().ok();
-                let holder = match pid {
-                    Some(p) if p == std::process::id() => {
-                        format!("this process (PID {p}): close the other Store first")
-                    }
-                    Some(p) => format!("process {p}"),
-                    None => "another process".to_owned(),
-                };
-                return Err(Error::Locked {
-                    path: root.to_owned(),
-                    holder,
-                    pid,
-                });
-            }
-            Err(fs::TryLockError::Error(e)) => return Err(Error::io(&path)(e)),
-        }
-        // Overwrite in place, then cut: a reader never sees an empty file.
-        let text = format!("{}\n", std::process::id());
-        file.seek(SeekFrom::Start(0))
-            .and_then(|_| file.write_all(text.as_bytes()))
-            .and_then(|_| file.set_len(text.len() as u64))
-            .map_err(Error::io(&path))?;
-        Ok(file)
-    }
-
     /// The store's directory.
     pub fn root(&self) -> &Path {
         &self.root
@@ -693,7 +678,16 @@ impl Store {
         self.mode
     }
 
-    fn index(&self) -> Result<RwLockReadGuard<'_, Option<Index>>> {
+    /// Whether this handle holds the writer role (it has written).
+    pub fn is_writer(&self) -> bool {
+        matches!(*self.read_state(), State::Writing(_))
+    }
+
+    fn read_state(&self) -> RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn check_fork(&self) -> Result<()> {
         let current = std::process::id();
         if current != self.opener_pid {
             return Err(Error::Forked {
@@ -701,37 +695,113 @@ impl Store {
                 current,
             });
         }
-        let guard = self.index.read().unwrap_or_else(|p| p.into_inner());
-        if guard.is_none() {
-            return Err(Error::Closed);
-        }
-        Ok(guard)
+        Ok(())
     }
 
-    fn writer(&self) -> Result<MutexGuard<'_, WriterState>> {
+    /// The current view, for reading.
+    fn view(&self) -> Result<View<'_>> {
+        self.check_fork()?;
+        let guard = self.read_state();
+        guard.index()?;
+        Ok(View(guard))
+    }
+
+    /// The writer role, taken now if this handle has not written yet (see
+    /// [`Store::open`]).
+    ///
+    /// # Errors
+    /// [`Error::ReadOnly`] in mode `"r"`, [`Error::Locked`] while another
+    /// process writes, [`Error::Closed`], and the errors of taking the role.
+    fn writer(&self) -> Result<(View<'_>, Arc<Writer>)> {
         if self.mode == Mode::ReadOnly {
             return Err(Error::ReadOnly);
         }
-        Ok(self.writer_lock())
+        let view = self.view()?;
+        if let State::Writing(w) = &*view.0 {
+            let w = w.clone();
+            return Ok((view, w));
+        }
+        drop(view);
+        {
+            let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
+            match &*state {
+                State::Closed => return Err(Error::Closed),
+                State::Writing(_) => {}
+                State::Reading(_) => *state = State::Writing(Writer::acquire(&self.root)?),
+            }
+        }
+        let view = self.view()?;
+        match &*view.0 {
+            State::Writing(w) => {
+                let w = w.clone();
+                Ok((view, w))
+            }
+            _ => Err(Error::Closed),
+        }
     }
 
-    fn writer_lock(&self) -> MutexGuard<'_, WriterState> {
-        self.writer.lock().unwrap_or_else(|p| p.into_inner())
+    /// Takes the writer role now rather than at the first write (as
+    /// SQLite's `BEGIN IMMEDIATE`): recovers what a crashed writer left and
+    /// shows the latest state, changes a crash left in the index included.
+    ///
+    /// # Errors
+    /// As a first write: [`Error::ReadOnly`], [`Error::Locked`], ...
+    pub fn begin_write(&self) -> Result<()> {
+        self.writer().map(drop)
+    }
+
+    /// How long superseded checkpoints and retired payloads are kept for
+    /// readers on other machines.
+    pub fn retention(&self) -> Duration {
+        let set = *self.retention.lock().unwrap_or_else(|p| p.into_inner());
+        set.unwrap_or_else(|| writer::default_retention(&self.root))
+    }
+
+    /// Sets [`Store::retention`] for this handle's flushes, closes and
+    /// `gc()`.
+    pub fn set_retention(&self, retention: Duration) {
+        *self.retention.lock().unwrap_or_else(|p| p.into_inner()) = Some(retention);
+    }
+
+    /// The version this handle shows: the number of commits (flushes and
+    /// closes that changed something, `gc()`) since the store was created,
+    /// as of its snapshot; for the writer, its last commit.
+    pub fn version(&self) -> Result<u64> {
+        let view = self.view()?;
+        Ok(match &*view.0 {
+            State::Reading(s) => s.version(),
+            State::Writing(w) => w.lock().version,
+            State::Closed => unreachable!("checked open"),
+        })
+    }
+
+    /// Moves a reader's snapshot to the latest commit and returns its
+    /// version; the writer already shows it.
+    pub fn refresh(&self) -> Result<u64> {
+        self.check_fork()?;
+        let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
+        match &mut *state {
+            State::Closed => Err(Error::Closed),
+            State::Reading(s) => s.refresh(),
+            State::Writing(w) => Ok(w.lock().version),
+        }
     }
 
     /// Writes the payloads of `arrays`, appends the record to the journal,
     /// then sets `key` to the record made of `meta`, `layout`, the new array
     /// entries and `pickle` (invariant 3: payloads durable first, then the
     /// index entry; the journal is made durable by the next flush, before
-    /// the index is). The payloads of a record this replaces are removed at
-    /// the next [`Store::flush`]. Same as [`Store::put_many`] with one record.
+    /// the index is). The payloads of a record this replaces are removed
+    /// once a flush committed the change and no reader may still see them.
+    /// Same as [`Store::put_many`] with one record.
     ///
     /// # Errors
-    /// [`Error::EmptyKey`], [`Error::ReadOnly`], [`Error::InvalidArray`] for
-    /// an array whose bytes do not match its dtype and shape, I/O errors
-    /// (`ENOSPC`, `EIO`, ... kept in [`Error::Io`]). On error the old record
-    /// (if any) is untouched, the payloads written for the new one are
-    /// removed and its journal entry is cut off.
+    /// [`Error::EmptyKey`], [`Error::ReadOnly`], [`Error::Locked`] when
+    /// another process writes, [`Error::InvalidArray`] for an array whose
+    /// bytes do not match its dtype and shape, I/O errors (`ENOSPC`, `EIO`,
+    /// ... kept in [`Error::Io`]). On error the old record (if any) is
+    /// untouched, the payloads written for the new one are removed and its
+    /// journal entry is cut off.
     pub fn put(
         &self,
         key: &str,
@@ -774,22 +844,22 @@ impl Store {
                 }
             }
         }
-        let index_guard = self.index()?;
-        let index = index_guard.as_ref().expect("checked open");
+        let (_view, w) = self.writer()?;
+        let index = w.index();
         if index.io_failed() {
             return Err(index.stuck_error());
         }
-        let mut writer = self.writer()?;
+        let mut state = w.lock();
         let records = records.into_iter().map(|r| (r, IndexMap::new())).collect();
-        self.put_locked(index, &mut writer, records)
+        self.put_locked(index, &mut state, records)
     }
 
     /// Replaces the arrays of the record under `key` named like those of
     /// `arrays` (dtype and shape may change), keeping its metadata, layout,
     /// pickled remainder and other arrays: only the new payloads are
     /// written, as h5py's `del group[name]; group[name] = ...`, instead of
-    /// the whole object. The replaced payloads are removed at the next
-    /// [`Store::flush`]. Returns `false`, changing nothing, when there is no
+    /// the whole object. The replaced payloads are removed as those of
+    /// [`Store::put`]. Returns `false`, changing nothing, when there is no
     /// record under `key`.
     ///
     /// # Errors
@@ -798,14 +868,14 @@ impl Store {
     /// [`Store::put`].
     pub fn replace_arrays(&self, key: &str, arrays: &[ArraySource<'_>]) -> Result<bool> {
         check_key(key)?;
-        let index_guard = self.index()?;
-        let index = index_guard.as_ref().expect("checked open");
+        let (_view, w) = self.writer()?;
+        let index = w.index();
         if index.io_failed() {
             return Err(index.stuck_error());
         }
         // Read under the writer lock: no put can retire these payloads
         // between this read and the new record.
-        let mut writer = self.writer()?;
+        let mut state = w.lock();
         let Some(json) = index.get(key)? else {
             return Ok(false);
         };
@@ -840,7 +910,7 @@ impl Store {
             arrays,
             pickle: pickle.as_deref(),
         };
-        self.put_locked(index, &mut writer, vec![(record, kept)])?;
+        self.put_locked(index, &mut state, vec![(record, kept)])?;
         Ok(true)
     }
 
@@ -865,7 +935,9 @@ impl Store {
         let mut payloads = PayloadWriter::new(&self.root, files)?;
         let before = writer.journal.position();
         let mut appended = false;
-        let committed = (|| -> Result<Vec<Option<Vec<u8>>>> {
+        // The keys set and, for each, the record it replaced.
+        type Done = (Vec<String>, Vec<Option<Vec<u8>>>);
+        let committed = (|| -> Result<Done> {
             let mut entries = Vec::with_capacity(records.len());
             for (r, kept) in &records {
                 let mut e = kept.clone();
@@ -895,7 +967,11 @@ impl Store {
                 jsons.iter().map(|(k, j, p)| (*k, &j[..], *p)).collect();
             let pos = writer.journal.put_many(&puts)?;
             appended = true;
-            index.put_many(&puts, pos)
+            let replaced = index.put_many(&puts, pos)?;
+            Ok((
+                jsons.iter().map(|(k, _, _)| (*k).to_owned()).collect(),
+                replaced,
+            ))
         })();
         match committed {
             Err(e) => {
@@ -908,7 +984,8 @@ impl Store {
                 payloads.abort();
                 Err(e)
             }
-            Ok(replaced) => {
+            Ok((keys, replaced)) => {
+                writer.dirty.extend(keys);
                 for (old, kept) in replaced.into_iter().zip(kept_ids) {
                     if let Some(old) = old {
                         Self::retire(writer, &old, &kept);
@@ -942,12 +1019,12 @@ impl Store {
     }
 
     /// Queues the payloads of a replaced or deleted record, except those
-    /// with an id in `kept` (still referenced), for removal after the next
-    /// index flush. A damaged old record leaves orphans for gc(), nothing
-    /// worse.
+    /// with an id in `kept` (still referenced), for removal once a commit
+    /// covers the change and no reader may still see them. A damaged old
+    /// record leaves orphans for gc(), nothing worse.
     fn retire(writer: &mut WriterState, record: &[u8], kept: &HashSet<String>) {
         if let Ok(old) = Record::from_json(record) {
-            writer.pending_removal.extend(
+            writer.retiring.extend(
                 old.arrays
                     .values()
                     .filter(|e| !kept.contains(&e.id))
@@ -959,8 +1036,7 @@ impl Store {
     /// The record JSON of `key` as stored (see FORMAT.md), or `None`.
     pub fn get_json(&self, key: &str) -> Result<Option<Vec<u8>>> {
         check_key(key)?;
-        let guard = self.index()?;
-        guard.as_ref().expect("checked open").get(key)
+        self.view()?.index().get(key)
     }
 
     /// The decoded, validated record of `key`, or `None`.
@@ -978,9 +1054,12 @@ impl Store {
     /// belongs to that record (never to a record that replaced it).
     pub fn get_with_pickle(&self, key: &str) -> Result<Option<RecordBytes>> {
         check_key(key)?;
-        let guard = self.index()?;
-        let index = guard.as_ref().expect("checked open");
-        let _writers = self.writer_lock();
+        let view = self.view()?;
+        let _writers = match &*view.0 {
+            State::Writing(w) => Some(w.lock()),
+            _ => None,
+        };
+        let index = view.index();
         let Some(record) = index.get(key)? else {
             return Ok(None);
         };
@@ -991,21 +1070,18 @@ impl Store {
     /// The pickled remainder of `key`, if it has one.
     pub fn get_pickle(&self, key: &str) -> Result<Option<Vec<u8>>> {
         check_key(key)?;
-        let guard = self.index()?;
-        guard.as_ref().expect("checked open").get_pickle(key)
+        self.view()?.index().get_pickle(key)
     }
 
     /// Whether `key` has a record.
     pub fn contains(&self, key: &str) -> Result<bool> {
         check_key(key)?;
-        let guard = self.index()?;
-        guard.as_ref().expect("checked open").contains(key)
+        self.view()?.index().contains(key)
     }
 
     /// Number of records (O(1)).
     pub fn len(&self) -> Result<u64> {
-        let guard = self.index()?;
-        guard.as_ref().expect("checked open").len()
+        self.view()?.index().len()
     }
 
     /// Whether the store has no records.
@@ -1014,15 +1090,15 @@ impl Store {
     }
 
     /// Removes `key`; returns whether it was there. Its payloads are removed
-    /// at the next [`Store::flush`].
+    /// as those of a replaced record (see [`Store::put`]).
     pub fn delete(&self, key: &str) -> Result<bool> {
         check_key(key)?;
-        let guard = self.index()?;
-        let index = guard.as_ref().expect("checked open");
+        let (_view, w) = self.writer()?;
+        let index = w.index();
         if index.io_failed() {
             return Err(index.stuck_error());
         }
-        let mut writer = self.writer()?;
+        let mut writer = w.lock();
         if !index.contains(key)? {
             return Ok(false);
         }
@@ -1030,6 +1106,7 @@ impl Store {
         let pos = writer.journal.delete(key)?;
         match index.remove(key, pos) {
             Ok(old) => {
+                writer.dirty.insert(key.to_owned());
                 if let Some(old) = old {
                     Self::retire(&mut writer, &old, &HashSet::new());
                 }
@@ -1046,9 +1123,9 @@ impl Store {
 
     /// All keys, in Unicode code point order.
     pub fn keys(&self) -> Result<Vec<String>> {
-        let guard = self.index()?;
+        let view = self.view()?;
         let mut keys = Vec::new();
-        guard.as_ref().expect("checked open").scan(|k, _| {
+        index::scan(view.index(), |k, _| {
             keys.push(k.to_owned());
             Ok(())
         })?;
@@ -1064,8 +1141,8 @@ impl Store {
         query: Option<&Query>,
         mut f: impl FnMut(&str) -> Result<()>,
     ) -> Result<()> {
-        let guard = self.index()?;
-        let index = guard.as_ref().expect("checked open");
+        let view = self.view()?;
+        let index = view.index();
         let needs = query.map(Query::needs);
         if let Some(q) = query {
             let needs = needs.as_ref().expect("set with the query");
@@ -1086,7 +1163,7 @@ impl Store {
                 return Ok(());
             }
         }
-        index.scan(|key, bytes| {
+        index::scan(index, |key, bytes| {
             let Some(query) = query else {
                 return f(key);
             };
@@ -1106,8 +1183,8 @@ impl Store {
     /// <n> candidates"` when a secondary index narrows it, else `"full scan
     /// of <n> records"` with the reason.
     pub fn explain(&self, query: &Query) -> Result<String> {
-        let guard = self.index()?;
-        let index = guard.as_ref().expect("checked open");
+        let view = self.view()?;
+        let index = view.index();
         match query.index_plan(&|segs| index.is_indexed(segs)) {
             Some(plan) => {
                 let field = plan.field.join(".");
@@ -1139,6 +1216,11 @@ impl Store {
                 let indexes = index.indexes();
                 let why = if indexes.is_empty() {
                     "no secondary index".to_owned()
+                } else if matches!(&*view.0, State::Reading(_)) {
+                    format!(
+                        "a reader scans: secondary indexes ({}) are the writer's",
+                        indexes.join(", ")
+                    )
                 } else {
                     format!(
                         "no condition every match must meet uses an indexed field ({}) with \
@@ -1164,9 +1246,9 @@ impl Store {
     /// [`Error::ReadOnly`], I/O errors.
     pub fn create_index(&self, field: &str) -> Result<()> {
         let segs = crate::secondary::parse_field(field).map_err(Error::InvalidField)?;
-        let guard = self.index()?;
-        let index = guard.as_ref().expect("checked open");
-        let _writer = self.writer()?;
+        let (_view, w) = self.writer()?;
+        let index = w.index();
+        let _writer = w.lock();
         if index.indexes().iter().any(|n| n == field) {
             return Ok(());
         }
@@ -1182,9 +1264,9 @@ impl Store {
 
     /// Removes the secondary index on `field`; returns whether it existed.
     pub fn drop_index(&self, field: &str) -> Result<bool> {
-        let guard = self.index()?;
-        let index = guard.as_ref().expect("checked open");
-        let _writer = self.writer()?;
+        let (_view, w) = self.writer()?;
+        let index = w.index();
+        let _writer = w.lock();
         let existed = index.drop_index(field)?;
         index.flush()?;
         self.write_index_list(&index.indexes())?;
@@ -1193,8 +1275,7 @@ impl Store {
 
     /// The fields that have a secondary index, sorted.
     pub fn indexes(&self) -> Result<Vec<String>> {
-        let guard = self.index()?;
-        Ok(guard.as_ref().expect("checked open").indexes())
+        Ok(self.view()?.index().indexes())
     }
 
     fn write_index_list(&self, names: &[String]) -> Result<()> {
@@ -1237,7 +1318,7 @@ impl Store {
         Ok(n)
     }
 
-    /// A full scan for `query` split over two threads ([`Index::scan_split`]),
+    /// A full scan for `query` split over two threads ([`index::scan_split`]),
     /// `add(key, acc)` called for each match; `None` when a secondary index
     /// narrows the query (the caller then uses [`Store::scan_matching`]).
     fn scan_split<T: Default + Send>(
@@ -1245,110 +1326,68 @@ impl Store {
         query: &Query,
         add: impl Fn(&str, &mut T) + Sync,
     ) -> Result<Option<Vec<T>>> {
-        let guard = self.index()?;
-        let index = guard.as_ref().expect("checked open");
+        let view = self.view()?;
+        let index = view.index();
         if query.index_plan(&|segs| index.is_indexed(segs)).is_some() {
             return Ok(None);
         }
         let needs = query.needs();
-        index
-            .scan_split(|key, bytes, acc| {
-                let record = decode_for_scan(bytes, &needs)
-                    .map_err(|e| Error::corrupt(format!("record {key:?}"), e))?;
-                if query.matches(&ScanView {
-                    key,
-                    record: &record,
-                }) {
-                    add(key, acc);
-                }
-                Ok(())
-            })
-            .map(Some)
+        index::scan_split(index, |key, bytes, acc| {
+            let record = decode_for_scan(bytes, &needs)
+                .map_err(|e| Error::corrupt(format!("record {key:?}"), e))?;
+            if query.matches(&ScanView {
+                key,
+                record: &record,
+            }) {
+                add(key, acc);
+            }
+            Ok(())
+        })
+        .map(Some)
     }
 
     /// Makes every change so far durable (the journal first, one fsync,
-    /// then the index), then removes the payloads that the durable index no
-    /// longer references. If a flush fails, nothing is removed and the
-    /// error is returned.
+    /// then the index) and commits it: readers that open or `refresh()`
+    /// from now on see it. Then removes the payloads of replaced records
+    /// that no reader may still see. A reader, or a handle that has not
+    /// written, has nothing to flush. If a flush fails, nothing is removed
+    /// and the error is returned.
     pub fn flush(&self) -> Result<()> {
-        let guard = self.index()?;
-        let index = guard.as_ref().expect("checked open");
-        if self.mode == Mode::ReadOnly {
+        let view = self.view()?;
+        let State::Writing(w) = &*view.0 else {
             return Ok(());
-        }
-        let mut writer = self.writer()?;
-        // The journal first: after a power loss the index may lose what its
-        // flush reported durable, the journal may not.
-        writer.journal.sync()?;
-        if index.io_failed() {
-            return Err(index.stuck_error());
-        }
-        index.flush()?;
-        // Only now are the changes acknowledged: say so in the journal.
-        writer.journal.commit()?;
-        remove_quietly(&self.root, writer.pending_removal.drain(..));
-        Ok(())
+        };
+        let retention = self.retention();
+        let mut state = w.lock();
+        w.flush(&mut state, retention)
     }
 
-    /// Flushes, then releases the index and the lock. Idempotent; any other
+    /// Flushes, publishes a checkpoint (so readers open in constant time),
+    /// and releases the snapshot, or the writer role when this is the last
+    /// handle holding it (the index and the lock). Idempotent; any other
     /// call afterwards raises [`Error::Closed`].
     pub fn close(&self) -> Result<()> {
-        if std::process::id() != self.opener_pid {
-            // Never touch sled in a forked child: flush would hang.
-            return Err(Error::Forked {
-                opener: self.opener_pid,
-                current: std::process::id(),
-            });
-        }
-        if self
-            .index
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_none()
-        {
+        // Never touch sled in a forked child: flush would hang.
+        self.check_fork()?;
+        let retention = self.retention();
+        let old = std::mem::replace(
+            &mut *self.state.write().unwrap_or_else(|p| p.into_inner()),
+            State::Closed,
+        );
+        let State::Writing(w) = old else {
             return Ok(());
-        }
-        let flushed = self.flush();
-        let mut guard = self.index.write().unwrap_or_else(|p| p.into_inner());
-        let index = guard.take();
-        drop(guard);
-        let mut closed = flushed;
-        match index {
-            Some(index) if index.io_failed() => {
-                // After a failed write, dropping sled's Db (which flushes)
-                // can block forever: drop it in a thread and stop waiting.
-                let (done, wait) = std::sync::mpsc::channel();
-                std::thread::spawn(move || {
-                    drop(index);
-                    let _ = done.send(());
-                });
-                if wait.recv_timeout(STUCK_CLOSE_WAIT).is_err() {
-                    closed = Err(Error::Index(
-                        "sled did not shut down after its failed write; its files stay locked \
-                         until this process exits (everything flushed before is safe)"
-                            .into(),
-                    ));
-                }
-            }
-            other => drop(other), // drops sled's Db: its file lock goes with it
-        }
-        if let Some(file) = self
-            .lock_file
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
-            let _ = file.set_len(0);
-        }
-        closed
+        };
+        let finished = w.finish(retention);
+        let released = match Arc::try_unwrap(w) {
+            Ok(w) => w.shutdown(),
+            Err(_shared) => Ok(()), // another handle of this process writes on
+        };
+        finished.and(released)
     }
 
     /// Whether [`Store::close`] was called.
     pub fn is_closed(&self) -> bool {
-        self.index
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_none()
+        matches!(*self.read_state(), State::Closed)
     }
 }
 
@@ -1356,16 +1395,7 @@ impl Drop for Store {
     fn drop(&mut self) {
         if std::process::id() == self.opener_pid {
             let _ = self.close();
-        } else if let Some(index) = self
-            .index
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
-            // A forked child: dropping sled's Db would flush and wait forever
-            // for a flusher thread fork() did not copy. Leak it; the parent
-            // still owns the files and the lock.
-            std::mem::forget(index);
         }
+        // In a forked child the writer (if any) is leaked by its own Drop.
     }
 }

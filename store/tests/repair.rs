@@ -96,10 +96,15 @@ fn a_deleted_index_is_refused_then_rebuilt_losing_nothing() {
     let (path, expected) = populated(dir.path());
     assert!(expected.len() > 10);
     fs::remove_dir_all(path.join(INDEX_DIR)).unwrap();
-    match Store::open(&path, Mode::Append) {
+    // Readers never open the index: they still see every record.
+    let store = Store::open(&path, Mode::Append).unwrap();
+    assert_eq!(store.len().unwrap(), expected.len() as u64);
+    // The writer needs it, and refuses to start without it.
+    match store.begin_write() {
         Err(Error::Corrupt { detail, .. }) => assert!(detail.contains("repair"), "{detail}"),
-        other => panic!("expected Corrupt, got {:?}", other.err()),
+        other => panic!("expected Corrupt, got {other:?}"),
     }
+    drop(store);
     let report = Store::repair(&path).unwrap();
     assert_eq!(report.records, expected.len() as u64);
     assert!(report.skipped.is_empty(), "{:?}", report.skipped);
@@ -129,17 +134,24 @@ fn a_damaged_index_is_refused_or_reported_then_rebuilt_losing_nothing() {
             fs::write(&p, noise).unwrap();
         }
     }
+    // Readers never open the index: they still see every record.
+    let reader = Store::open(&path, Mode::ReadOnly).unwrap();
+    assert_eq!(reader.keys().unwrap().len(), expected.len());
+    assert!(reader.verify().unwrap().is_ok());
+    drop(reader);
     // sled may refuse the files or open them having lost records; either
-    // way the store must not look intact.
-    if let Ok(store) = Store::open(&path, Mode::ReadOnly) {
+    // way the writer's index must not look intact.
+    let store = Store::open(&path, Mode::Append).unwrap();
+    if store.begin_write().is_ok() {
         let intact = store
             .keys()
             .map(|k| k.len() == expected.len())
             .unwrap_or(false);
         let report = store.verify();
         assert!(!intact || report.is_err() || !report.unwrap().orphans.is_empty());
-        store.close().unwrap();
     }
+    store.close().ok();
+    drop(store);
     let report = Store::repair(&path).unwrap();
     let moved = report.moved_index.clone().expect("old index moved aside");
     assert!(moved.is_dir(), "the damaged index is kept for inspection");
@@ -275,6 +287,7 @@ fn changes_cut_off_by_a_crash_are_cut_from_the_journal_at_the_next_open() {
     assert_eq!(fs::metadata(&segment).unwrap().len(), bytes.len() as u64);
     // A writer cuts it.
     let store = Store::open(&path, Mode::Append).unwrap();
+    store.begin_write().unwrap();
     assert_eq!(fs::metadata(&segment).unwrap().len(), committed);
     store.close().unwrap();
     fs::remove_dir_all(path.join(INDEX_DIR)).unwrap();
@@ -442,6 +455,7 @@ fn journal_entries_of_a_store_whose_index_saw_no_change_are_cut_at_open() {
     assert!(report.is_ok(), "{:?}", report.problems);
     ro.close().unwrap();
     let store = Store::open(&path, Mode::Append).unwrap();
+    store.begin_write().unwrap();
     assert!(!file.exists());
     assert!(store.is_empty().unwrap());
     store.close().unwrap();
@@ -495,21 +509,24 @@ fn an_index_behind_the_journal_is_refused_and_repair_recovers_the_flushed_change
     fs::remove_dir_all(path.join(INDEX_DIR)).unwrap();
     copy_dir(&dir.path().join("old-index"), &path.join(INDEX_DIR));
 
+    // Readers follow the journal, not the index: they see the flushed
+    // changes.
     let ro = Store::open(&path, Mode::ReadOnly).unwrap();
-    let report = ro.verify().unwrap();
-    assert!(
-        report
-            .problems
-            .iter()
-            .any(|p| p.contains("behind the journal")),
-        "{:?}",
-        report.problems
-    );
+    assert_eq!(ro.keys().unwrap(), ["a", "b"]);
+    assert_eq!(ro.get("a").unwrap().unwrap().meta["v"], json!(2));
     ro.close().unwrap();
-    match Store::open(&path, Mode::Append) {
-        Err(Error::Corrupt { detail, .. }) => assert!(detail.contains("repair"), "{detail}"),
-        other => panic!("expected Corrupt, got {:?}", other.map(|_| ())),
+    // The writer's index is behind: it refuses to start.
+    let store = Store::open(&path, Mode::Append).unwrap();
+    match store.begin_write() {
+        Err(Error::Corrupt { detail, .. }) => {
+            assert!(
+                detail.contains("behind the journal") && detail.contains("repair"),
+                "{detail}"
+            )
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
     }
+    drop(store);
     let report = Store::repair(&path).unwrap();
     assert_eq!(report.records, 2, "{:?}", report.skipped);
     let store = Store::open(&path, Mode::Append).unwrap();
@@ -530,7 +547,8 @@ fn an_emptied_index_is_refused_and_gc_never_runs_on_it() {
         .unwrap()
         .set_len(100)
         .unwrap();
-    if let Ok(store) = Store::open(&path, Mode::Append) {
+    let store = Store::open(&path, Mode::Append).unwrap();
+    if store.begin_write().is_ok() {
         // if sled still reads records, gc must refuse rather than drop any
         if store.len().unwrap() != expected.len() as u64 {
             assert!(matches!(store.gc(), Err(Error::Corrupt { .. })));

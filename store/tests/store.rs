@@ -131,15 +131,19 @@ fn array_bytes_must_match_dtype_and_shape() {
 }
 
 #[test]
-fn second_opener_is_locked_out_and_named() {
+fn a_second_handle_shares_the_writer_and_repair_is_locked_out_and_named() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("l.lv");
     let store = Store::open(&path, Mode::Append).unwrap();
-    match Store::open(&path, Mode::Append) {
+    let second = Store::open(&path, Mode::Append).unwrap();
+    second.put("k", Map::new(), Value::Null, &[], None).unwrap();
+    assert!(store.contains("k").unwrap());
+    match Store::repair(&path) {
         Err(Error::Locked { pid, .. }) => assert_eq!(pid, Some(std::process::id())),
         Err(other) => panic!("unexpected error {other}"),
-        Ok(_) => panic!("second open succeeded"),
+        Ok(_) => panic!("repair ran beside a writer"),
     }
+    second.close().unwrap();
     store.close().unwrap();
     for _ in 0..20 {
         let s = Store::open(&path, Mode::Append).unwrap();
@@ -154,7 +158,8 @@ fn newer_major_version_is_refused() {
     Store::open(&path, Mode::Create).unwrap().close().unwrap();
     let manifest = path.join("lazyvault.json");
     let text = fs::read_to_string(&manifest).unwrap();
-    fs::write(&manifest, text.replace("\"1.1\"", "\"9.0\"")).unwrap();
+    let current = format!("\"{}\"", lazyvault_store::schema::FORMAT_VERSION);
+    fs::write(&manifest, text.replace(&current, "\"9.0\"")).unwrap();
     let err = Store::open(&path, Mode::Append).err().expect("refused");
     assert!(matches!(err, Error::Format { .. }), "{err}");
     assert!(err.to_string().contains("9.0"));

@@ -253,28 +253,22 @@ def record_ref(record: Record) -> RecordRef:
 # -- Store ----------------------------------------------------------------------
 
 
-def _open_store(path: str, mode: str, allow_pickle: bool) -> Store:
-    """Unpickles a :class:`Store`: it opens again at its first use, so a
-    lock held elsewhere surfaces as StoreLockedError from that use (inside a
-    Pool task, where the task's caller sees it) rather than from unpickling
-    (which kills a Pool worker and hangs ``map``)."""
-    if mode not in ("r", "a", "w"):
-        raise ValueError(f"bad store mode {mode!r}")
-    return Store._deferred(path, mode, allow_pickle)
+def _open_store(path: str, allow_pickle: bool, version: int | None) -> Store:
+    """Unpickles a :class:`Store`: a reader of ``version`` that opens at its
+    first use, so a version no longer kept surfaces as an error from that
+    use (inside a Pool task, where the task's caller sees it) rather than
+    from unpickling (which kills a Pool worker and hangs ``map``)."""
+    if version is not None and (type(version) is not int or version < 0):
+        raise ValueError(f"bad store version {version!r}")
+    return Store._deferred(path, "r", allow_pickle, version)
 
 
 def reduce_store(store: Store) -> tuple[Any, ...]:
-    """``Store.__reduce__``: a store pickles by path, as
-    ``(_open_store, (absolute path, mode, allow_pickle))``; nothing of its
-    content is copied. A store opened with ``mode="w"`` reopens with
-    ``"a"`` (it exists by then).
-
-    The unpickled store opens at its first use, which raises
-    :class:`StoreLockedError` while another ``Store`` (in this process or
-    another) holds it: close the original first, or pass records (they travel
-    by reference) instead.
+    """``Store.__reduce__``: a store pickles by path, as ``(_open_store,
+    (absolute path, allow_pickle, version))``; nothing of its content is
+    copied. It comes back as a reader (mode ``"r"``, no lock) pinned to the
+    version the sender showed; ``refresh()`` moves it on. A closed store
+    comes back as a reader of the latest version.
     """
-    mode = store.mode
-    if mode == "w":
-        mode = "a"
-    return (_open_store, (os.path.abspath(store.path), mode, store.allow_pickle))
+    version = None if store.closed else store.version
+    return (_open_store, (os.path.abspath(store.path), store.allow_pickle, version))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import functools
 import keyword
 import math
@@ -92,7 +94,8 @@ class Record:
     ) -> None:
         self._source = source
         self._pickle = pickle  # the remainder read with the record, if any
-        self._store = store
+        # weak: a record never keeps its store (and a writer's lock) alive
+        self._store = weakref.ref(store) if store is not None else None
         self._key = key
         self._record = record
         self._cache: dict[str, np.ndarray] = {}
@@ -105,8 +108,9 @@ class Record:
     @property
     def store(self) -> Store | None:
         """The store this record was read from (``None`` for a record that
-        travelled by pickle or comes from an archive)."""
-        return self._store
+        travelled by pickle, or whose store was closed and freed: a record
+        never keeps its store open)."""
+        return self._store() if self._store is not None else None
 
     @property
     def meta(self) -> dict[str, Any]:

@@ -85,11 +85,11 @@ class _DeferredCore:
     """Stands in for the core of a Store until its first use, then opens it
     and replaces itself."""
 
-    def __init__(self, store: Store, path: str, mode: str) -> None:
-        self._store, self.root, self._mode = store, path, mode
+    def __init__(self, store: Store, path: str, mode: str, version: int | None) -> None:
+        self._store, self.root, self._mode, self._version = store, path, mode, version
 
     def _open(self) -> _lazyvault.StoreCore:
-        core = _lazyvault.StoreCore(self.root, self._mode)
+        core = _lazyvault.StoreCore(self.root, self._mode, self._version)
         self._store._core = core
         return core
 
@@ -137,12 +137,15 @@ class Store(MutableMapping[str, Record]):
         _open_stores.add(self)
 
     @classmethod
-    def _deferred(cls, path: str, mode: str, allow_pickle: bool) -> Store:
+    def _deferred(
+        cls, path: str, mode: str, allow_pickle: bool, version: int | None = None
+    ) -> Store:
         """A Store that opens ``path`` at its first use (how a pickled Store
-        comes back: unpickling never fails on a lock, the first use raises
-        StoreLockedError where the caller can see it)."""
+        comes back: unpickling never fails, the first use raises where the
+        caller can see it), as of commit ``version`` when given."""
         store = cls.__new__(cls)
-        cls.__init__(store, _DeferredCore(store, path, mode), allow_pickle)  # type: ignore[arg-type]
+        core = _DeferredCore(store, path, mode, version)
+        cls.__init__(store, core, allow_pickle)  # type: ignore[arg-type]
         return store
 
     # A Store is a handle, like a file object: equal only to itself (the
@@ -159,11 +162,27 @@ class Store(MutableMapping[str, Record]):
         mode: Literal["r", "a", "w"] | None = None,
         *,
         allow_pickle: bool = False,
+        retention: float | None = None,
     ) -> Any:
         """Opens the store at ``path``.
 
         ``mode``: ``"a"`` read/write, create if missing (default); ``"r"``
         read-only, must exist; ``"w"`` create, must not exist.
+
+        An existing store opens as a **reader** (modes ``"r"`` and ``"a"``):
+        no lock taken, no file created or changed, so any number of
+        processes open it at once, on read-only media too. It shows the
+        store as of the writer's last ``flush()``/``close()`` (a
+        *snapshot*: :attr:`version`), and moves only on :meth:`refresh`. In
+        mode ``"a"`` the first write takes the **writer** role (SQLite
+        takes its write lock the same way): from then on the handle sees
+        the latest state, its own changes included. One process writes at
+        a time; handles of one store in one process share the role.
+
+        ``retention``: seconds that superseded checkpoints and the payloads
+        of replaced records are kept for readers on *other machines*, whose
+        locks this machine cannot see (default: 900 on a network file
+        system, 0 on a local one, where every reader's lock protects it).
 
         When ``path`` is an existing file that starts like a zip (a ``.lvz``
         archive, whatever its extension), returns a read-only
@@ -174,9 +193,7 @@ class Store(MutableMapping[str, Record]):
         arrays, class instances, pickled remainders); off by default because
         unpickling can run arbitrary code (as ``np.load``).
 
-        Raises :class:`StoreLockedError` if another ``Store`` holds it (one
-        writer process at a time; the message names the holder's PID),
-        :class:`StoreExistsError` / :class:`StoreNotFoundError` by mode,
+        Raises :class:`StoreExistsError` / :class:`StoreNotFoundError` by mode,
         :class:`NotAStoreError`, :class:`FormatVersionError` for a store of a
         newer major format version, ``ValueError`` for a bad mode.
         """
@@ -195,7 +212,12 @@ class Store(MutableMapping[str, Record]):
         if os.fspath(path).endswith(".lvz") and not os.path.exists(path):
             # a mistyped archive name must not become a new directory store
             raise StoreNotFoundError(f"{os.fspath(path)}: no such archive")
-        return cls(_lazyvault.StoreCore(os.fspath(path), mode or "a"), allow_pickle)
+        core = _lazyvault.StoreCore(os.fspath(path), mode or "a")
+        if retention is not None:
+            if isinstance(retention, bool) or not isinstance(retention, (int, float)):
+                raise TypeError(f"retention is a number of seconds, not {retention!r}")
+            core.retention = float(retention)
+        return cls(core, allow_pickle)
 
     @property
     def path(self) -> str:
@@ -206,6 +228,34 @@ class Store(MutableMapping[str, Record]):
     def mode(self) -> str:
         """``"r"``, ``"a"`` or ``"w"``."""
         return self._core.mode
+
+    @property
+    def version(self) -> int:
+        """The commit this handle shows: the number of commits (flushes and
+        closes that changed something, ``gc()``) since the store was created.
+        A reader's version moves only on :meth:`refresh`; the writer's is
+        its last commit."""
+        return self._core.version
+
+    def refresh(self) -> int:
+        """Moves a reader to the writer's latest commit and returns the new
+        :attr:`version` (the writer already shows it). Records, arrays and
+        results taken before stay as they were; payloads only an older
+        snapshot referenced may be removed once no handle pins it, and
+        loading one then raises :class:`CorruptError` saying to take
+        ``store[key]`` again."""
+        return self._core.refresh()
+
+    @property
+    def is_writer(self) -> bool:
+        """Whether this handle holds the writer role (it has written)."""
+        return self._core.is_writer
+
+    @property
+    def retention(self) -> float:
+        """Seconds superseded data is kept for readers on other machines
+        (see :meth:`open`)."""
+        return self._core.retention
 
     @property
     def allow_pickle(self) -> bool:
@@ -446,12 +496,17 @@ class Store(MutableMapping[str, Record]):
     # -- durability and maintenance ---------------------------------------
 
     def flush(self) -> None:
-        """Makes every change so far durable (survives a process crash), then
-        removes the payloads of overwritten or deleted records."""
+        """Makes every change so far durable (survives a process crash) and
+        commits it: readers that open or :meth:`refresh` from now on see it.
+        Then removes the payloads of overwritten or deleted records that no
+        reader may still see. Nothing to do for a handle that has not
+        written."""
         self._core.flush()
 
     def close(self) -> None:
-        """Flushes and releases the index and the writer lock. Idempotent."""
+        """Flushes, publishes a checkpoint (readers then open in constant
+        time), and releases the snapshot or, for the last handle of the
+        writer, the index and the lock. Idempotent."""
         if not isinstance(self._core, _DeferredCore):  # never opened: nothing to do
             self._core.close()
         _open_stores.discard(self)
@@ -526,8 +581,8 @@ class Store(MutableMapping[str, Record]):
     # -- pickling, archives, interop (thin: the work is in their modules) ----
 
     def __reduce__(self) -> Any:
-        """A Store pickles by path (and mode, allow_pickle); unpickling opens
-        it again, so it raises StoreLockedError while another holds it."""
+        """A Store pickles by path, version and allow_pickle; it comes back
+        as a reader of that version (opened at its first use)."""
         from . import _pickling
 
         return _pickling.reduce_store(self)

@@ -9,10 +9,13 @@ use std::path::{Path, PathBuf};
 use lazyvault_schema::{ArrayEntry, Manifest, Record, MANIFEST_FILE, PAYLOAD_DIR};
 use serde_json::Value;
 
+use super::writer::WriterState;
 use super::{GcReport, RepairReport, Store, VerifyReport, INDEXES_FILE, INDEX_DIR};
+use crate::checkpoint::run::{Run, RunValue};
+use crate::checkpoint::{self, CHECKPOINT_DIR};
 use crate::error::{Error, Result};
 use crate::fsio;
-use crate::index::Index;
+use crate::index::{self, Index, RecordIndex};
 use crate::journal::{self, Change, JournalWriter, Position, JOURNAL_DIR};
 use crate::payload::{self, TMP_SUFFIX};
 
@@ -92,7 +95,7 @@ struct JournalCheck {
 }
 
 impl JournalCheck {
-    fn new(root: &Path, index: &Index) -> Result<JournalCheck> {
+    fn new(root: &Path, index: &dyn RecordIndex) -> Result<JournalCheck> {
         // Only what the index has seen: without a position, nothing.
         let committed = index.journal_pos()?.unwrap_or((0, 0));
         let latest = replay(root, Some(committed))?
@@ -123,9 +126,9 @@ impl JournalCheck {
         }
     }
 
-    /// After the scan: the records only the journal holds, and acknowledged
-    /// changes past the index's position.
-    fn finish(self, root: &Path, index: &Index) -> Result<Vec<String>> {
+    /// After the scan: the records only the journal holds, and (for the
+    /// writer's index) acknowledged changes past the index's position.
+    fn finish(self, root: &Path, index: Option<&Index>) -> Result<Vec<String>> {
         let mut missing: Vec<String> = self
             .latest
             .into_iter()
@@ -142,7 +145,11 @@ impl JournalCheck {
                 )
             })
             .collect();
-        if let Some(lost) = super::journal_tail(root, index)?.lost {
+        let lost = match index {
+            Some(index) => super::journal_tail(root, index)?.lost,
+            None => None,
+        };
+        if let Some(lost) = lost {
             problems.push(format!(
                 "the index is behind the journal: {lost} change(s) that flush() acknowledged \
                  are missing from it (`lazyvault repair` rebuilds the index from the journal)"
@@ -152,12 +159,47 @@ impl JournalCheck {
     }
 }
 
+/// Payload ids in the record JSON `bytes` (none if it does not decode).
+fn ids_of(bytes: &[u8], ids: &mut HashSet<String>) {
+    if let Ok(record) = Record::from_json(bytes) {
+        ids.extend(record.arrays.into_values().map(|a| a.id));
+    }
+}
+
+/// Ids of every payload a reader may still see: those of the records in
+/// every checkpoint on disk, and of every committed change after the oldest
+/// one (so, with the writer's index, everything a snapshot kept for
+/// readers references).
+fn retained_ids(root: &Path) -> Result<HashSet<String>> {
+    let mut ids = HashSet::new();
+    let mut runs = HashSet::new();
+    let mut oldest = None;
+    for (_, path) in checkpoint::list(root)? {
+        let doc = checkpoint::read(&path)?;
+        oldest.get_or_insert(doc.position());
+        runs.extend(doc.runs.into_iter().map(|r| r.file));
+    }
+    for file in runs {
+        let run = Run::open(&root.join(CHECKPOINT_DIR).join(&file))?;
+        for item in run.iter_from(0) {
+            if let (_, RunValue::Put { record, .. }) = item? {
+                ids_of(record, &mut ids);
+            }
+        }
+    }
+    journal::read_committed(root, oldest.unwrap_or((0, 0)), None, |_, change| {
+        if let Some((record, _)) = change {
+            ids_of(&record, &mut ids);
+        }
+    })?;
+    Ok(ids)
+}
+
 impl Store {
-    /// Ids of every payload a record references.
-    fn referenced(&self) -> Result<HashSet<String>> {
-        let guard = self.index()?;
+    /// Ids of every payload a record of `index` references.
+    fn referenced(index: &dyn RecordIndex) -> Result<HashSet<String>> {
         let mut ids = HashSet::new();
-        guard.as_ref().expect("checked open").scan(|key, bytes| {
+        index::scan(index, |key, bytes| {
             let record = Record::from_json(bytes)
                 .map_err(|e| Error::corrupt(format!("record {key:?}"), e))?;
             ids.extend(record.arrays.into_values().map(|a| a.id));
@@ -166,8 +208,8 @@ impl Store {
         Ok(ids)
     }
 
-    /// Files under `arrays/` that no record references: payloads left by a
-    /// crash or an unflushed overwrite, and temporary files.
+    /// Files under `arrays/` that nothing references: payloads left by a
+    /// crash, and temporary files.
     fn orphans(&self, referenced: &HashSet<String>) -> Result<Vec<(PathBuf, u64)>> {
         let mut out = Vec::new();
         walk_two_levels(&self.root.join(PAYLOAD_DIR), |path, name, size| {
@@ -181,18 +223,23 @@ impl Store {
         Ok(out)
     }
 
-    /// Removes payload and temporary files that no record references, and
-    /// compacts the journal to one entry per record. Flushes first, so
-    /// nothing the durable index still references is removed.
+    /// Commits, compacts the journal to one entry per record, publishes a
+    /// checkpoint of one run, then removes what no reader may still see
+    /// (see [`Store::retention`]): superseded checkpoints, journal segments
+    /// before the oldest checkpoint kept, and payload and temporary files
+    /// that neither the index nor a kept snapshot references.
     pub fn gc(&self) -> Result<GcReport> {
         if self.mode == super::Mode::ReadOnly {
             return Err(Error::ReadOnly);
         }
-        self.flush()?;
-        let mut writer = self.writer()?;
+        let (_view, w) = self.writer()?;
+        let retention = self.retention();
+        let mut state = w.lock();
+        w.flush(&mut state, retention)?;
+        let index = w.index();
         // gc rewrites the journal from the index and deletes what the index
         // does not reference: never on an index that lost records.
-        let disagreements = self.index_journal_disagreements()?;
+        let disagreements = Self::index_journal_disagreements(&self.root, index)?;
         if disagreements > 0 {
             return Err(Error::corrupt(
                 format!("store {}", self.root.display()),
@@ -204,9 +251,36 @@ impl Store {
             ));
         }
         let mut report = GcReport::default();
-        self.compact_journal(&mut writer.journal, &mut report)?;
-        let referenced = self.referenced()?;
-        for (path, size) in self.orphans(&referenced)? {
+        let old_segments = Self::compact_journal(&self.root, index, &mut state)?;
+        w.checkpoint(&mut state, true, retention)?;
+        let retained = checkpoint::cleanup(&self.root, retention)?;
+        let needed_from = retained.oldest_position.map_or(0, |(segment, _)| segment);
+        let mut freed = 0u64;
+        let mut removed_any = false;
+        for (number, path) in old_segments {
+            if number < needed_from {
+                freed += fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+                fsio::remove_file(&path).map_err(Error::io(&path))?;
+                removed_any = true;
+            }
+        }
+        if removed_any {
+            payload::sync_dir(&self.root.join(JOURNAL_DIR))?;
+        }
+        let kept = state.journal.appended();
+        report.journal_bytes_freed = freed.saturating_sub(kept);
+        let mut live = Self::referenced(index)?;
+        live.extend(retained_ids(&self.root)?);
+        for rel in state
+            .retiring
+            .iter()
+            .chain(state.retired.iter().map(|r| &r.relpath))
+        {
+            if let Some(id) = rel.rsplit('/').next().and_then(|n| n.strip_suffix(".npy")) {
+                live.insert(id.to_owned());
+            }
+        }
+        for (path, size) in self.orphans(&live)? {
             fsio::remove_file(&path).map_err(Error::io(&path))?;
             report.removed_files += 1;
             report.removed_bytes += size;
@@ -216,28 +290,31 @@ impl Store {
 
     /// How many keys the index and the journal (replayed up to the index's
     /// position) disagree on, plus acknowledged changes past it.
-    fn index_journal_disagreements(&self) -> Result<usize> {
-        let guard = self.index()?;
-        let index = guard.as_ref().expect("checked open");
-        let mut check = JournalCheck::new(&self.root, index)?;
+    fn index_journal_disagreements(root: &Path, index: &Index) -> Result<usize> {
+        let mut check = JournalCheck::new(root, index)?;
         let mut bad = 0;
         index.scan(|key, bytes| {
             bad += usize::from(check.record(key, bytes, index.get_pickle(key)?).is_some());
             Ok(())
         })?;
-        Ok(bad + check.finish(&self.root, index)?.len())
+        Ok(bad + check.finish(root, Some(index))?.len())
     }
 
     /// Writes every record to a new segment, makes it durable and the
-    /// index's position, then removes the older segments. A crash at any
-    /// point leaves a journal that replays to the same records.
-    fn compact_journal(&self, current: &mut JournalWriter, report: &mut GcReport) -> Result<()> {
-        let guard = self.index()?;
-        let index = guard.as_ref().expect("checked open");
-        let old = journal::segments(&self.root)?;
-        current.finish_segment();
-        let number = current.next_number();
-        let mut compact = JournalWriter::new(&self.root, number);
+    /// index's position, and commits it (a new version with the same
+    /// records). Returns the older segments, which readers of older
+    /// checkpoints may still read: the caller removes them once no kept
+    /// checkpoint needs them. A crash at any point leaves a journal that
+    /// replays to the same records.
+    fn compact_journal(
+        root: &Path,
+        index: &Index,
+        state: &mut WriterState,
+    ) -> Result<Vec<(u64, PathBuf)>> {
+        let old = journal::segments(root)?;
+        state.journal.finish_segment();
+        let number = state.journal.next_number();
+        let mut compact = JournalWriter::new(root, number);
         compact.start_segment()?;
         index.scan(|key, record| {
             let pickle = index.get_pickle(key)?;
@@ -247,15 +324,11 @@ impl Store {
         index.set_journal_pos(compact.position().expect("started"))?;
         index.flush()?;
         compact.commit()?;
-        *current = JournalWriter::new(&self.root, number + 1);
-        let mut freed = 0u64;
-        for (_, path) in old {
-            freed += fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-            fsio::remove_file(&path).map_err(Error::io(&path))?;
-        }
-        let kept = compact.position().map_or(0, |(_, end)| end);
-        report.journal_bytes_freed = freed.saturating_sub(kept);
-        payload::sync_dir(&self.root.join(JOURNAL_DIR))
+        state.version += 1;
+        state.committed_pos = compact.position().expect("started");
+        state.journal = compact;
+        state.journal.finish_segment();
+        Ok(old)
     }
 
     /// Checks every record against its payloads (present, header matching,
@@ -269,16 +342,19 @@ impl Store {
         checksums: bool,
         progress: &mut dyn FnMut(u64, u64) -> bool,
     ) -> Result<VerifyReport> {
-        let guard = self.index()?;
-        let index = guard.as_ref().expect("checked open");
+        let view = self.view()?;
+        let index = view.index();
         // Writers wait: a flush must not unlink a payload this scan has seen
-        // in the index but not yet opened.
-        let writer = self.writer_lock();
+        // in the index but not yet opened (a reader's pin does the same).
+        let writer_state = match &*view.0 {
+            super::State::Writing(w) => Some((w.index(), w.lock())),
+            _ => None,
+        };
         let total = index.len()?;
         let mut report = VerifyReport::default();
         let mut referenced = HashSet::new();
         let mut check = JournalCheck::new(&self.root, index)?;
-        index.scan(|key, bytes| {
+        index::scan(index, |key, bytes| {
             report.records += 1;
             report
                 .problems
@@ -307,21 +383,31 @@ impl Store {
             }
             Self::go_on(progress(report.records, total))
         })?;
-        report.problems.extend(check.finish(&self.root, index)?);
-        for rel in &writer.pending_removal {
-            // Payloads of replaced records, removed at the next flush.
-            let name = rel.rsplit('/').next().unwrap_or_default();
-            if let Some(id) = name.strip_suffix(".npy") {
-                referenced.insert(id.to_owned());
+        report
+            .problems
+            .extend(check.finish(&self.root, writer_state.as_ref().map(|(i, _)| *i))?);
+        report.problems.extend(verify_checkpoints(&self.root)?);
+        if let Some((_, state)) = &writer_state {
+            // Payloads of replaced records, removed once no reader needs them.
+            for rel in state
+                .retiring
+                .iter()
+                .chain(state.retired.iter().map(|r| &r.relpath))
+            {
+                let name = rel.rsplit('/').next().unwrap_or_default();
+                if let Some(id) = name.strip_suffix(".npy") {
+                    referenced.insert(id.to_owned());
+                }
             }
         }
+        referenced.extend(retained_ids(&self.root)?);
         report.orphans = self
             .orphans(&referenced)?
             .into_iter()
             .map(|(p, _)| p)
             .collect();
-        drop(writer);
-        drop(guard);
+        drop(writer_state);
+        drop(view);
         Ok(report)
     }
 
@@ -392,7 +478,7 @@ impl Store {
             path: manifest_path.clone(),
             source,
         })?;
-        let lock_file = Self::lock(&root)?;
+        let lock_file = super::writer::lock(&root)?;
         let mut report = RepairReport::default();
         let index_dir = root.join(INDEX_DIR);
         // Everything that can fail on bad input is read before anything
@@ -477,6 +563,21 @@ impl Store {
             report.indexes.push(name);
         }
         index.flush()?;
+        // Readers switch to what the rebuilt index holds: a checkpoint of
+        // it, newer than any version they saw.
+        let latest = match checkpoint::list(&root)?.pop() {
+            Some((_, path)) => {
+                let doc = checkpoint::read(&path)?;
+                doc.version
+                    + journal::read_committed(&root, doc.position(), None, |_, _| {})?.commits
+            }
+            None => journal::read_committed(&root, (0, 0), None, |_, _| {})?.commits,
+        };
+        let dir = root.join(CHECKPOINT_DIR);
+        fsio::create_dir_all(&dir).map_err(Error::io(&dir))?;
+        let run = super::writer::write_full_run(&index, &dir)?;
+        fsio::sync_dir(&dir).map_err(Error::io(&dir))?;
+        let records = index.len()?;
         drop(index);
         if fs::symlink_metadata(&index_dir).is_ok() {
             let moved = (1u32..)
@@ -488,6 +589,15 @@ impl Store {
         }
         fs::rename(&building, &index_dir).map_err(Error::io(&index_dir))?;
         payload::sync_dir(&root)?;
+        checkpoint::write(
+            &root,
+            &checkpoint::CheckpointDoc::new(
+                latest + 1,
+                end,
+                records,
+                vec![checkpoint::RunDoc::from_info(&run)],
+            ),
+        )?;
         drop(lock_file);
         Ok(report)
     }
@@ -503,4 +613,45 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// Each run of each checkpoint checked whole (checksum, order, every
+/// entry): one line per problem.
+fn verify_checkpoints(root: &Path) -> Result<Vec<String>> {
+    let mut problems = Vec::new();
+    let mut seen = HashSet::new();
+    for (_, path) in checkpoint::list(root)? {
+        let doc = match checkpoint::read(&path) {
+            Ok(doc) => doc,
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                continue; // superseded and removed meanwhile
+            }
+            Err(e) => {
+                problems.push(e.to_string());
+                continue;
+            }
+        };
+        for r in doc.runs {
+            if !seen.insert(r.file.clone()) {
+                continue;
+            }
+            let checked = Run::open(&root.join(CHECKPOINT_DIR).join(&r.file)).and_then(|run| {
+                let sum = run.verify()?;
+                let expected = format!("xxh3-64:{sum:016x}");
+                if expected != r.checksum {
+                    return Err(Error::corrupt(
+                        format!("checkpoint run {}", r.file),
+                        format!("checksum is {expected}, the checkpoint says {}", r.checksum),
+                    ));
+                }
+                Ok(())
+            });
+            if let Err(e) = checked {
+                problems.push(format!(
+                    "{e} (`lazyvault repair` writes a new checkpoint from the journal)"
+                ));
+            }
+        }
+    }
+    Ok(problems)
 }

@@ -1,4 +1,5 @@
-//! The index: the only module that knows sled (DESIGN.md invariant 7).
+//! The writer's index: the only module that knows sled (DESIGN.md
+//! invariant 7).
 //!
 //! One sled tree holds, under one-byte prefixes, the record JSON of each key
 //! (`r`), the pickled remainder of the keys that have one (`p`), the
@@ -10,13 +11,13 @@ use std::path::Path;
 
 use std::sync::RwLock;
 
-use serde_json::{Map, Value};
-
 use crate::error::{Error, Result};
 use crate::fsio::fault;
 use crate::journal::{Position, Put};
 use crate::query::IndexLookup;
 use crate::secondary;
+
+use super::{meta_of, RecordIndex};
 
 const RECORD: u8 = b'r';
 const PICKLE: u8 = b'p';
@@ -27,20 +28,6 @@ const JOURNAL_POS: &[u8] = b"#pos";
 const INDEX_DEF: &[u8] = b"#idx:";
 /// Entries written per batch while building a secondary index.
 const BUILD_BATCH: usize = 10_000;
-
-/// The metadata of a record JSON, for index maintenance (other members are
-/// skipped unparsed).
-#[derive(serde::Deserialize)]
-struct MetaOnly {
-    meta: Map<String, Value>,
-}
-
-fn meta_of(record: &[u8]) -> Map<String, Value> {
-    // A record that does not decode has no index entries.
-    serde_json::from_slice::<MetaOnly>(record)
-        .map(|m| m.meta)
-        .unwrap_or_default()
-}
 
 /// One secondary index: its dotted name and the path segments.
 #[derive(Debug, Clone)]
@@ -501,53 +488,6 @@ impl Index {
         Ok(())
     }
 
-    /// Like [`Index::scan`], on two threads when there are two cores: the
-    /// records are split by key in two ranges (at the midpoint of the first
-    /// and last keys, which needs no pass over the data), `f(key, json,
-    /// acc)` runs over each range in key order with its own accumulator,
-    /// and the accumulators come back in key order. On an error, the one of
-    /// the lower range wins, as in a sequential scan.
-    pub(crate) fn scan_split<T: Default + Send>(
-        &self,
-        f: impl Fn(&str, &[u8], &mut T) -> Result<()> + Sync,
-    ) -> Result<Vec<T>> {
-        let run = |range: sled::Iter| -> Result<T> {
-            let mut acc = T::default();
-            for item in range {
-                let (k, v) = item.map_err(self.err())?;
-                let key = std::str::from_utf8(&k[1..])
-                    .map_err(|_| Error::corrupt("index", "a key is not UTF-8"))?;
-                f(key, &v, &mut acc)?;
-            }
-            Ok(acc)
-        };
-        let two_cores = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
-        let split = if two_cores { self.split_key()? } else { None };
-        let Some(mid) = split else {
-            return Ok(vec![run(self.tree.scan_prefix([RECORD]))?]);
-        };
-        let (low, high) = std::thread::scope(|s| {
-            let high = s.spawn(|| run(self.tree.range(mid.as_slice()..&[RECORD + 1][..])));
-            let low = run(self.tree.range(&[RECORD][..]..mid.as_slice()));
-            let high = high
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            (low, high)
-        });
-        Ok(vec![low?, high?])
-    }
-
-    /// A key between the first and the last record keys (by bytes), if
-    /// there are two records or more.
-    fn split_key(&self) -> Result<Option<Vec<u8>>> {
-        let mut records = self.tree.scan_prefix([RECORD]);
-        let (Some(first), Some(last)) = (records.next(), records.next_back()) else {
-            return Ok(None);
-        };
-        let (first, last) = (first.map_err(self.err())?.0, last.map_err(self.err())?.0);
-        Ok(midpoint(&first, &last))
-    }
-
     /// Makes every change so far durable.
     pub(crate) fn flush(&self) -> Result<()> {
         fault::check("index-flush", std::path::Path::new("index")).map_err(injected(&self.dir))?;
@@ -556,57 +496,65 @@ impl Index {
     }
 }
 
-/// A byte string `m` with `a < m <= b` near the middle of the two (the
-/// eight bytes after their common prefix, averaged as a number), or `None`
-/// when there is none that way (`a >= b`).
-fn midpoint(a: &[u8], b: &[u8]) -> Option<Vec<u8>> {
-    let common = a.iter().zip(b).take_while(|(x, y)| x == y).count();
-    let word = |s: &[u8]| {
-        let mut w = [0u8; 8];
-        for (d, c) in w.iter_mut().zip(&s[common..]) {
-            *d = *c;
-        }
-        u64::from_be_bytes(w)
-    };
-    let (x, y) = (word(a), word(b));
-    if x >= y {
-        return None;
+impl RecordIndex for Index {
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        Index::get(self, key)
     }
-    let mut mid = b[..common].to_vec();
-    mid.extend_from_slice(&(x + (y - x) / 2 + 1).to_be_bytes());
-    (a < mid.as_slice() && mid.as_slice() <= b).then_some(mid)
-}
 
-#[cfg(test)]
-mod tests {
-    use super::midpoint;
+    fn get_pickle(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        Index::get_pickle(self, key)
+    }
 
-    #[test]
-    fn midpoint_lies_between_its_ends() {
-        let cases: &[(&[u8], &[u8])] = &[
-            (b"rrun-0000000", b"rrun-0099999"),
-            (b"ra", b"rb"),
-            (b"ra", b"rab"),
-            (b"r", b"r\xff\xff\xff\xff\xff\xff\xff\xff\xff"),
-            (b"rabcdefghij1", b"rabcdefghij2"),
-            ("r🦀".as_bytes(), "r🦀🦀".as_bytes()),
-            (
-                b"r\xff\xff\xff\xff\xff\xff\xff\xfe",
-                b"r\xff\xff\xff\xff\xff\xff\xff\xff",
-            ),
-        ];
-        for &(a, b) in cases {
-            let m = midpoint(a, b).unwrap_or_else(|| panic!("{a:?} {b:?}"));
-            assert!(a < m.as_slice() && m.as_slice() <= b, "{a:?} {m:?} {b:?}");
+    fn contains(&self, key: &str) -> Result<bool> {
+        Index::contains(self, key)
+    }
+
+    fn len(&self) -> Result<u64> {
+        Index::len(self)
+    }
+
+    fn scan_range(
+        &self,
+        from: Option<&[u8]>,
+        to: Option<&[u8]>,
+        f: &mut dyn FnMut(&str, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let start = [&[RECORD][..], from.unwrap_or_default()].concat();
+        let end = match to {
+            Some(t) => [&[RECORD][..], t].concat(),
+            None => vec![RECORD + 1],
+        };
+        for item in self.tree.range(start..end) {
+            let (k, v) = item.map_err(self.err())?;
+            let key = std::str::from_utf8(&k[1..])
+                .map_err(|_| Error::corrupt("index", "a key is not UTF-8"))?;
+            f(key, &v)?;
         }
-        assert_eq!(midpoint(b"rb", b"ra"), None);
-        assert_eq!(midpoint(b"ra", b"ra"), None);
-        // Nothing lies strictly between: the scan is not split.
-        assert_eq!(midpoint(b"ra", b"ra\x00"), None);
-        // Evenly spread keys split near the middle.
-        let m = midpoint(b"rrun-0000000", b"rrun-0099999").unwrap();
-        assert!(
-            m.as_slice() > b"rrun-0049999".as_slice() && m.as_slice() <= b"rrun-0050000".as_slice()
-        );
+        Ok(())
+    }
+
+    fn key_bounds(&self) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+        let mut records = self.tree.scan_prefix([RECORD]);
+        let (Some(first), Some(last)) = (records.next(), records.next_back()) else {
+            return Ok(None);
+        };
+        let (first, last) = (first.map_err(self.err())?.0, last.map_err(self.err())?.0);
+        Ok(Some((first[1..].to_vec(), last[1..].to_vec())))
+    }
+
+    fn lookup(&self, field: &str, lookup: &IndexLookup) -> Result<Vec<String>> {
+        Index::lookup(self, field, lookup)
+    }
+
+    fn is_indexed(&self, segs: &[String]) -> bool {
+        Index::is_indexed(self, segs)
+    }
+
+    fn indexes(&self) -> Vec<String> {
+        Index::indexes(self)
+    }
+
+    fn journal_pos(&self) -> Result<Option<Position>> {
+        Index::journal_pos(self)
     }
 }

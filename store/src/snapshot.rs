@@ -1,0 +1,382 @@
+//! A reader's view of a store: the newest checkpoint, mapped, plus the
+//! committed journal after it (FORMAT.md, "Reading beside a writer").
+//! Never opens sled, takes no exclusive lock, writes nothing.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+
+use crate::checkpoint::run::{Run, RunValue};
+use crate::checkpoint::{self, CheckpointDoc, Pin};
+use crate::error::{Error, Result};
+use crate::index::RecordIndex;
+use crate::journal::{self, Committed, Position};
+use crate::query::IndexLookup;
+
+/// How many times opening retries when a writer removes the checkpoint or
+/// the journal segment it was about to read (each retry sees a newer one).
+const OPEN_ATTEMPTS: usize = 20;
+
+/// The store as of one commit.
+pub(crate) struct Snapshot {
+    root: PathBuf,
+    /// The checkpoint's version and path (`None`: the store has none yet,
+    /// the whole journal is replayed).
+    base: Option<(u64, PathBuf)>,
+    /// Runs of the checkpoint, newest first.
+    runs: Vec<Run<Mmap>>,
+    /// Committed changes after the checkpoint, by key.
+    tail: BTreeMap<String, Committed>,
+    /// Where the next refresh resumes reading the journal.
+    end: Position,
+    version: u64,
+    len: u64,
+    /// The secondary indexes the writer keeps (readers answer their
+    /// queries by scanning, with the same results).
+    indexes: Vec<String>,
+    _pin: Option<Pin>,
+}
+
+/// A record JSON and its pickled remainder, borrowed.
+type Stored<'a> = (&'a [u8], Option<&'a [u8]>);
+
+/// The newest run's entry for `key`, if any run has one.
+fn run_lookup<'a>(runs: &'a [Run<Mmap>], key: &str) -> Result<Option<RunValue<'a>>> {
+    for run in runs {
+        if let Some(v) = run.get(key)? {
+            return Ok(Some(v));
+        }
+    }
+    Ok(None)
+}
+
+impl Snapshot {
+    /// Opens the store at `root` as of its latest commit, or as of commit
+    /// `at` when given (a pickled store reopening at its version).
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] for a damaged checkpoint or run; with `at`, when
+    /// that version is no longer available (older than every checkpoint
+    /// kept, or newer than the latest commit); I/O errors.
+    pub(crate) fn open(root: &Path, at: Option<u64>) -> Result<Snapshot> {
+        let mut last_err = None;
+        for _ in 0..OPEN_ATTEMPTS {
+            match Self::try_open(root, at) {
+                Ok(Some(s)) => return Ok(s),
+                Ok(None) => continue,
+                Err(e @ Error::Corrupt { .. }) if at.is_none() => {
+                    // A journal segment removed under us: a newer
+                    // checkpoint exists, try again from it.
+                    last_err = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last_err.unwrap_or_else(|| {
+            Error::corrupt(
+                format!("store {}", root.display()),
+                "the checkpoints kept changing while opening; try again",
+            )
+        }))
+    }
+
+    fn try_open(root: &Path, at: Option<u64>) -> Result<Option<Snapshot>> {
+        let all = checkpoint::list(root)?;
+        let chosen = match at {
+            None => all.last().cloned(),
+            Some(v) => all.iter().rev().find(|(cv, _)| *cv <= v).cloned(),
+        };
+        if let (Some(v), None) = (at, &chosen) {
+            if !all.is_empty() {
+                return Err(Self::gone(root, v));
+            }
+        }
+        let (doc, pin, base) = match chosen {
+            None => (None, None, None),
+            Some((version, path)) => {
+                let Some(pin) = checkpoint::pin(&path)? else {
+                    return Ok(None);
+                };
+                (
+                    Some(checkpoint::read(&path)?),
+                    Some(pin),
+                    Some((version, path)),
+                )
+            }
+        };
+        let mut runs = Vec::new();
+        if let Some(doc) = &doc {
+            for r in &doc.runs {
+                let path = root.join(checkpoint::CHECKPOINT_DIR).join(&r.file);
+                runs.push(Run::open(&path)?);
+            }
+        }
+        let mut snap = Snapshot {
+            root: root.to_owned(),
+            base,
+            runs,
+            tail: BTreeMap::new(),
+            end: doc.as_ref().map_or((0, 0), CheckpointDoc::position),
+            version: doc.as_ref().map_or(0, |d| d.version),
+            len: doc.as_ref().map_or(0, |d| d.records),
+            indexes: read_index_list(root),
+            _pin: pin,
+        };
+        let limit = at.map(|v| v.saturating_sub(snap.version));
+        snap.read_tail(limit)?;
+        if let Some(v) = at {
+            if snap.version != v {
+                return Err(Self::gone(root, v));
+            }
+        }
+        Ok(Some(snap))
+    }
+
+    fn gone(root: &Path, version: u64) -> Error {
+        Error::corrupt(
+            format!("store {}", root.display()),
+            format!(
+                "version {version} is no longer available (removed by the writer, or never \
+                 committed); open the store again to see its latest version"
+            ),
+        )
+    }
+
+    /// Applies the committed journal after `self.end` (at most `limit`
+    /// commits), keeping `len` and `version` current.
+    fn read_tail(&mut self, limit: Option<u64>) -> Result<()> {
+        if limit == Some(0) {
+            return Ok(());
+        }
+        let mut changes: Vec<(String, Committed)> = Vec::new();
+        let read = journal::read_committed(&self.root, self.end, limit, |k, c| {
+            changes.push((k, c));
+        })?;
+        for (key, change) in changes {
+            let before = self.contains(&key)?;
+            let after = change.is_some();
+            self.len = match (before, after) {
+                (false, true) => self.len + 1,
+                (true, false) => self.len.saturating_sub(1),
+                _ => self.len,
+            };
+            self.tail.insert(key, change);
+        }
+        self.version += read.commits;
+        self.end = read.end;
+        Ok(())
+    }
+
+    /// Moves to the latest commit: resumes reading the journal when the
+    /// checkpoint is still the newest, else opens the newest one. Returns
+    /// the new version.
+    pub(crate) fn refresh(&mut self) -> Result<u64> {
+        let newest = checkpoint::list(&self.root)?.pop();
+        let same = match (&newest, &self.base) {
+            (None, None) => true,
+            (Some((v, _)), Some((b, _))) => v == b,
+            _ => false,
+        };
+        if same {
+            match self.read_tail(None) {
+                Ok(()) => return Ok(self.version),
+                Err(Error::Corrupt { .. }) => {} // compacted meanwhile: reopen
+                Err(e) => return Err(e),
+            }
+        }
+        *self = Snapshot::open(&self.root, None)?;
+        Ok(self.version)
+    }
+
+    /// The version (commits since the store was created) it shows.
+    pub(crate) fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// The value of `key`: from the journal tail, else the newest run that
+    /// has it.
+    fn value(&self, key: &str) -> Result<Option<Stored<'_>>> {
+        if let Some(c) = self.tail.get(key) {
+            return Ok(c.as_ref().map(|(r, p)| (&r[..], p.as_deref())));
+        }
+        Ok(match run_lookup(&self.runs, key)? {
+            Some(RunValue::Put { record, pickle }) => Some((record, pickle)),
+            _ => None,
+        })
+    }
+}
+
+/// The secondary indexes listed in `indexes.json` (none if unreadable).
+fn read_index_list(root: &Path) -> Vec<String> {
+    let Ok(text) = std::fs::read(root.join(crate::INDEXES_FILE)) else {
+        return Vec::new();
+    };
+    serde_json::from_slice::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| serde_json::from_value(v.get("indexes")?.clone()).ok())
+        .unwrap_or_default()
+}
+
+/// One sorted source of a merged scan.
+enum Cursor<'a> {
+    Run {
+        run: &'a Run<Mmap>,
+        at: u64,
+        end: u64,
+    },
+    Tail(std::vec::IntoIter<Item<'a>>),
+}
+
+type Item<'a> = (&'a str, Option<&'a [u8]>);
+
+impl<'a> Cursor<'a> {
+    fn next(&mut self) -> Result<Option<Item<'a>>> {
+        match self {
+            Cursor::Run { run, at, end } => {
+                if *at >= *end {
+                    return Ok(None);
+                }
+                let (key, value) = run.entry(*at)?;
+                *at += 1;
+                Ok(Some((
+                    key,
+                    match value {
+                        RunValue::Put { record, .. } => Some(record),
+                        RunValue::Deleted => None,
+                    },
+                )))
+            }
+            Cursor::Tail(items) => Ok(items.next()),
+        }
+    }
+}
+
+impl RecordIndex for Snapshot {
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        Ok(self.value(key)?.map(|(r, _)| r.to_vec()))
+    }
+
+    fn get_pickle(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        Ok(self.value(key)?.and_then(|(_, p)| p.map(<[u8]>::to_vec)))
+    }
+
+    fn contains(&self, key: &str) -> Result<bool> {
+        Ok(self.value(key)?.is_some())
+    }
+
+    fn len(&self) -> Result<u64> {
+        Ok(self.len)
+    }
+
+    fn scan_range(
+        &self,
+        from: Option<&[u8]>,
+        to: Option<&[u8]>,
+        f: &mut dyn FnMut(&str, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        // A k-way merge: sources in priority order (the tail first, then
+        // runs newest first); for a key in several, the first decides.
+        let mut cursors = Vec::with_capacity(self.runs.len() + 1);
+        // The tail is small (bounded by the checkpoint threshold): filter it.
+        let in_range = |k: &[u8]| from.is_none_or(|f| k >= f) && to.is_none_or(|t| k < t);
+        let tail: Vec<Item<'_>> = self
+            .tail
+            .iter()
+            .filter(|(k, _)| in_range(k.as_bytes()))
+            .map(|(k, c)| (k.as_str(), c.as_ref().map(|(r, _)| &r[..])))
+            .collect();
+        cursors.push(Cursor::Tail(tail.into_iter()));
+        for run in &self.runs {
+            let at = from.map_or(Ok(0), |b| run.lower_bound(b))?;
+            let end = to.map_or(Ok(run.len()), |b| run.lower_bound(b))?;
+            cursors.push(Cursor::Run { run, at, end });
+        }
+        let mut heads: Vec<Option<Item<'_>>> = Vec::with_capacity(cursors.len());
+        for c in &mut cursors {
+            heads.push(c.next()?);
+        }
+        loop {
+            let mut best: Option<usize> = None;
+            for (i, h) in heads.iter().enumerate() {
+                if let Some((k, _)) = h {
+                    if best.is_none_or(|b| k.as_bytes() < heads[b].expect("set").0.as_bytes()) {
+                        best = Some(i);
+                    }
+                }
+            }
+            let Some(b) = best else { return Ok(()) };
+            let (key, value) = heads[b].expect("set");
+            for i in b..heads.len() {
+                if heads[i].is_some_and(|(k, _)| k == key) {
+                    heads[i] = cursors[i].next()?;
+                }
+            }
+            if let Some(record) = value {
+                f(key, record)?;
+            }
+        }
+    }
+
+    fn key_bounds(&self) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+        let mut first: Option<Vec<u8>> = None;
+        let mut last: Option<Vec<u8>> = None;
+        let mut note = |k: &[u8]| {
+            if first.as_deref().is_none_or(|f| k < f) {
+                first = Some(k.to_vec());
+            }
+            if last.as_deref().is_none_or(|l| k > l) {
+                last = Some(k.to_vec());
+            }
+        };
+        // Bounds of every source (deleted keys included): only a split
+        // point is derived from them.
+        if let (Some((a, _)), Some((b, _))) =
+            (self.tail.first_key_value(), self.tail.last_key_value())
+        {
+            note(a.as_bytes());
+            note(b.as_bytes());
+        }
+        for run in &self.runs {
+            if run.len() > 0 {
+                note(run.entry(0)?.0.as_bytes());
+                note(run.entry(run.len() - 1)?.0.as_bytes());
+            }
+        }
+        Ok(first.zip(last))
+    }
+
+    fn lookup(&self, field: &str, lookup: &IndexLookup) -> Result<Vec<String>> {
+        let segs = crate::secondary::parse_field(field).map_err(Error::InvalidField)?;
+        let ranges = crate::secondary::ranges(field, lookup);
+        let mut keys = Vec::new();
+        self.scan_range(None, None, &mut |key, record| {
+            let meta = crate::index::meta_of(record);
+            if let Some(e) = crate::secondary::field_value(&meta, &segs)
+                .and_then(|v| crate::secondary::entry(field, v, key))
+            {
+                if ranges
+                    .iter()
+                    .any(|(lo, hi)| e.as_slice() >= lo.as_slice() && e.as_slice() < hi.as_slice())
+                {
+                    keys.push(key.to_owned());
+                }
+            }
+            Ok(())
+        })?;
+        Ok(keys)
+    }
+
+    fn is_indexed(&self, _segs: &[String]) -> bool {
+        // Readers have no index entries: their queries scan (same results).
+        false
+    }
+
+    fn indexes(&self) -> Vec<String> {
+        self.indexes.clone()
+    }
+
+    fn journal_pos(&self) -> Result<Option<Position>> {
+        Ok(Some(self.end))
+    }
+}

@@ -1,0 +1,489 @@
+//! The writer role: the store's lock, the sled index, the journal writer,
+//! checkpoints and the removal of what readers no longer need.
+//!
+//! A `Store` handle reads through a [`crate::snapshot::Snapshot`] until its
+//! first write, then takes this role (as SQLite takes its write lock). All
+//! handles of one store in one process share one `Writer`, so re-opening a
+//! store in a notebook never conflicts with an earlier handle.
+
+use std::collections::{BTreeSet, HashSet};
+use std::fs::{self, File};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, SystemTime};
+
+use crate::checkpoint::run::{merge_runs, Run, RunValue, RunWriter};
+use crate::checkpoint::{self, CheckpointDoc, RunDoc, CHECKPOINT_DIR};
+use crate::error::{Error, Result};
+use crate::fsio;
+use crate::index::Index;
+use crate::journal::{self, JournalWriter, Position};
+
+use super::{INDEX_DIR, LOCK_FILE};
+
+/// A checkpoint is written at a flush once the journal has grown this much
+/// since the last one: readers replay at most about this much at open.
+pub const CHECKPOINT_TAIL_BYTES: u64 = 4 << 20;
+/// At most this many runs in a checkpoint; more are merged.
+const MAX_RUNS: usize = 12;
+/// How long superseded checkpoints and retired payloads are kept for
+/// readers on other machines (whose locks this machine cannot see), unless
+/// the store is told otherwise (`Store::set_retention`).
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(15 * 60);
+
+/// A payload file no longer referenced from `version` on.
+#[derive(Debug, Clone)]
+pub(crate) struct Retired {
+    /// The commit that dropped its last reference.
+    pub version: u64,
+    /// When that commit was made.
+    pub at: SystemTime,
+    /// The file, relative to the store root.
+    pub relpath: String,
+}
+
+/// The writer's mutable state, behind one mutex: writes are serialised.
+pub(crate) struct WriterState {
+    /// Payload files of records replaced or deleted since the last commit
+    /// (unlinked only after a commit and once no reader may see them,
+    /// invariants 2 and 3).
+    pub retiring: Vec<String>,
+    /// Payload files retired by a commit, waiting for readers and the
+    /// retention period.
+    pub retired: Vec<Retired>,
+    /// Appends every change to the record journal.
+    pub journal: JournalWriter,
+    /// `arrays/<xx>` directories whose entry in `arrays/` this session has
+    /// already fsynced.
+    pub durable_dirs: HashSet<PathBuf>,
+    /// The version of the last commit.
+    pub version: u64,
+    /// The journal position just after the last commit.
+    pub committed_pos: Position,
+    /// Keys changed since the last checkpoint.
+    pub dirty: BTreeSet<String>,
+    /// [`JournalWriter::appended`] at the last checkpoint.
+    pub checkpointed_bytes: u64,
+    /// The runs of the newest checkpoint, newest first; `None` when the
+    /// store has no checkpoint yet (the next one holds every record).
+    pub runs: Option<Vec<RunDoc>>,
+}
+
+/// The writer role of one store in this process.
+pub(crate) struct Writer {
+    pub root: PathBuf,
+    pub opener_pid: u32,
+    /// `Option` only so that a forked child can leak it (see `Drop`).
+    index: Option<Index>,
+    state: Mutex<WriterState>,
+    lock_file: Mutex<Option<File>>,
+}
+
+/// The writers of this process, by canonical store path.
+static WRITERS: Mutex<Vec<(PathBuf, Weak<Writer>)>> = Mutex::new(Vec::new());
+
+impl Writer {
+    pub(crate) fn index(&self) -> &Index {
+        self.index.as_ref().expect("present until drop")
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, WriterState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The writer of the store at `root` (which must exist with its
+    /// manifest): this process's, or a new one taking the store's lock.
+    ///
+    /// # Errors
+    /// [`Error::Locked`] naming the holder when another process writes,
+    /// [`Error::NoLocks`] on a file system without locks, [`Error::Corrupt`]
+    /// when the index is missing or behind the journal, I/O errors
+    /// (`EROFS`, `EACCES` when the store cannot be written).
+    pub(crate) fn acquire(root: &Path) -> Result<Arc<Writer>> {
+        let key = fs::canonicalize(root).map_err(Error::io(root))?;
+        let mut writers = WRITERS.lock().unwrap_or_else(|p| p.into_inner());
+        writers.retain(|(_, w)| w.strong_count() > 0);
+        if let Some(w) = writers
+            .iter()
+            .find(|(p, _)| *p == key)
+            .and_then(|(_, w)| w.upgrade())
+        {
+            if w.opener_pid == std::process::id() {
+                return Ok(w);
+            }
+        }
+        let writer = Arc::new(Self::take(root, None)?);
+        writers.push((key, Arc::downgrade(&writer)));
+        Ok(writer)
+    }
+
+    /// Registers a writer made while creating a store.
+    pub(crate) fn register(root: &Path, writer: Writer) -> Result<Arc<Writer>> {
+        let key = fs::canonicalize(root).map_err(Error::io(root))?;
+        let writer = Arc::new(writer);
+        let mut writers = WRITERS.lock().unwrap_or_else(|p| p.into_inner());
+        writers.retain(|(_, w)| w.strong_count() > 0);
+        writers.push((key, Arc::downgrade(&writer)));
+        Ok(writer)
+    }
+
+    /// Takes the lock, opens the index (`created`: the one just made) and
+    /// reads where the last checkpoint and commit are.
+    pub(crate) fn take(root: &Path, created: Option<(File, Index)>) -> Result<Writer> {
+        let (lock_file, index) = match created {
+            Some(made) => made,
+            None => {
+                let lock_file = lock(root)?;
+                let index_dir = root.join(INDEX_DIR);
+                if !index_dir.is_dir() {
+                    // Never recreate it silently: an empty index would make
+                    // gc() delete every payload.
+                    return Err(Error::corrupt(
+                        format!("store {}", root.display()),
+                        format!(
+                            "the index directory {} is missing; `lazyvault repair {}` rebuilds \
+                             it from the record journal",
+                            index_dir.display(),
+                            root.display()
+                        ),
+                    ));
+                }
+                (lock_file, Index::open(&index_dir)?)
+            }
+        };
+        let next_segment = super::Store::recover_journal(root, &index)?;
+        let base = match checkpoint::list(root)?.pop() {
+            Some((_, path)) => Some(checkpoint::read(&path)?),
+            None => None,
+        };
+        let from = base.as_ref().map_or((0, 0), CheckpointDoc::position);
+        let mut dirty = BTreeSet::new();
+        let tail = journal::read_committed(root, from, None, |key, _| {
+            dirty.insert(key);
+        })?;
+        let state = WriterState {
+            retiring: Vec::new(),
+            retired: Vec::new(),
+            journal: JournalWriter::new(root, next_segment),
+            durable_dirs: HashSet::new(),
+            version: base.as_ref().map_or(0, |b| b.version) + tail.commits,
+            committed_pos: tail.end,
+            dirty,
+            checkpointed_bytes: 0,
+            runs: base.map(|b| b.runs),
+        };
+        Ok(Writer {
+            root: root.to_owned(),
+            opener_pid: std::process::id(),
+            index: Some(index),
+            state: Mutex::new(state),
+            lock_file: Mutex::new(Some(lock_file)),
+        })
+    }
+
+    /// Makes every change so far durable (the journal first, one fsync,
+    /// then the index), commits, then removes the retired payloads no
+    /// reader may still see, and writes a checkpoint when the journal grew
+    /// past [`CHECKPOINT_TAIL_BYTES`] since the last.
+    pub(crate) fn flush(&self, w: &mut WriterState, retention: Duration) -> Result<()> {
+        let index = self.index();
+        // The journal first: after a power loss the index may lose what its
+        // flush reported durable, the journal may not.
+        w.journal.sync()?;
+        if index.io_failed() {
+            return Err(index.stuck_error());
+        }
+        index.flush()?;
+        // Only now are the changes acknowledged: say so in the journal.
+        if w.journal.commit()? {
+            w.version += 1;
+            w.committed_pos = w.journal.position().expect("just appended");
+            let now = SystemTime::now();
+            let version = w.version;
+            let retiring = std::mem::take(&mut w.retiring);
+            w.retired
+                .extend(retiring.into_iter().map(|relpath| Retired {
+                    version,
+                    at: now,
+                    relpath,
+                }));
+        }
+        if w.journal.appended() - w.checkpointed_bytes >= CHECKPOINT_TAIL_BYTES {
+            self.checkpoint(w, false, retention)?;
+        } else if !w.retired.is_empty() {
+            let retained = checkpoint::cleanup(&self.root, retention)?;
+            self.remove_retired(w, &retained, retention);
+        }
+        Ok(())
+    }
+
+    /// Unlinks the retired payloads that no reader on this machine may see
+    /// (`retained.oldest_pinned`) and that were retired more than
+    /// `retention` ago. Failures leave orphans that `gc()` removes.
+    fn remove_retired(
+        &self,
+        w: &mut WriterState,
+        retained: &checkpoint::Retained,
+        retention: Duration,
+    ) {
+        let now = SystemTime::now();
+        w.retired.retain(|r| {
+            let seen = retained.oldest_pinned.is_some_and(|c| c < r.version);
+            let young = now.duration_since(r.at).unwrap_or_default() < retention;
+            if seen || young {
+                return true;
+            }
+            let _ = fsio::remove_file(&self.root.join(&r.relpath));
+            false
+        });
+    }
+
+    /// Publishes a checkpoint of the last commit (the caller has flushed):
+    /// one new run with the keys changed since the last checkpoint (or,
+    /// with `full` or when there is none, one run of every record), runs of
+    /// similar size merged, then the checkpoint file. Then removes what no
+    /// reader needs any more.
+    pub(crate) fn checkpoint(
+        &self,
+        w: &mut WriterState,
+        full: bool,
+        retention: Duration,
+    ) -> Result<()> {
+        let index = self.index();
+        let dir = self.root.join(CHECKPOINT_DIR);
+        let nothing_new = w.dirty.is_empty() && w.runs.is_some();
+        if full || !nothing_new {
+            fsio::create_dir_all(&dir).map_err(Error::io(&dir))?;
+            let runs = match w.runs.clone() {
+                Some(old) if !full => {
+                    let mut run = RunWriter::create(&dir, &checkpoint::new_run_name())?;
+                    let written = (|| {
+                        for key in &w.dirty {
+                            match index.get(key)? {
+                                Some(record) => {
+                                    let pickle = index.get_pickle(key)?;
+                                    run.push(
+                                        key,
+                                        RunValue::Put {
+                                            record: &record,
+                                            pickle: pickle.as_deref(),
+                                        },
+                                    )?;
+                                }
+                                None => run.push(key, RunValue::Deleted)?,
+                            }
+                        }
+                        Ok(())
+                    })();
+                    if let Err(e) = written {
+                        run.abort();
+                        return Err(e);
+                    }
+                    let mut runs = vec![RunDoc::from_info(&run.finish()?)];
+                    runs.extend(old);
+                    merge_levels(&dir, runs)?
+                }
+                _ => vec![RunDoc::from_info(&write_full_run(index, &dir)?)],
+            };
+            fsio::sync_dir(&dir).map_err(Error::io(&dir))?;
+            let doc = CheckpointDoc::new(w.version, w.committed_pos, index.len()?, runs.clone());
+            checkpoint::write(&self.root, &doc)?;
+            w.runs = Some(runs);
+            w.dirty.clear();
+            w.checkpointed_bytes = w.journal.appended();
+        }
+        let retained = checkpoint::cleanup(&self.root, retention)?;
+        self.remove_retired(w, &retained, retention);
+        Ok(())
+    }
+
+    /// Flushes, publishes a checkpoint, and removes what it can: what
+    /// closing a handle does.
+    pub(crate) fn finish(&self, retention: Duration) -> Result<()> {
+        let mut w = self.lock();
+        self.flush(&mut w, retention)?;
+        self.checkpoint(&mut w, false, retention)
+    }
+
+    /// Releases the index and the lock (the last handle closing).
+    pub(crate) fn shutdown(mut self) -> Result<()> {
+        let index = self.index.take();
+        let mut closed = Ok(());
+        match index {
+            Some(index) if index.io_failed() => {
+                // After a failed write, dropping sled's Db (which flushes)
+                // can block forever: drop it in a thread and stop waiting.
+                let (done, wait) = std::sync::mpsc::channel();
+                std::thread::spawn(move || {
+                    drop(index);
+                    let _ = done.send(());
+                });
+                if wait.recv_timeout(STUCK_CLOSE_WAIT).is_err() {
+                    closed = Err(Error::Index(
+                        "sled did not shut down after its failed write; its files stay locked \
+                         until this process exits (everything flushed before is safe)"
+                            .into(),
+                    ));
+                }
+            }
+            other => drop(other), // drops sled's Db: its file lock goes with it
+        }
+        if let Some(file) = self
+            .lock_file
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            let _ = file.set_len(0);
+        }
+        closed
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        if std::process::id() != self.opener_pid {
+            // A forked child: dropping sled's Db would flush and wait forever
+            // for a flusher thread fork() did not copy. Leak it; the parent
+            // still owns the files and the lock.
+            if let Some(index) = self.index.take() {
+                std::mem::forget(index);
+            }
+        }
+    }
+}
+
+/// How long `close()` waits for sled to shut down after it failed to write.
+const STUCK_CLOSE_WAIT: Duration = Duration::from_secs(5);
+
+/// One run of every record of `index` (a first checkpoint, or `gc()`).
+pub(crate) fn write_full_run(index: &Index, dir: &Path) -> Result<checkpoint::run::RunInfo> {
+    let mut run = RunWriter::create(dir, &checkpoint::new_run_name())?;
+    let written = index.scan(|key, record| {
+        let pickle = index.get_pickle(key)?;
+        run.push(
+            key,
+            RunValue::Put {
+                record,
+                pickle: pickle.as_deref(),
+            },
+        )
+    });
+    match written {
+        Ok(()) => run.finish(),
+        Err(e) => {
+            run.abort();
+            Err(e)
+        }
+    }
+}
+
+/// Merges the newest run into the next while it is at least half that
+/// one's size, or while there are more than [`MAX_RUNS`]: run sizes then
+/// grow geometrically, so each record is rewritten O(log n) times and a
+/// checkpoint after a small change writes a small run.
+fn merge_levels(dir: &Path, mut runs: Vec<RunDoc>) -> Result<Vec<RunDoc>> {
+    while runs.len() >= 2 && (runs[0].bytes * 2 >= runs[1].bytes || runs.len() > MAX_RUNS) {
+        let newer = Run::open(&dir.join(&runs[0].file))?;
+        let older = Run::open(&dir.join(&runs[1].file))?;
+        // Deletions only matter while an older run may still hold the key.
+        let bottom = runs.len() == 2;
+        let merged = merge_runs(&[&newer, &older], bottom, dir, &checkpoint::new_run_name())?;
+        runs.splice(0..2, [RunDoc::from_info(&merged)]);
+    }
+    Ok(runs)
+}
+
+/// Takes the store's exclusive lock (`flock`) and writes our PID into the
+/// lock file, so a second would-be writer can name the holder.
+pub(crate) fn lock(root: &Path) -> Result<File> {
+    let path = root.join(LOCK_FILE);
+    let mut file = File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(Error::io(&path))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(fs::TryLockError::WouldBlock) => {
+            let mut text = String::new();
+            let _ = file.read_to_string(&mut text);
+            let pid = text.trim().parse::<u32>().ok();
+            let holder = match pid {
+                Some(p) if p == std::process::id() => format!(
+                    "this process (PID {p}), through a store handle opened before a fork() \
+                     or by `repair`"
+                ),
+                Some(p) => format!("process {p}"),
+                None => "another process".to_owned(),
+            };
+            return Err(Error::Locked {
+                path: root.to_owned(),
+                holder,
+                pid,
+            });
+        }
+        Err(fs::TryLockError::Error(e))
+            if e.raw_os_error() == Some(checkpoint::libc_errno::ENOLCK) =>
+        {
+            return Err(Error::NoLocks(path));
+        }
+        Err(fs::TryLockError::Error(e)) => return Err(Error::io(&path)(e)),
+    }
+    // Overwrite in place, then cut: a reader never sees an empty file.
+    let text = format!("{}\n", std::process::id());
+    file.seek(SeekFrom::Start(0))
+        .and_then(|_| file.write_all(text.as_bytes()))
+        .and_then(|_| file.set_len(text.len() as u64))
+        .map_err(Error::io(&path))?;
+    Ok(file)
+}
+
+/// The retention a store gets unless told otherwise: [`DEFAULT_RETENTION`]
+/// on a network file system, where readers on other machines hold no lock
+/// this machine can see; zero on a local one, where every reader's lock is
+/// visible (a local disk exported over NFS needs an explicit retention).
+pub(crate) fn default_retention(root: &Path) -> Duration {
+    if is_network_fs(root) {
+        DEFAULT_RETENTION
+    } else {
+        Duration::ZERO
+    }
+}
+
+/// Whether `root` is on a file system other machines may mount (NFS, SMB,
+/// Lustre, GPFS, CephFS, BeeGFS, 9p, FUSE): by `statfs(2)`'s `f_type`.
+#[cfg(target_os = "linux")]
+fn is_network_fs(root: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    const NETWORK: [i64; 10] = [
+        0x6969,      // NFS
+        0x517b,      // SMB
+        0xff53_4d42, // CIFS
+        0xfe53_4d42, // SMB2
+        0x0bd0_0bd0, // Lustre
+        0x4750_4653, // GPFS
+        0x00c3_6400, // CephFS
+        0x1983_0326, // BeeGFS
+        0x0102_1997, // 9p
+        0x6573_5546, // FUSE (sshfs, s3fs, ...)
+    ];
+    let Ok(path) = std::ffi::CString::new(root.as_os_str().as_bytes()) else {
+        return true;
+    };
+    // SAFETY: statfs writes into the zeroed struct we own; path is a valid
+    // NUL-terminated string.
+    let mut buf: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(path.as_ptr(), &mut buf) } != 0 {
+        return true; // unknown: protect remote readers
+    }
+    NETWORK.contains(&(buf.f_type as i64))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn is_network_fs(_root: &Path) -> bool {
+    true
+}

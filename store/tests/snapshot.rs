@@ -1,0 +1,344 @@
+//! Readers beside a writer: snapshots, refresh, versions, checkpoints,
+//! pins and retention (FORMAT.md, "Checkpoints" and "Reading beside a
+//! writer"). Several processes are tested from Python (tests/test_readers.py).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use lazyvault_store::{map_payload, ArraySource, Error, Mode, Store, CHECKPOINT_DIR};
+use serde_json::{json, Map, Value};
+
+fn meta(v: Value) -> Map<String, Value> {
+    v.as_object().unwrap().clone()
+}
+
+fn array(bytes: &[u8]) -> ArraySource<'_> {
+    ArraySource {
+        name: "x".into(),
+        descr: "'|u1'".into(),
+        dtype: "uint8".into(),
+        shape: vec![bytes.len() as u64],
+        fortran_order: false,
+        data: bytes,
+        pickled: false,
+    }
+}
+
+fn put(store: &Store, key: &str, v: i64) {
+    let data = vec![v as u8; 100];
+    store
+        .put(
+            key,
+            meta(json!({ "v": v })),
+            Value::Null,
+            &[array(&data)],
+            None,
+        )
+        .unwrap();
+}
+
+fn values(store: &Store) -> BTreeMap<String, i64> {
+    store
+        .keys()
+        .unwrap()
+        .into_iter()
+        .map(|k| {
+            let v = store.get(&k).unwrap().unwrap().meta["v"].as_i64().unwrap();
+            (k, v)
+        })
+        .collect()
+}
+
+/// Every file under `root` with its length and modification time.
+fn listing(root: &Path) -> BTreeMap<PathBuf, (u64, std::time::SystemTime)> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_owned()];
+    while let Some(dir) = stack.pop() {
+        for e in fs::read_dir(&dir).unwrap() {
+            let e = e.unwrap();
+            let m = e.metadata().unwrap();
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+            out.insert(e.path(), (m.len(), m.modified().unwrap()));
+        }
+    }
+    out
+}
+
+fn new_store(dir: &Path) -> PathBuf {
+    let path = dir.join("s.lv");
+    let store = Store::open(&path, Mode::Create).unwrap();
+    for i in 0..20 {
+        put(&store, &format!("k{i:02}"), i);
+    }
+    store.close().unwrap();
+    path
+}
+
+#[test]
+fn a_reader_sees_the_last_commit_and_moves_only_on_refresh() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = new_store(dir.path());
+    let writer = Store::open(&path, Mode::Append).unwrap();
+    let reader = Store::open(&path, Mode::ReadOnly).unwrap();
+    let v0 = reader.version().unwrap();
+    assert_eq!(reader.len().unwrap(), 20);
+
+    put(&writer, "k00", 100);
+    put(&writer, "new", 1);
+    assert!(writer.delete("k01").unwrap());
+    // The writer sees its own changes at once; a reader never before a flush.
+    assert_eq!(writer.len().unwrap(), 20);
+    assert_eq!(reader.refresh().unwrap(), v0);
+    assert_eq!(values(&reader)["k00"], 0);
+    assert!(reader.contains("k01").unwrap());
+
+    writer.flush().unwrap();
+    // The snapshot does not move by itself.
+    assert_eq!(reader.version().unwrap(), v0);
+    assert_eq!(values(&reader)["k00"], 0);
+    assert_eq!(reader.refresh().unwrap(), v0 + 1);
+    let now = values(&reader);
+    assert_eq!(now["k00"], 100);
+    assert_eq!(now["new"], 1);
+    assert!(!now.contains_key("k01"));
+    assert_eq!(reader.len().unwrap(), 20);
+    assert_eq!(now, values(&writer));
+    // A flush without changes makes no new version.
+    writer.flush().unwrap();
+    assert_eq!(reader.refresh().unwrap(), v0 + 1);
+    writer.close().unwrap();
+    // close() wrote a checkpoint: a new reader opens from it, same records.
+    let fresh = Store::open(&path, Mode::ReadOnly).unwrap();
+    assert_eq!(fresh.version().unwrap(), v0 + 1);
+    assert_eq!(values(&fresh), now);
+}
+
+#[test]
+fn opening_and_reading_changes_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = new_store(dir.path());
+    let before = listing(&path);
+    for mode in [Mode::ReadOnly, Mode::Append] {
+        let store = Store::open(&path, mode).unwrap();
+        assert_eq!(store.len().unwrap(), 20);
+        assert_eq!(
+            store
+                .find(&lazyvault_store::query::Query::parse("v > 10").unwrap())
+                .unwrap()
+                .len(),
+            9
+        );
+        assert!(store.verify().unwrap().is_ok());
+        store.refresh().unwrap();
+        store.flush().unwrap();
+        store.close().unwrap();
+    }
+    assert_eq!(listing(&path), before);
+}
+
+#[test]
+fn a_readers_arrays_stay_while_the_writer_overwrites_deletes_and_collects() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = new_store(dir.path());
+    let reader = Store::open(&path, Mode::ReadOnly).unwrap();
+    let old = reader.get("k05").unwrap().unwrap();
+    let writer = Store::open(&path, Mode::Append).unwrap();
+    writer.set_retention(Duration::ZERO);
+    for i in 0..20 {
+        put(&writer, &format!("k{i:02}"), 1000 + i);
+    }
+    writer.delete("k06").unwrap();
+    writer.flush().unwrap();
+    writer.gc().unwrap();
+    writer.close().unwrap();
+    // The reader's pin kept every payload of its snapshot.
+    let mapped = map_payload(&path, &old.arrays["x"]).unwrap();
+    assert_eq!(mapped.as_bytes(), &[5u8; 100][..]);
+    for key in reader.keys().unwrap() {
+        let rec = reader.get(&key).unwrap().unwrap();
+        let v = rec.meta["v"].as_i64().unwrap() as u8;
+        assert_eq!(
+            map_payload(&path, &rec.arrays["x"]).unwrap().as_bytes(),
+            &[v; 100][..]
+        );
+    }
+    assert!(reader.verify().unwrap().is_ok());
+    // Once the reader moves on, a writer's gc removes what only it held.
+    reader.refresh().unwrap();
+    assert!(!reader.contains("k06").unwrap());
+    let writer = Store::open(&path, Mode::Append).unwrap();
+    writer.set_retention(Duration::ZERO);
+    let gc = writer.gc().unwrap();
+    assert!(gc.removed_files >= 21, "{gc:?}");
+    assert!(matches!(
+        map_payload(&path, &old.arrays["x"]),
+        Err(Error::Corrupt { .. }) | Err(Error::Io { .. })
+    ));
+}
+
+#[test]
+fn retention_keeps_retired_payloads_for_readers_on_other_machines() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = new_store(dir.path());
+    let old = Store::open(&path, Mode::ReadOnly)
+        .unwrap()
+        .get("k03")
+        .unwrap()
+        .unwrap();
+    let file = path.join(old.arrays["x"].relpath());
+    let writer = Store::open(&path, Mode::Append).unwrap();
+    writer.set_retention(Duration::from_secs(3600));
+    put(&writer, "k03", 33);
+    writer.flush().unwrap();
+    writer.gc().unwrap();
+    writer.close().unwrap();
+    assert!(file.exists(), "removed within the retention period");
+    assert!(Store::open(&path, Mode::ReadOnly)
+        .unwrap()
+        .verify()
+        .unwrap()
+        .orphans
+        .is_empty());
+    let writer = Store::open(&path, Mode::Append).unwrap();
+    writer.set_retention(Duration::ZERO);
+    writer.gc().unwrap();
+    assert!(!file.exists(), "kept past the retention period");
+}
+
+#[test]
+fn a_version_opens_as_it_was_while_its_checkpoint_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = new_store(dir.path());
+    let writer = Store::open(&path, Mode::Append).unwrap();
+    let pinned = Store::open(&path, Mode::ReadOnly).unwrap();
+    let v = pinned.version().unwrap();
+    put(&writer, "k00", 7);
+    writer.flush().unwrap();
+    put(&writer, "k00", 8);
+    writer.flush().unwrap();
+    let at = Store::open_at(&path, v).unwrap();
+    assert_eq!(values(&at)["k00"], 0);
+    let at1 = Store::open_at(&path, v + 1).unwrap();
+    assert_eq!(values(&at1)["k00"], 7);
+    assert_eq!(at1.version().unwrap(), v + 1);
+    assert!(matches!(
+        Store::open_at(&path, v + 5),
+        Err(Error::Corrupt { .. })
+    ));
+    assert!(matches!(
+        at.put("x", Map::new(), Value::Null, &[], None),
+        Err(Error::ReadOnly)
+    ));
+}
+
+#[test]
+fn handles_of_one_process_share_the_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = new_store(dir.path());
+    let a = Store::open(&path, Mode::Append).unwrap();
+    let b = Store::open(&path, Mode::Append).unwrap();
+    put(&a, "from-a", 1);
+    put(&b, "from-b", 2);
+    assert!(a.is_writer() && b.is_writer());
+    // b writes through the same index: it sees a's change at once.
+    assert!(b.contains("from-a").unwrap());
+    a.close().unwrap();
+    put(&b, "after", 3);
+    b.close().unwrap();
+    let r = Store::open(&path, Mode::ReadOnly).unwrap();
+    for k in ["from-a", "from-b", "after"] {
+        assert!(r.contains(k).unwrap(), "{k}");
+    }
+}
+
+#[test]
+fn closing_after_a_small_change_writes_a_small_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.lv");
+    let store = Store::open(&path, Mode::Create).unwrap();
+    for i in 0..2000 {
+        put(&store, &format!("k{i:05}"), i);
+    }
+    store.close().unwrap();
+    let runs = |path: &Path| -> u64 {
+        fs::read_dir(path.join(CHECKPOINT_DIR))
+            .unwrap()
+            .map(|e| e.unwrap())
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".run"))
+            .map(|e| e.metadata().unwrap().len())
+            .sum()
+    };
+    let full = runs(&path);
+    assert!(full > 2000 * 100, "{full}");
+    for round in 0..5 {
+        let store = Store::open(&path, Mode::Append).unwrap();
+        put(&store, "k00010", 10 + round);
+        let before = runs(&path);
+        store.close().unwrap();
+        let written = runs(&path).saturating_sub(before);
+        // A few hundred bytes, not the 2,000 records again.
+        assert!(written < full / 10, "round {round}: {written} of {full}");
+    }
+    let r = Store::open(&path, Mode::ReadOnly).unwrap();
+    assert_eq!(r.len().unwrap(), 2000);
+    assert_eq!(values(&r)["k00010"], 14);
+}
+
+#[test]
+fn many_checkpoints_merge_into_few_runs_with_the_same_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.lv");
+    let mut model = BTreeMap::new();
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    for round in 0..40 {
+        let store = Store::open(&path, Mode::Append).unwrap();
+        store.set_retention(Duration::ZERO);
+        for _ in 0..5 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let key = format!("k{:02}", seed % 60);
+            if seed.is_multiple_of(5) {
+                store.delete(&key).unwrap();
+                model.remove(&key);
+            } else {
+                put(&store, &key, round);
+                model.insert(key, round);
+            }
+        }
+        store.close().unwrap();
+        let r = Store::open(&path, Mode::ReadOnly).unwrap();
+        assert_eq!(values(&r), model, "round {round}");
+        assert_eq!(r.len().unwrap(), model.len() as u64);
+    }
+    let runs = fs::read_dir(path.join(CHECKPOINT_DIR))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".run")
+        })
+        .count();
+    assert!(runs <= 12, "{runs} runs");
+}
+
+#[test]
+fn a_reader_reads_a_store_whose_writer_never_closed() {
+    // No checkpoint at all: the whole committed journal is replayed.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.lv");
+    let writer = Store::open(&path, Mode::Create).unwrap();
+    put(&writer, "a", 1);
+    writer.flush().unwrap();
+    put(&writer, "b", 2); // not flushed: invisible
+    let reader = Store::open(&path, Mode::ReadOnly).unwrap();
+    assert_eq!(values(&reader), BTreeMap::from([("a".to_owned(), 1)]));
+    assert_eq!(reader.version().unwrap(), 1);
+    std::mem::forget(writer); // as if killed: no close, no checkpoint
+}
