@@ -341,13 +341,12 @@ pub(crate) fn read_committed(
         }
         let start = if number == from.0 { from.1 } else { 0 };
         let Some(bytes) = segment_bytes_from(&path, number, start)? else {
-            if number == from.0 {
-                return Err(Error::corrupt(
-                    format!("journal {}", path.display()),
-                    "removed since this snapshot's checkpoint was written",
-                ));
-            }
-            continue;
+            // Removed while we read (a gc() that wrote a newer checkpoint):
+            // what we have is no longer one state; the caller starts over.
+            return Err(Error::corrupt(
+                format!("journal {}", path.display()),
+                "removed while it was being read (a newer checkpoint replaces it)",
+            ));
         };
         let base = start.max(SEGMENT_HEADER_LEN);
         let mut pending: Vec<Entry> = Vec::new();

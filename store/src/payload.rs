@@ -494,7 +494,9 @@ fn open_existing(path: &Path) -> Result<File> {
         if e.kind() == std::io::ErrorKind::NotFound {
             Error::corrupt(
                 format!("payload {}", path.display()),
-                "file is missing (deleted, or the record was overwritten since it was read)",
+                "file is missing: the record was overwritten or deleted since it was read, and no \
+                 snapshot keeps it any more; call store.refresh() (a reader) and take store[key] \
+                 again",
             )
         } else {
             Error::Io {

@@ -267,7 +267,8 @@ impl Store {
         if removed_any {
             payload::sync_dir(&self.root.join(JOURNAL_DIR))?;
         }
-        let kept = state.journal.appended();
+        // The compacted segment holds every record up to its commit.
+        let kept = state.committed_pos.1;
         report.journal_bytes_freed = freed.saturating_sub(kept);
         let mut live = Self::referenced(index)?;
         live.extend(retained_ids(&self.root)?);
