@@ -198,6 +198,29 @@ pub(crate) fn sync_fs(dir: &File, path: &Path) -> io::Result<()> {
     }
 }
 
+/// Bytes an unprivileged process may still write on the file system
+/// holding `dir` (`statvfs(2)`: `f_bavail * f_frsize`).
+#[cfg(target_os = "linux")]
+pub(crate) fn free_space(dir: &Path) -> io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    fault::check("statvfs", dir)?;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: statvfs writes into the zeroed struct we own; path is a valid
+    // NUL-terminated string.
+    let mut buf: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut buf) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((buf.f_bavail as u64).saturating_mul(buf.f_frsize as u64))
+}
+
+/// Unknown elsewhere: no check.
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn free_space(_dir: &Path) -> io::Result<u64> {
+    Ok(u64::MAX)
+}
+
 /// Renames `from` to `to` atomically (replacing `to` if present).
 pub(crate) fn rename(from: &Path, to: &Path) -> io::Result<()> {
     fault::check("rename", to)?;

@@ -849,6 +849,12 @@ impl Store {
         if index.io_failed() {
             return Err(index.stuck_error());
         }
+        let payload: u64 = records
+            .iter()
+            .flat_map(|r| r.arrays.iter())
+            .map(|a| a.data.len() as u64 + 4096)
+            .sum();
+        w.check_space_for(records.len(), payload)?;
         let mut state = w.lock();
         let records = records.into_iter().map(|r| (r, IndexMap::new())).collect();
         self.put_locked(index, &mut state, records)
@@ -873,6 +879,8 @@ impl Store {
         if index.io_failed() {
             return Err(index.stuck_error());
         }
+        let payload: u64 = arrays.iter().map(|a| a.data.len() as u64 + 4096).sum();
+        w.check_space_for(1, payload)?;
         // Read under the writer lock: no put can retire these payloads
         // between this read and the new record.
         let mut state = w.lock();
@@ -1098,6 +1106,7 @@ impl Store {
         if index.io_failed() {
             return Err(index.stuck_error());
         }
+        w.check_space_for(1, 0)?;
         let mut writer = w.lock();
         if !index.contains(key)? {
             return Ok(false);
@@ -1248,6 +1257,8 @@ impl Store {
         let segs = crate::secondary::parse_field(field).map_err(Error::InvalidField)?;
         let (_view, w) = self.writer()?;
         let index = w.index();
+        // Its entries: about a key and a value per record.
+        w.check_space_for(0, index.len()?.saturating_mul(256))?;
         let _writer = w.lock();
         if index.indexes().iter().any(|n| n == field) {
             return Ok(());

@@ -254,6 +254,7 @@ const OP_NAMES: &[&str] = &[
     "truncate",
     "index",
     "index-flush",
+    "statvfs",
 ];
 
 /// Fails each operation of `op` in turn (the 1st, 2nd, ... of each kind);

@@ -234,6 +234,13 @@ impl Store {
         }
         let (_view, w) = self.writer()?;
         let retention = self.retention();
+        // The compacted journal and a full checkpoint: about twice the
+        // journal written anew before the old one goes.
+        let journal: u64 = journal::segments(&self.root)?
+            .iter()
+            .map(|(_, p)| fs::metadata(p).map_or(0, |m| m.len()))
+            .sum();
+        w.check_space(journal.saturating_mul(2))?;
         let mut state = w.lock();
         w.flush(&mut state, retention)?;
         let index = w.index();

@@ -32,6 +32,15 @@ const MAX_RUNS: usize = 12;
 /// the store is told otherwise (`Store::set_retention`).
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(15 * 60);
 
+/// Free space a write must leave on the store's file system, so that the
+/// index (sled), the journal and a checkpoint can always finish what was
+/// admitted: sled 0.34 does not recover from a failed write in the same
+/// session, so a write is refused before it could fail there.
+pub const FREE_SPACE_MARGIN: u64 = 1 << 20;
+/// What a record's metadata is assumed to cost in the journal, the index
+/// and a checkpoint run, for the free-space check.
+const RECORD_ESTIMATE: u64 = 3 * 4096;
+
 /// A payload file no longer referenced from `version` on.
 #[derive(Debug, Clone)]
 pub(crate) struct Retired {
@@ -182,6 +191,37 @@ impl Writer {
         })
     }
 
+    /// Refuses a write of about `bytes` (payloads and records) when it
+    /// would leave less than [`FREE_SPACE_MARGIN`] free.
+    ///
+    /// # Errors
+    /// [`Error::Io`] with `ENOSPC` saying how much is free and needed.
+    pub(crate) fn check_space(&self, bytes: u64) -> Result<()> {
+        let free = fsio::free_space(&self.root).map_err(Error::io(&self.root))?;
+        let needed = bytes.saturating_add(FREE_SPACE_MARGIN);
+        if free >= needed {
+            return Ok(());
+        }
+        Err(Error::Io {
+            path: self.root.clone(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::StorageFull,
+                format!(
+                    "not enough free space: {free} bytes free, this write needs about {bytes} \
+                     plus {FREE_SPACE_MARGIN} kept free so the index and the journal can always \
+                     finish; nothing was written (free some space and retry; the store stays \
+                     usable)"
+                ),
+            ),
+        })
+    }
+
+    /// [`Writer::check_space`] for `records` records holding `payload`
+    /// bytes of arrays.
+    pub(crate) fn check_space_for(&self, records: usize, payload: u64) -> Result<()> {
+        self.check_space(payload.saturating_add(records as u64 * RECORD_ESTIMATE))
+    }
+
     /// Makes every change so far durable (the journal first, one fsync,
     /// then the index), commits, then removes the retired payloads no
     /// reader may still see, and writes a checkpoint when the journal grew
@@ -209,8 +249,11 @@ impl Writer {
                     relpath,
                 }));
         }
-        if w.journal.appended() - w.checkpointed_bytes >= CHECKPOINT_TAIL_BYTES {
-            self.checkpoint(w, false, retention)?;
+        let tail = w.journal.appended() - w.checkpointed_bytes;
+        // The changes are committed: a checkpoint that cannot be written
+        // now (no space) is retried at the next flush or close.
+        if tail >= CHECKPOINT_TAIL_BYTES && self.check_space(tail).is_ok() {
+            let _ = self.checkpoint(w, false, retention);
         } else if !w.retired.is_empty() {
             let retained = checkpoint::cleanup(&self.root, retention)?;
             self.remove_retired(w, &retained, retention);
