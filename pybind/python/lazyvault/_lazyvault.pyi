@@ -81,15 +81,38 @@ def check_query(expr: str) -> None:
 
 @final
 class StoreCore:
-    """An open store: the sled index and the writer lock."""
+    """An open store: a reader's snapshot (the newest checkpoint plus the
+    committed journal after it; no lock) until its first write, then the
+    writer role (the sled index and the store's lock), shared by every
+    handle of the store in this process."""
 
-    def __new__(cls, path: str | PathLike[str], mode: str) -> StoreCore: ...
+    def __new__(
+        cls, path: str | PathLike[str], mode: str, version: int | None = None
+    ) -> StoreCore:
+        """Opens ``path`` with ``mode`` ``"r"``, ``"a"`` or ``"w"``; with
+        ``version`` (mode ``"r"`` only), as of that commit. Raises
+        ``ValueError`` for a bad mode, ``CorruptError`` for a version no
+        longer kept."""
     @property
     def root(self) -> str: ...
     @property
     def mode(self) -> str: ...
     @property
     def closed(self) -> bool: ...
+    @property
+    def version(self) -> int:
+        """Commits since the store was created, as this handle shows them."""
+    def refresh(self) -> int:
+        """Moves a reader to the latest commit; returns the new version."""
+    @property
+    def is_writer(self) -> bool:
+        """Whether this handle holds the writer role."""
+    @property
+    def retention(self) -> float:
+        """Seconds superseded data is kept for readers on other machines;
+        settable (``ValueError`` for a negative or non-finite number)."""
+    @retention.setter
+    def retention(self, seconds: float) -> None: ...
     def put(
         self,
         key: str,
@@ -150,7 +173,8 @@ class StoreCore:
         the check."""
     @staticmethod
     def repair(path: str | PathLike[str]) -> dict[str, Any]:
-        """Rebuilds the index from the record sidecars (see ``Store.repair``)."""
+        """Rebuilds the index from the record journal, then writes a new
+        checkpoint (see ``Store.repair``)."""
 
 @final
 class ArchiveCore:

@@ -249,7 +249,7 @@ impl Writer {
                     relpath,
                 }));
         }
-        let tail = w.journal.appended() - w.checkpointed_bytes;
+        let tail = w.journal.appended().saturating_sub(w.checkpointed_bytes);
         // The changes are committed: a checkpoint that cannot be written
         // now (no space) is retried at the next flush or close.
         if tail >= CHECKPOINT_TAIL_BYTES && self.check_space(tail).is_ok() {
