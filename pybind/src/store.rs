@@ -79,6 +79,11 @@ impl StoreCore {
         py.detach(|| self.inner.refresh()).py_err()
     }
 
+    /// Takes the writer role now (`Store::begin_write`).
+    fn begin_write(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.inner.begin_write()).py_err()
+    }
+
     /// Whether this handle holds the writer role.
     #[getter]
     fn is_writer(&self) -> bool {

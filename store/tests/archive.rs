@@ -337,9 +337,10 @@ fn hostile_member_names_and_foreign_zips_are_refused() {
     let err = ArchiveIndex::parse(&bytes, "missing").unwrap_err();
     assert!(err.to_string().contains("is missing"), "{err}");
     // a newer major version
-    let newer = String::from_utf8(manifest.clone())
-        .unwrap()
-        .replace("\"1.1\"", "\"2.0\"");
+    let newer = String::from_utf8(manifest.clone()).unwrap().replace(
+        &format!("\"{}\"", lazyvault_store::schema::FORMAT_VERSION),
+        "\"2.0\"",
+    );
     let bytes = zip_with(&[
         (MANIFEST_MEMBER, newer.as_bytes(), stored),
         (RECORDS_MEMBER, b"", stored),

@@ -104,6 +104,8 @@ class StoreCore:
         """Commits since the store was created, as this handle shows them."""
     def refresh(self) -> int:
         """Moves a reader to the latest commit; returns the new version."""
+    def begin_write(self) -> None:
+        """Takes the writer role now rather than at the first write."""
     @property
     def is_writer(self) -> bool:
         """Whether this handle holds the writer role."""

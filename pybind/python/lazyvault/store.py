@@ -246,6 +246,18 @@ class Store(MutableMapping[str, Record]):
         ``store[key]`` again."""
         return self._core.refresh()
 
+    def begin_write(self) -> None:
+        """Takes the writer role now rather than at the first write (as
+        SQLite's ``BEGIN IMMEDIATE``): the handle then shows the latest
+        state, and a crashed writer's leftovers are recovered.
+
+        Raises :class:`ReadOnlyError` in mode ``"r"``,
+        :class:`StoreLockedError` (naming the PID) while another process
+        writes, :class:`CorruptError` when the index needs ``repair``,
+        :class:`StorageError` when the store cannot be written (``EROFS``,
+        ``EACCES``; ``ENOLCK`` on a file system without locks)."""
+        self._core.begin_write()
+
     @property
     def is_writer(self) -> bool:
         """Whether this handle holds the writer role (it has written)."""

@@ -1,0 +1,112 @@
+"""A reader's pin on its checkpoint: it keeps the payloads of its snapshot
+while it lives, and a reader killed with SIGKILL leaves no retention behind
+(the kernel drops its lock with the process)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import lazyvault as lv
+
+_READER = """
+import sys, time, lazyvault as lv
+store = lv.Store.open(sys.argv[1], mode="r")
+rec = store["k"]
+print(store.version, flush=True)
+time.sleep(120)
+"""
+
+
+def _payload_of(store: lv.Store, key: str) -> Path:
+    entry = store[key]._record["arrays"]["a"]
+    return Path(store.path) / "arrays" / entry["id"][:2] / f"{entry['id']}.npy"
+
+
+def _start_reader(path: Path) -> subprocess.Popen[str]:
+    reader = subprocess.Popen(
+        [sys.executable, "-c", _READER, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    assert reader.stdout is not None
+    assert reader.stdout.readline().strip().isdigit()  # pinned its snapshot
+    return reader
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    p = tmp_path / "s.lv"
+    with lv.Store.open(p) as store:
+        store["k"] = {"a": np.arange(1000)}
+    return p
+
+
+def test_a_live_reader_keeps_its_payloads_and_a_killed_one_keeps_nothing(path: Path) -> None:
+    with lv.Store.open(path, mode="r") as probe:
+        old = _payload_of(probe, "k")
+    reader = _start_reader(path)
+    try:
+        with lv.Store.open(path, retention=0) as writer:
+            assert writer.retention == 0
+            writer["k"] = {"a": np.arange(1000) + 1}
+            writer.flush()
+            writer.gc()
+            # the other process still reads the old version: its file stays
+            assert old.exists()
+            reader.send_signal(signal.SIGKILL)
+            reader.wait(timeout=30)
+            # its lock died with it: the next flush or gc may remove the file
+            writer["k2"] = {"a": np.arange(3)}
+            writer.flush()
+            writer.gc()
+            assert not old.exists()
+            assert writer.verify()["orphans"] == []
+    finally:
+        if reader.poll() is None:
+            reader.kill()
+            reader.wait()
+    with lv.Store.open(path, mode="r") as store:
+        assert store["k"].a.tolist() == list(range(1, 1001))
+
+
+def test_retention_keeps_files_for_readers_on_other_machines(path: Path) -> None:
+    with lv.Store.open(path, mode="r") as probe:
+        old = _payload_of(probe, "k")
+    with lv.Store.open(path, retention=3600) as writer:
+        assert writer.retention == 3600
+        writer["k"] = {"a": np.arange(5)}
+        writer.flush()
+        writer.gc()
+        assert old.exists()  # no local reader, but within the retention
+        # what is kept for readers is not an orphan
+        assert writer.verify()["orphans"] == []
+    with lv.Store.open(path, retention=0) as writer:
+        writer.gc()
+        assert not old.exists()
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), float("inf")])
+def test_a_bad_retention_is_refused(path: Path, bad: float) -> None:
+    with pytest.raises(ValueError, match="retention"):
+        lv.Store.open(path, retention=bad)
+
+
+@pytest.mark.parametrize("bad", ["60", True, None])
+def test_a_retention_that_is_not_a_number_is_a_type_error(path: Path, bad: object) -> None:
+    if bad is None:
+        assert lv.Store.open(path, retention=None).retention == 0  # the local default
+        return
+    with pytest.raises(TypeError, match="retention"):
+        lv.Store.open(path, retention=bad)  # type: ignore[arg-type]
+
+
+def test_the_local_default_retention_is_zero(path: Path) -> None:
+    # tmp_path is on a local file system here: every reader's lock is seen
+    if os.path.exists("/proc/mounts"):
+        with lv.Store.open(path) as store:
+            assert store.retention == 0
