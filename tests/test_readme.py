@@ -62,3 +62,31 @@ def test_looking_around_example_runs(tmp_path: Path) -> None:
         assert proc.stdout.splitlines()[0] == expected
     finally:
         os.chdir(cwd)
+
+
+def test_sharing_a_store_example_runs(tmp_path: Path) -> None:
+    """The "Sharing a store" block runs and shows what its comments say."""
+    text = README.read_text()
+    section = text.split("## Sharing a store", 1)[1]
+    (block,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)[:1]
+    import lazyvault as lv
+
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        namespace: dict[str, object] = {"lv": lv}
+        lines = block.splitlines()
+        shown = {}
+        for i, line in enumerate(lines):
+            code, _, comment = line.partition("#")
+            exec(compile(code, "README.md", "exec"), namespace)
+            expr = code.strip()
+            if comment.strip()[:1].isdigit() and not expr.startswith(("writer", "reader =")):
+                shown[i] = (expr, int(comment.split(":")[0].strip()), eval(expr, namespace))
+    finally:
+        os.chdir(cwd)
+    assert shown, "the block shows no values"
+    for expr, said, got in shown.values():
+        assert got == said, f"{expr} gives {got}, the README says {said}"
+    namespace["writer"].close()  # type: ignore[attr-defined]
+    namespace["reader"].close()  # type: ignore[attr-defined]
