@@ -86,9 +86,7 @@ class StoreCore:
     writer role (the sled index and the store's lock), shared by every
     handle of the store in this process."""
 
-    def __new__(
-        cls, path: str | PathLike[str], mode: str, version: int | None = None
-    ) -> StoreCore:
+    def __new__(cls, path: str | PathLike[str], mode: str, version: int | None = None) -> StoreCore:
         """Opens ``path`` with ``mode`` ``"r"``, ``"a"`` or ``"w"``; with
         ``version`` (mode ``"r"`` only), as of that commit. Raises
         ``ValueError`` for a bad mode, ``CorruptError`` for a version no

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import weakref
-
 import functools
 import keyword
 import math
+import weakref
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
