@@ -71,6 +71,12 @@ pub mod fault {
         set(n, errno, true);
     }
 
+    /// Every operation named `op` fails with `errno` from now on (a file
+    /// system without locks: `fail_all_of("flock", ENOLCK)`).
+    pub fn fail_all_of(op: &str, errno: i32) {
+        set_only(Some(op.to_owned()), 1, errno, true);
+    }
+
     /// Counts operations without failing any (to learn how many a call
     /// makes); [`clear`] then lists them all as `"op path"`.
     pub fn count() {
@@ -219,6 +225,21 @@ pub(crate) fn free_space(dir: &Path) -> io::Result<u64> {
 #[cfg(not(target_os = "linux"))]
 pub(crate) fn free_space(_dir: &Path) -> io::Result<u64> {
     Ok(u64::MAX)
+}
+
+/// `flock(LOCK_EX | LOCK_NB)`, or `LOCK_SH` with `shared` (Rust's
+/// `File::try_lock`), through fault injection as operation `"flock"`.
+pub(crate) fn try_lock(
+    file: &File,
+    path: &Path,
+    shared: bool,
+) -> std::result::Result<(), fs::TryLockError> {
+    fault::check("flock", path).map_err(fs::TryLockError::Error)?;
+    if shared {
+        file.try_lock_shared()
+    } else {
+        file.try_lock()
+    }
 }
 
 /// Renames `from` to `to` atomically (replacing `to` if present).

@@ -255,6 +255,7 @@ const OP_NAMES: &[&str] = &[
     "index",
     "index-flush",
     "statvfs",
+    "flock",
 ];
 
 /// Fails each operation of `op` in turn (the 1st, 2nd, ... of each kind);
@@ -363,4 +364,39 @@ fn a_full_disk_fails_every_write_until_space_returns() {
     assert_eq!(now, before);
     store.gc().unwrap();
     assert!(store.verify().unwrap().orphans.is_empty());
+}
+
+#[test]
+fn a_file_system_without_locks_refuses_a_writer_and_lets_readers_in() {
+    const ENOLCK: i32 = 37;
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let (store, model) = baseline(dir.path());
+    store.close().unwrap();
+    let path = dir.path().join("s.lv");
+    fault::fail_all_of("flock", ENOLCK);
+    // A reader needs no lock: it reads, unpinned.
+    let reader = Store::open(&path, Mode::ReadOnly);
+    // A writer cannot make sure it is alone: refused, saying what to do.
+    let writer = Store::open(&path, Mode::Append).unwrap();
+    let refused = put(&writer, "new", 9, &[9; 10], None);
+    let created = Store::open(dir.path().join("new.lv"), Mode::Create);
+    let (_, failed) = fault::clear();
+    assert!(failed.iter().all(|f| f.starts_with("flock")), "{failed:?}");
+    let reader = reader.unwrap();
+    assert_eq!(state(&reader), model);
+    for err in [refused.unwrap_err(), created.err().expect("refused")] {
+        assert!(matches!(err, Error::NoLocks(_)), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains("ENOLCK") && text.contains("mode 'r'"),
+            "{text}"
+        );
+    }
+    // Nothing was lost or half-written; with locks back, writing works.
+    drop(writer);
+    let writer = Store::open(&path, Mode::Append).unwrap();
+    assert_eq!(state(&writer), model);
+    put(&writer, "new", 9, &[9; 10], None).unwrap();
+    writer.close().unwrap();
 }

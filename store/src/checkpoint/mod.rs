@@ -259,7 +259,7 @@ pub(crate) fn pin(path: &Path) -> Result<Option<Pin>> {
     };
     let deadline = std::time::Instant::now() + PIN_WAIT;
     loop {
-        match file.try_lock_shared() {
+        match fsio::try_lock(&file, path, true) {
             Ok(()) => break,
             Err(fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
                 // The writer holds it for a moment while deciding to remove it.
@@ -299,7 +299,7 @@ fn is_pinned(path: &Path) -> Result<bool> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
         Err(e) => return Err(Error::io(path)(e)),
     };
-    match file.try_lock() {
+    match fsio::try_lock(&file, path, false) {
         Ok(()) => Ok(false),
         Err(fs::TryLockError::WouldBlock) => Ok(true),
         Err(fs::TryLockError::Error(e)) if is_no_lock(&e) => Ok(false),
@@ -350,7 +350,7 @@ pub(crate) fn cleanup(root: &Path, retention: Duration) -> Result<Retained> {
         // Remove it while holding its exclusive lock: a reader that opened
         // it meanwhile sees the name gone once it gets its shared lock.
         let file = File::open(path).map_err(Error::io(path))?;
-        match file.try_lock() {
+        match fsio::try_lock(&file, path, false) {
             Ok(()) => {
                 fsio::remove_file(path).map_err(Error::io(path))?;
                 drop(file);

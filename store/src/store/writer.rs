@@ -449,7 +449,7 @@ pub(crate) fn lock(root: &Path) -> Result<File> {
         .truncate(false)
         .open(&path)
         .map_err(Error::io(&path))?;
-    match file.try_lock() {
+    match fsio::try_lock(&file, &path, false) {
         Ok(()) => {}
         Err(fs::TryLockError::WouldBlock) => {
             let mut text = String::new();
