@@ -98,10 +98,44 @@ def test_missing_store(tmp_path: Path) -> None:
     assert not missing.exists()  # read-only opens create nothing
 
 
-def test_locked_store(small_store: Path) -> None:
-    with lv.Store.open(small_store, mode="a"):
-        proc = cli("ls", small_store)
-    assert_error(proc, 1, "locked")
+def test_reading_commands_run_beside_a_writer_and_writing_ones_are_refused(
+    small_store: Path, tmp_path: Path
+) -> None:
+    with lv.Store.open(small_store, mode="a") as writer:
+        writer["run-004"] = {"temperature": 400.0, "material": "Si"}  # takes the writer role
+        assert writer.is_writer
+        # the reading commands open with mode "r": no lock, the last commit
+        # (run-004 is not flushed yet, so they do not see it)
+        proc = cli("ls", small_store, "--json")
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout) == KEYS
+        proc = cli("find", small_store, "material == 'Si'", "--json")
+        assert proc.returncode == 0, proc.stderr
+        assert [r["key"] for r in json.loads(proc.stdout)] == ["run-001", "run-003"]
+        proc = cli("show", small_store, "run-002", "--json")
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["meta"] == {"temperature": 200.0, "material": "Ge"}
+        proc = cli("stats", small_store, "--json")
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["records"] == len(KEYS)
+        proc = cli("verify", small_store, "--json")
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["records"] == len(KEYS)
+        out = tmp_path / "beside.lvz"
+        proc = cli("export", small_store, out, "--query", "material == 'Si'")
+        assert proc.returncode == 0, proc.stderr
+        with lv.Store.open(out) as archive:
+            assert list(archive) == ["run-001", "run-003"]
+        # the writing commands need the writer role, held by this process
+        for args in (["gc"], ["import", tmp_path / "beside.lvz"]):
+            proc = cli(*args[:1], small_store, *args[1:])
+            assert_error(proc, 1, "being written by process", str(os.getpid()))
+        writer.flush()
+        proc = cli("ls", small_store, "--json")
+        assert json.loads(proc.stdout) == [*KEYS, "run-004"]
+    # the writer closed: the writing commands run again
+    proc = cli("gc", small_store)
+    assert proc.returncode == 0, proc.stderr
 
 
 # -- show -------------------------------------------------------------------------

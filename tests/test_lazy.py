@@ -214,6 +214,7 @@ def test_corrupt_header_raises(store: lv.Store, store_path: Path, damage) -> Non
 
 
 def test_missing_payload_after_gc_of_orphans(store: lv.Store, store_path: Path) -> None:
+    store["k"] = {"a": np.arange(5)}  # an overwrite: the journal holds two puts of "k"
     store["k"] = {"a": np.arange(3)}
     store.flush()
     orphan = store_path / "arrays" / "ab" / ("ab" + "0" * 30 + ".npy")
@@ -223,6 +224,14 @@ def test_missing_payload_after_gc_of_orphans(store: lv.Store, store_path: Path) 
     tmp.write_bytes(b"half written")
     report = store.verify()
     assert sorted(report["orphans"]) == sorted([str(orphan), str(tmp)])
-    assert store.gc() == {"removed_files": 2, "removed_bytes": 4 + 12, "journal_bytes_freed": 0}
+    journal = store_path / "journal"
+    before = {p.name: p.stat().st_size for p in journal.iterdir()}
+    report = store.gc()
+    assert (report["removed_files"], report["removed_bytes"]) == (2, 4 + 12)
+    # the journal was compacted into one new segment and the old ones removed
+    after = {p.name: p.stat().st_size for p in journal.iterdir()}
+    assert len(after) == 1 and not after.keys() & before.keys()
+    freed = sum(before.values()) - sum(after.values())
+    assert freed > 0 and report["journal_bytes_freed"] == freed
     assert store.verify()["orphans"] == []
     assert store["k"].a.tolist() == [0, 1, 2]

@@ -68,8 +68,11 @@ def test_an_object_of_10000_arrays_reads_back_equal(fast_dir: Path) -> None:
             if got.nbytes:
                 assert got.ctypes.data % 64 == 0, name
         assert back["f"].flags.f_contiguous
-        # all 10,001 payloads read, none of them left mapped
-        assert _maps_naming(fast_dir) == 0
+        # all 10,001 payloads read, none of them left mapped; the reader maps
+        # only its checkpoint's run file (under checkpoints/)
+        assert _maps_naming(fast_dir / "s.lv" / "arrays") == 0
+        assert _maps_naming(fast_dir) == _maps_naming(fast_dir / "s.lv" / "checkpoints")
+    assert _maps_naming(fast_dir) == 0  # closed: the checkpoint is unmapped too
 
 
 def test_small_arrays_are_copies_large_ones_maps(fast_dir: Path) -> None:

@@ -63,6 +63,19 @@ def open_ref(ref: lv.RecordRef, path: str) -> tuple[bool, float]:
     return is_mapping_of(rec.image, path), float(rec.image.sum())
 
 
+def read_store(store: lv.Store) -> tuple[list[str], int, str, int]:
+    """What a worker sees of a pickled Store: keys, version, mode, the sum
+    of k's array."""
+    return sorted(store), store.version, store.mode, int(store["k"].a.sum())
+
+
+def read_then_refresh(pickled: bytes) -> tuple[list[str], int, int, list[str]]:
+    """Keys and version of a Store pickled earlier, then refresh() and the keys."""
+    store = pickle.loads(pickled)
+    keys, version = sorted(store), store.version
+    return keys, version, store.refresh(), sorted(store)
+
+
 def echo(rec: lv.Record) -> lv.Record:
     return rec
 
@@ -165,15 +178,23 @@ def test_by_value_records_travel_by_value(store_path: Path) -> None:
     assert (total, meta, source) == (499_500.0, {}, "MemorySource")
 
 
-def test_passing_an_open_store_to_a_pool_raises_instead_of_hanging(tmp_path: Path) -> None:
+def test_passing_an_open_store_to_a_pool_reads_at_the_senders_version(tmp_path: Path) -> None:
     # found by a break-it trial: the worker died unpickling the Store (lock
-    # held by the parent) and Pool.map waited forever
+    # held by the parent) and Pool.map waited forever; now a pickled Store is
+    # a reader of the sender's version, so the worker reads
     store = lv.Store.open(tmp_path / "held.lv")
-    store["k"] = {"v": 1}
+    store["k"] = {"v": 1, "a": np.arange(5)}
+    store.flush()
+    store["unflushed"] = {"v": 2}  # not committed: not in the sender's version
     try:
+        sent_version = store.version
+        pickled = pickle.dumps(store)
         with multiprocessing.get_context("spawn").Pool(1) as pool:
-            result = pool.map_async(len, [store])
-            with pytest.raises(lv.StoreLockedError):
-                result.get(timeout=60)
+            result = pool.map_async(read_store, [store])
+            assert result.get(timeout=60) == [(["k"], sent_version, "r", 10)]
+            store.flush()  # a new commit after pickling
+            assert store.version > sent_version
+            got = pool.apply_async(read_then_refresh, (pickled,)).get(timeout=60)
+        assert got == (["k"], sent_version, store.version, ["k", "unflushed"])
     finally:
         store.close()

@@ -292,7 +292,9 @@ def test_record_ref_keeps_allow_pickle(store: lv.Store) -> None:
 
 
 @pytest.mark.parametrize("mode", ["a", "r", "w"])
-def test_store_pickles_by_path(tmp_path: Path, mode: str) -> None:
+def test_store_pickles_by_path_as_a_reader_of_the_senders_version(
+    tmp_path: Path, mode: str
+) -> None:
     path = tmp_path / "s.lv"
     if mode != "w":
         with lv.Store.open(path) as s:
@@ -300,26 +302,46 @@ def test_store_pickles_by_path(tmp_path: Path, mode: str) -> None:
     store = lv.Store.open(path, mode, allow_pickle=True)
     if mode == "w":
         store["k"] = {"v": 1, "a": np.arange(4)}
+        store.flush()
+    version = store.version
+    # a later commit by another handle: the sender (a reader in modes a and
+    # r) still shows `version`, and so does its pickle
+    with lv.Store.open(path) as other:
+        other["later"] = {"v": 2}
+    if mode == "w":
+        assert store.version > version  # one process, one writer: it moved along
+        version = store.version
+        store["unflushed"] = {"v": 3}  # not committed: not in its version
+    else:
+        assert store.version == version and list(store) == ["k"]
     for protocol in PROTOCOLS:
         data = pickle.dumps(store, protocol=protocol)
         assert len(data) < 512 and b"arange" not in data
-        # it opens again at its first use: refused while this Store holds it
+        # it opens again at its first use, as a reader beside this Store
         deferred = pickle.loads(data)
-        with pytest.raises(lv.StoreLockedError):
-            len(deferred)
-    store.close()
+        assert deferred.mode == "r" and deferred.version == version
+        assert sorted(deferred) == (["k", "later"] if mode == "w" else ["k"])
+        with pytest.raises(lv.ReadOnlyError):
+            deferred["x"] = {"v": 0}
+        deferred.close()
     again = pickle.loads(data)
     try:
         assert isinstance(again, lv.Store)
         assert again.path == str(path.resolve())
-        assert again.mode == ("a" if mode == "w" else mode)
+        assert again.mode == "r"  # opened here, before the sender closes
+        store.close()  # commits (mode "w") and cleans up, but `again` pins its snapshot
         assert again.allow_pickle is True
+        assert again.version == version
         assert again["k"].v == 1 and again["k"].a.tolist() == [0, 1, 2, 3]
+        latest = again.refresh()
+        assert latest > version
+        want = ["k", "later", "unflushed"] if mode == "w" else ["k", "later"]
+        assert sorted(again) == want
     finally:
         again.close()
-    # pickling a closed store works too (by path)
+    # pickling a closed store works too (by path): a reader of the latest version
     with pickle.loads(pickle.dumps(again)) as third:
-        assert len(third) == 1
+        assert third.mode == "r" and third.version == latest and sorted(third) == want
 
 
 def test_object_array_records(store_path: Path) -> None:

@@ -83,10 +83,11 @@ def test_sharing_a_store_example_runs(tmp_path: Path) -> None:
             expr = code.strip()
             if comment.strip()[:1].isdigit() and not expr.startswith(("writer", "reader =")):
                 shown[i] = (expr, int(comment.split(":")[0].strip()), eval(expr, namespace))
+        for name in ("writer", "reader"):
+            namespace[name].close()  # type: ignore[attr-defined]
     finally:
         os.chdir(cwd)
     assert shown, "the block shows no values"
     for expr, said, got in shown.values():
         assert got == said, f"{expr} gives {got}, the README says {said}"
-    namespace["writer"].close()  # type: ignore[attr-defined]
-    namespace["reader"].close()  # type: ignore[attr-defined]
+    assert (tmp_path / "runs.lv" / "checkpoints").is_dir()

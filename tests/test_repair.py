@@ -66,12 +66,20 @@ def check(path: Path, expected: dict[str, object]) -> None:
         assert store.verify()["ok"]
 
 
-def test_a_deleted_index_is_refused_then_repaired(tmp_path: Path) -> None:
+def test_a_deleted_index_still_reads_refuses_writes_then_is_repaired(tmp_path: Path) -> None:
     path = tmp_path / "s.lv"
     expected = fill(path)
     shutil.rmtree(path / "index")
-    with pytest.raises(lv.CorruptError, match="lazyvault repair"):
-        lv.Store.open(path)
+    # readers never open the index: the checkpoint and the journal suffice
+    check(path, expected)
+    with lv.Store.open(path, allow_pickle=True) as store:
+        assert sorted(store) == sorted(expected)
+        with pytest.raises(lv.CorruptError, match="lazyvault repair"):
+            store["new"] = {"i": -1}
+        assert not store.is_writer and "new" not in store
+        with pytest.raises(lv.CorruptError, match="lazyvault repair"):
+            store.gc()
+    assert not (path / "index").exists()  # refused, not recreated empty
     report = lv.Store.repair(path)
     assert report["records"] == len(expected)
     assert report["skipped"] == [] and report["moved_index"] is None

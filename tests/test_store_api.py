@@ -172,20 +172,37 @@ def test_newer_major_format_is_refused_newer_minor_accepted(store_path: Path) ->
         lv.Store.open(store_path)
 
 
-def test_second_opener_in_this_process_is_refused(store: lv.Store, store_path: Path) -> None:
-    with pytest.raises(lv.StoreLockedError) as info:
-        lv.Store.open(store_path)
-    assert info.value.pid == os.getpid()
-    assert str(os.getpid()) in str(info.value)
+def test_second_opener_in_this_process_shares_the_writer_role(
+    store: lv.Store, store_path: Path
+) -> None:
+    store["k"] = {"v": 1}
+    store.flush()
+    again = lv.Store.open(store_path)  # a notebook re-running its cell
+    try:
+        assert again["k"].v == 1 and not again.is_writer
+        again["k2"] = {"v": 2}  # no StoreLockedError: one writer per process
+        assert again.is_writer and store.is_writer
+        assert store["k2"].v == 2  # written through the same index
+        store["k3"] = {"v": 3}
+        assert sorted(again) == ["k", "k2", "k3"]
+    finally:
+        again.close()
+    store["k4"] = {"v": 4}  # the first handle still writes after the second closed
+    store.flush()
+    assert sorted(store) == ["k", "k2", "k3", "k4"]
 
 
 def test_second_opener_in_another_process_gets_the_holder_pid(
     store: lv.Store, store_path: Path
 ) -> None:
+    store["k"] = {"v": 1}
+    store.flush()
     code = (
         "import sys, lazyvault as lv\n"
+        "s = lv.Store.open(sys.argv[1])\n"  # opens: a reader until its first write
+        "assert s['k'].v == 1 and not s.is_writer\n"
         "try:\n"
-        "    lv.Store.open(sys.argv[1])\n"
+        "    s['x'] = {'v': 2}\n"
         "except lv.StoreLockedError as e:\n"
         "    print(e.pid); sys.exit(0)\n"
         "sys.exit(3)\n"
@@ -195,6 +212,7 @@ def test_second_opener_in_another_process_gets_the_holder_pid(
     )
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) == os.getpid()
+    assert "x" not in store
 
 
 def test_open_close_reopen_loop(store_path: Path) -> None:
@@ -256,15 +274,23 @@ def test_unclosed_store_is_closed_at_exit(store_path: Path) -> None:
         assert s["k"].v == 8
 
 
-def test_missing_index_is_refused_not_recreated_empty(store_path: Path) -> None:
+MISSING_INDEX = r"index directory \S+ is missing; `lazyvault repair"
+
+
+def test_missing_index_reads_but_refuses_writes_not_recreated_empty(store_path: Path) -> None:
     # An empty new index would make every payload an orphan that gc() deletes.
     import shutil
 
     with lv.Store.open(store_path) as s:
         s["k"] = {"a": np.arange(3)}
     shutil.rmtree(store_path / "index")
-    with pytest.raises(lv.CorruptError, match="index"):
-        lv.Store.open(store_path)
+    with lv.Store.open(store_path) as s:  # readers never open the index
+        assert list(s) == ["k"] and s["k"].a.tolist() == [0, 1, 2]
+        with pytest.raises(lv.CorruptError, match=MISSING_INDEX):
+            s["k2"] = {"a": np.arange(2)}
+        with pytest.raises(lv.CorruptError, match=MISSING_INDEX):
+            s.gc()
+        assert list(s) == ["k"] and not s.is_writer
     assert not (store_path / "index").exists()
     assert len(list((store_path / "arrays").glob("*/*.npy"))) == 1
 

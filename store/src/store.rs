@@ -527,7 +527,8 @@ impl Store {
     }
 
     fn open_inner(root: &Path, mode: Mode, at: Option<u64>) -> Result<Store> {
-        let root = root.to_owned();
+        // Absolute: a later chdir must not move the store under the handle.
+        let root = std::path::absolute(root).map_err(Error::io(root))?;
         let exists = root.exists();
         match mode {
             Mode::Create if exists => return Err(Error::Exists(root)),

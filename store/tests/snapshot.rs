@@ -342,3 +342,27 @@ fn a_reader_reads_a_store_whose_writer_never_closed() {
     assert_eq!(reader.version().unwrap(), 1);
     std::mem::forget(writer); // as if killed: no close, no checkpoint
 }
+
+#[test]
+fn a_relative_path_keeps_naming_the_same_store_after_a_chdir() {
+    // The only test here that changes the working directory: it restores it.
+    let dir = tempfile::tempdir().unwrap();
+    fs::create_dir(dir.path().join("a")).unwrap();
+    fs::create_dir(dir.path().join("b")).unwrap();
+    let cwd = std::env::current_dir().unwrap();
+    std::env::set_current_dir(dir.path().join("a")).unwrap();
+    let writer = Store::open("runs.lv", Mode::Append).unwrap();
+    put(&writer, "k", 1);
+    writer.flush().unwrap();
+    let reader = Store::open("runs.lv", Mode::ReadOnly).unwrap();
+    std::env::set_current_dir(dir.path().join("b")).unwrap();
+    put(&writer, "k2", 2);
+    writer.flush().unwrap();
+    let refreshed = reader.refresh();
+    let closed = writer.close();
+    std::env::set_current_dir(cwd).unwrap();
+    assert_eq!(refreshed.unwrap(), 2);
+    closed.unwrap();
+    assert!(dir.path().join("a/runs.lv/checkpoints").is_dir());
+    assert!(!dir.path().join("b/runs.lv").exists());
+}

@@ -582,7 +582,9 @@ impl Store {
             None => journal::read_committed(&root, (0, 0), None, |_, _| {})?.commits,
         };
         let dir = root.join(CHECKPOINT_DIR);
-        fsio::create_dir_all(&dir).map_err(Error::io(&dir))?;
+        if !dir.is_dir() {
+            fs::create_dir(&dir).map_err(Error::io(&dir))?;
+        }
         let run = super::writer::write_full_run(&index, &dir)?;
         fsio::sync_dir(&dir).map_err(Error::io(&dir))?;
         let records = index.len()?;

@@ -297,7 +297,14 @@ impl Writer {
         let dir = self.root.join(CHECKPOINT_DIR);
         let nothing_new = w.dirty.is_empty() && w.runs.is_some();
         if full || !nothing_new {
-            fsio::create_dir_all(&dir).map_err(Error::io(&dir))?;
+            // Only `checkpoints/` itself: never a store directory removed
+            // under the writer.
+            match fs::create_dir(&dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                    return Err(Error::io(&dir)(e))
+                }
+                _ => {}
+            }
             let runs = match w.runs.clone() {
                 Some(old) if !full => {
                     let mut run = RunWriter::create(&dir, &checkpoint::new_run_name())?;
@@ -448,7 +455,16 @@ pub(crate) fn lock(root: &Path) -> Result<File> {
         .create(true)
         .truncate(false)
         .open(&path)
-        .map_err(Error::io(&path))?;
+        .map_err(|e| Error::Io {
+            path: path.clone(),
+            source: std::io::Error::new(
+                e.kind(),
+                format!(
+                    "{e}: this store cannot be written here (the writer needs write access to \
+                     its directory); reading needs none: open it with mode 'r'"
+                ),
+            ),
+        })?;
     match fsio::try_lock(&file, &path, false) {
         Ok(()) => {}
         Err(fs::TryLockError::WouldBlock) => {
