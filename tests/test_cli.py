@@ -280,8 +280,12 @@ def test_stats(small_store: Path, tmp_path: Path) -> None:
     proc = cli("stats", index_only, "--json")
     assert proc.returncode == 0, proc.stderr
     stats = json.loads(proc.stdout)
+    with lv.Store.open(index_only, mode="r") as store:
+        version = store.version
+    assert version > 0
     assert stats == {
         "path": str(index_only),
+        "version": version,
         "records": 5,
         "arrays": 4,
         "bytes": 240 + 120 + 4 + 48,

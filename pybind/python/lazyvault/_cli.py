@@ -174,6 +174,8 @@ def _cmd_find(args: argparse.Namespace, out: TextIO) -> int:
 
 def _cmd_stats(args: argparse.Namespace, out: TextIO) -> int:
     with Store.open(args.path, mode="r") as store:
+        # the commit these figures describe (an archive has none)
+        version = getattr(store, "version", None)
         keys = list(store.keys()) if args.expr is None else store.keys(args.expr)
         arrays = nbytes = 0
         dtypes: dict[str, dict[str, int]] = {}
@@ -187,6 +189,7 @@ def _cmd_stats(args: argparse.Namespace, out: TextIO) -> int:
     dtypes = dict(sorted(dtypes.items(), key=lambda kv: (-kv[1]["bytes"], kv[0])))
     stats = {
         "path": args.path,
+        "version": version,
         "records": len(keys),
         "arrays": arrays,
         "bytes": nbytes,
