@@ -110,3 +110,37 @@ def test_the_local_default_retention_is_zero(path: Path) -> None:
     if os.path.exists("/proc/mounts"):
         with lv.Store.open(path) as store:
             assert store.retention == 0
+
+
+def test_a_bad_retention_creates_nothing(tmp_path: Path) -> None:
+    new = tmp_path / "new.lv"
+    with pytest.raises(TypeError):
+        lv.Store.open(new, "w", retention="x")  # type: ignore[arg-type]
+    assert not new.exists()
+    with lv.Store.open(new, "w", retention=np.int64(3)) as store:
+        assert store.retention == 3
+
+
+def test_an_unpickled_store_whose_version_is_gone_refreshes_to_the_latest(path: Path) -> None:
+    import pickle
+    import shutil
+
+    with lv.Store.open(path, mode="r") as sender:
+        blob = pickle.dumps(sender)
+        version = sender.version
+    with lv.Store.open(path, retention=0) as writer:
+        for i in range(3):
+            writer["k"] = {"a": np.arange(10) + i}
+            writer.flush()
+            writer.gc()  # the sender's checkpoint is no longer kept
+        latest = writer.version
+    stale = pickle.loads(blob)
+    with pytest.raises(lv.CorruptError, match=f"version {version} is no longer available"):
+        len(stale)
+    again = pickle.loads(blob)
+    assert again.refresh() == latest
+    assert again["k"].a.tolist() == list(range(2, 12))
+    # a store whose directory is gone still has a repr
+    gone = pickle.loads(blob)
+    shutil.rmtree(path)
+    assert "unavailable" in repr(gone)

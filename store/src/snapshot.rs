@@ -3,6 +3,7 @@
 //! Never opens sled, takes no exclusive lock, writes nothing.
 
 use std::collections::BTreeMap;
+use std::fs;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
@@ -81,29 +82,69 @@ impl Snapshot {
         }))
     }
 
+    /// One attempt: the newest usable checkpoint (at most version `at`)
+    /// plus the journal after it. A checkpoint that cannot be used (damaged,
+    /// a run missing, not a file) gives way to the next older one, and
+    /// finally to the whole journal: checkpoints are derived data, the
+    /// journal is the truth (`verify` reports the damage, `repair` writes a
+    /// new checkpoint). `Ok(None)`: a checkpoint was removed under us, try
+    /// again.
     fn try_open(root: &Path, at: Option<u64>) -> Result<Option<Snapshot>> {
         let all = checkpoint::list(root)?;
-        let chosen = match at {
-            None => all.last().cloned(),
-            Some(v) => all.iter().rev().find(|(cv, _)| *cv <= v).cloned(),
-        };
-        if let (Some(v), None) = (at, &chosen) {
-            if !all.is_empty() {
-                return Err(Self::gone(root, v));
+        let candidates: Vec<&(u64, PathBuf)> = all
+            .iter()
+            .rev()
+            .filter(|(v, _)| at.is_none_or(|a| *v <= a))
+            .collect();
+        if let (Some(v), true) = (at, candidates.is_empty() && !all.is_empty()) {
+            return Err(Self::gone(root, v));
+        }
+        let mut first_err = None;
+        for (version, path) in candidates {
+            let pin = match checkpoint::pin(path) {
+                Ok(Some(pin)) => pin,
+                Ok(None) if fs::symlink_metadata(path).is_err() => return Ok(None),
+                Ok(None) => {
+                    first_err.get_or_insert_with(|| {
+                        Error::corrupt(
+                            format!("checkpoint {}", path.display()),
+                            "cannot be opened as a file",
+                        )
+                    });
+                    continue;
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                    continue;
+                }
+            };
+            match Self::from_checkpoint(root, Some((*version, path, pin)), at) {
+                Ok(snap) => return Ok(Some(snap)),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
             }
         }
-        let (doc, pin, base) = match chosen {
+        match Self::from_checkpoint(root, None, at) {
+            Ok(snap) => Ok(Some(snap)),
+            Err(e) => Err(first_err.unwrap_or(e)),
+        }
+    }
+
+    /// The snapshot from one pinned checkpoint (or none: the whole
+    /// journal) plus the committed journal after it, up to version `at`.
+    fn from_checkpoint(
+        root: &Path,
+        base: Option<(u64, &PathBuf, Pin)>,
+        at: Option<u64>,
+    ) -> Result<Snapshot> {
+        let (doc, pin, base) = match base {
             None => (None, None, None),
-            Some((version, path)) => {
-                let Some(pin) = checkpoint::pin(&path)? else {
-                    return Ok(None);
-                };
-                (
-                    Some(checkpoint::read(&path)?),
-                    Some(pin),
-                    Some((version, path)),
-                )
-            }
+            Some((version, path, pin)) => (
+                Some(checkpoint::read(path)?),
+                Some(pin),
+                Some((version, path.clone())),
+            ),
         };
         let mut runs = Vec::new();
         if let Some(doc) = &doc {
@@ -130,7 +171,7 @@ impl Snapshot {
                 return Err(Self::gone(root, v));
             }
         }
-        Ok(Some(snap))
+        Ok(snap)
     }
 
     fn gone(root: &Path, version: u64) -> Error {
@@ -172,6 +213,10 @@ impl Snapshot {
     /// checkpoint is still the newest, else opens the newest one. Returns
     /// the new version.
     pub(crate) fn refresh(&mut self) -> Result<u64> {
+        // A store removed under a reader is gone, not empty.
+        if !self.root.join(lazyvault_schema::MANIFEST_FILE).is_file() {
+            return Err(Error::NotFound(self.root.clone()));
+        }
         let newest = checkpoint::list(&self.root)?.pop();
         let same = match (&newest, &self.base) {
             (None, None) => true,

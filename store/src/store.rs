@@ -714,10 +714,10 @@ impl Store {
     /// [`Error::ReadOnly`] in mode `"r"`, [`Error::Locked`] while another
     /// process writes, [`Error::Closed`], and the errors of taking the role.
     fn writer(&self) -> Result<(View<'_>, Arc<Writer>)> {
+        let view = self.view()?;
         if self.mode == Mode::ReadOnly {
             return Err(Error::ReadOnly);
         }
-        let view = self.view()?;
         if let State::Writing(w) = &*view.0 {
             let w = w.clone();
             return Ok((view, w));

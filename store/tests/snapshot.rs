@@ -366,3 +366,98 @@ fn a_relative_path_keeps_naming_the_same_store_after_a_chdir() {
     assert!(dir.path().join("a/runs.lv/checkpoints").is_dir());
     assert!(!dir.path().join("b/runs.lv").exists());
 }
+
+/// The checkpoint files (`.ckpt`) of the store at `path`, oldest first.
+fn checkpoints(path: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = fs::read_dir(path.join(CHECKPOINT_DIR))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "ckpt"))
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn damaged_or_stray_checkpoints_give_way_to_the_journal_and_repair_replaces_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = new_store(dir.path());
+    let expected = values(&Store::open(&path, Mode::ReadOnly).unwrap());
+    for what in ["truncated", "a run missing", "a stray newer file"] {
+        let copy = dir.path().join(format!("copy-{}", what.replace(' ', "-")));
+        assert!(std::process::Command::new("cp")
+            .arg("-a")
+            .arg(&path)
+            .arg(&copy)
+            .status()
+            .unwrap()
+            .success());
+        let path = copy;
+        let newest = checkpoints(&path).pop().unwrap();
+        match what {
+            "truncated" => fs::File::options()
+                .write(true)
+                .open(&newest)
+                .unwrap()
+                .set_len(100)
+                .unwrap(),
+            "a run missing" => {
+                for e in fs::read_dir(path.join(CHECKPOINT_DIR)).unwrap() {
+                    let p = e.unwrap().path();
+                    if p.extension().is_some_and(|e| e == "run") {
+                        fs::remove_file(p).unwrap();
+                    }
+                }
+            }
+            _ => fs::write(
+                path.join(CHECKPOINT_DIR).join("ffffffffffffffff.ckpt"),
+                b"junk",
+            )
+            .unwrap(),
+        }
+        // Readers fall back to the journal: every record, nothing else.
+        let reader = Store::open(&path, Mode::ReadOnly).unwrap();
+        assert_eq!(values(&reader), expected, "{what}");
+        let report = reader.verify().unwrap();
+        assert!(!report.problems.is_empty(), "{what}: verify saw nothing");
+        drop(reader);
+        // A writer works on, and its checkpoint replaces the damage.
+        let writer = Store::open(&path, Mode::Append).unwrap();
+        put(&writer, "after", 1);
+        writer.close().unwrap();
+        let reader = Store::open(&path, Mode::ReadOnly).unwrap();
+        assert_eq!(reader.len().unwrap(), expected.len() as u64 + 1, "{what}");
+        assert!(reader.verify().unwrap().is_ok(), "{what}");
+        drop(reader);
+        // repair as well, on a fresh copy of the damage.
+        Store::repair(&path).unwrap();
+        let reader = Store::open(&path, Mode::ReadOnly).unwrap();
+        assert!(reader.verify().unwrap().is_ok(), "{what} after repair");
+        assert_eq!(reader.len().unwrap(), expected.len() as u64 + 1, "{what}");
+    }
+}
+
+#[test]
+fn a_store_removed_under_a_reader_is_not_found_on_refresh() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = new_store(dir.path());
+    let reader = Store::open(&path, Mode::ReadOnly).unwrap();
+    fs::remove_dir_all(&path).unwrap();
+    assert!(matches!(reader.refresh(), Err(Error::NotFound(_))));
+    assert_eq!(reader.len().unwrap(), 20); // the snapshot it had
+}
+
+#[test]
+fn gc_counts_the_retired_payloads_it_removes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = new_store(dir.path());
+    let reader = Store::open(&path, Mode::ReadOnly).unwrap();
+    let writer = Store::open(&path, Mode::Append).unwrap();
+    writer.set_retention(Duration::ZERO);
+    put(&writer, "k00", 50);
+    writer.flush().unwrap(); // the reader's pin keeps the old payload
+    drop(reader);
+    let gc = writer.gc().unwrap();
+    assert_eq!(gc.removed_files, 1, "{gc:?}");
+    assert!(gc.removed_bytes > 100, "{gc:?}");
+}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import atexit
 import itertools
 import json
+import math
+import numbers
 import os
 import weakref
 from collections.abc import (
@@ -27,6 +29,7 @@ from ._split import _text_ok
 from .errors import (
     InvalidKeyError,
     KeyTypeError,
+    LazyvaultError,
     MissingKeyError,
     QueryError,
     ReadOnlyError,
@@ -98,6 +101,19 @@ class _DeferredCore:
 
     def __len__(self) -> int:
         return len(self._open())
+
+
+def _retention_seconds(retention: object) -> float | None:
+    """``retention`` as seconds (None: the file system's default), or
+    TypeError / ValueError."""
+    if retention is None:
+        return None
+    if isinstance(retention, bool) or not isinstance(retention, numbers.Real):
+        raise TypeError(f"retention is a number of seconds, not {retention!r}")
+    seconds = float(retention)
+    if not (math.isfinite(seconds) and 0 <= seconds <= 1e15):
+        raise ValueError(f"retention must be a finite number of seconds >= 0, not {seconds:.6g}")
+    return seconds
 
 
 def _query_text(expr: object) -> str:
@@ -201,6 +217,7 @@ class Store(MutableMapping[str, Record]):
             raise ValueError(f"mode must be 'r', 'a' or 'w', not {mode!r}")
         if type(allow_pickle) is not bool:
             raise TypeError(f"allow_pickle must be True or False, not {allow_pickle!r}")
+        seconds = _retention_seconds(retention)  # checked before anything is opened
         if _archive.is_archive_file(path):
             if mode not in (None, "r"):
                 raise ReadOnlyError(
@@ -213,10 +230,8 @@ class Store(MutableMapping[str, Record]):
             # a mistyped archive name must not become a new directory store
             raise StoreNotFoundError(f"{os.fspath(path)}: no such archive")
         core = _lazyvault.StoreCore(os.fspath(path), mode or "a")
-        if retention is not None:
-            if isinstance(retention, bool) or not isinstance(retention, (int, float)):
-                raise TypeError(f"retention is a number of seconds, not {retention!r}")
-            core.retention = float(retention)
+        if seconds is not None:
+            core.retention = seconds
         return cls(core, allow_pickle)
 
     @property
@@ -244,6 +259,10 @@ class Store(MutableMapping[str, Record]):
         snapshot referenced may be removed once no handle pins it, and
         loading one then raises :class:`CorruptError` saying to take
         ``store[key]`` again."""
+        if isinstance(self._core, _DeferredCore):
+            # a pickled store not opened yet: the latest commit, whatever
+            # version it was pinned to (that one may be gone)
+            self._core._version = None
         return self._core.refresh()
 
     def begin_write(self) -> None:
@@ -687,9 +706,16 @@ class Store(MutableMapping[str, Record]):
         return _display.records_html(self._title(), self.__getitem__, self._keys_for_display())
 
     def __repr__(self) -> str:
-        if self.closed:
-            return f"<lazyvault.Store {self._path!r} (closed)>"
-        return f"<lazyvault.Store {self._path!r} mode={self.mode!r} records={len(self)}>"
+        # never raises: notebooks and debuggers call it on anything
+        try:
+            if self.closed:
+                return f"<lazyvault.Store {self._path!r} (closed)>"
+            return (
+                f"<lazyvault.Store {self._path!r} mode={self.mode!r} records={len(self)} "
+                f"version={self.version}>"
+            )
+        except LazyvaultError as e:
+            return f"<lazyvault.Store {self._path!r} (unavailable: {type(e).__name__}: {e})>"
 
 
 class Results(Sequence[Record]):

@@ -328,7 +328,16 @@ pub(crate) struct Retained {
 /// always kept. Called by the writer only (it holds the store's lock).
 pub(crate) fn cleanup(root: &Path, retention: Duration) -> Result<Retained> {
     let dir = root.join(CHECKPOINT_DIR);
-    let all = list(root)?;
+    // A checkpoint that cannot be read (damaged, or not ours) serves no
+    // reader: readers skip it for an older one. Remove it unless pinned.
+    let mut all = Vec::new();
+    for (version, path) in list(root)? {
+        if read(&path).is_ok() || is_pinned(&path)? {
+            all.push((version, path));
+        } else if fs::symlink_metadata(&path).is_ok_and(|m| !m.is_dir()) {
+            fsio::remove_file(&path).map_err(Error::io(&path))?;
+        }
+    }
     let now = SystemTime::now();
     let mut out = Retained::default();
     for (i, (version, path)) in all.iter().enumerate() {
@@ -368,7 +377,9 @@ pub(crate) fn cleanup(root: &Path, retention: Duration) -> Result<Retained> {
     out.kept.sort();
     let mut listed = std::collections::HashSet::new();
     for (_, path) in &out.kept {
-        let doc = read(path)?;
+        let Ok(doc) = read(path) else {
+            continue; // pinned but unreadable: its reader fell back to another
+        };
         if out.oldest_position.is_none() {
             out.oldest_position = Some(doc.position());
         }

@@ -174,16 +174,24 @@ fn retained_ids(root: &Path) -> Result<HashSet<String>> {
     let mut ids = HashSet::new();
     let mut runs = HashSet::new();
     let mut oldest = None;
+    // Damaged checkpoints and runs are skipped here: no reader can use
+    // them (verify reports them).
     for (_, path) in checkpoint::list(root)? {
-        let doc = checkpoint::read(&path)?;
+        let Ok(doc) = checkpoint::read(&path) else {
+            continue;
+        };
         oldest.get_or_insert(doc.position());
         runs.extend(doc.runs.into_iter().map(|r| r.file));
     }
     for file in runs {
-        let run = Run::open(&root.join(CHECKPOINT_DIR).join(&file))?;
+        let Ok(run) = Run::open(&root.join(CHECKPOINT_DIR).join(&file)) else {
+            continue;
+        };
         for item in run.iter_from(0) {
-            if let (_, RunValue::Put { record, .. }) = item? {
-                ids_of(record, &mut ids);
+            match item {
+                Ok((_, RunValue::Put { record, .. })) => ids_of(record, &mut ids),
+                Ok(_) => {}
+                Err(_) => break,
             }
         }
     }
@@ -242,6 +250,15 @@ impl Store {
             .sum();
         w.check_space(journal.saturating_mul(2))?;
         let mut state = w.lock();
+        // Retired payloads that this gc may remove on the way (their
+        // sizes now, to report them).
+        let retired: Vec<(PathBuf, u64)> = state
+            .retiring
+            .iter()
+            .chain(state.retired.iter().map(|r| &r.relpath))
+            .map(|rel| self.root.join(rel))
+            .filter_map(|p| fs::metadata(&p).ok().map(|m| (p, m.len())))
+            .collect();
         w.flush(&mut state, retention)?;
         let index = w.index();
         // gc rewrites the journal from the index and deletes what the index
@@ -292,6 +309,12 @@ impl Store {
             fsio::remove_file(&path).map_err(Error::io(&path))?;
             report.removed_files += 1;
             report.removed_bytes += size;
+        }
+        for (path, size) in retired {
+            if !path.exists() {
+                report.removed_files += 1;
+                report.removed_bytes += size;
+            }
         }
         Ok(report)
     }
@@ -573,14 +596,21 @@ impl Store {
         index.flush()?;
         // Readers switch to what the rebuilt index holds: a checkpoint of
         // it, newer than any version they saw.
-        let latest = match checkpoint::list(&root)?.pop() {
-            Some((_, path)) => {
-                let doc = checkpoint::read(&path)?;
-                doc.version
-                    + journal::read_committed(&root, doc.position(), None, |_, _| {})?.commits
+        // A version above any a reader saw: the highest checkpoint name,
+        // the newest readable checkpoint's version plus the commits after
+        // it, or the commits in the journal (damage must not stop repair).
+        let listed = checkpoint::list(&root)?;
+        let mut latest = listed.last().map_or(0, |(v, _)| *v);
+        latest = latest.max(journal::read_committed(&root, (0, 0), None, |_, _| {})?.commits);
+        if let Some(doc) = listed
+            .iter()
+            .rev()
+            .find_map(|(_, p)| checkpoint::read(p).ok())
+        {
+            if let Ok(tail) = journal::read_committed(&root, doc.position(), None, |_, _| {}) {
+                latest = latest.max(doc.version + tail.commits);
             }
-            None => journal::read_committed(&root, (0, 0), None, |_, _| {})?.commits,
-        };
+        }
         let dir = root.join(CHECKPOINT_DIR);
         if !dir.is_dir() {
             fs::create_dir(&dir).map_err(Error::io(&dir))?;
@@ -602,12 +632,15 @@ impl Store {
         checkpoint::write(
             &root,
             &checkpoint::CheckpointDoc::new(
-                latest + 1,
+                latest.saturating_add(1),
                 end,
                 records,
                 vec![checkpoint::RunDoc::from_info(&run)],
             ),
         )?;
+        // The older checkpoints show states before the repair: remove
+        // those no reader pins (failures leave them for a later cleanup).
+        let _ = checkpoint::cleanup(&root, std::time::Duration::ZERO);
         drop(lock_file);
         Ok(report)
     }

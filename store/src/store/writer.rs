@@ -162,10 +162,18 @@ impl Writer {
             }
         };
         let next_segment = super::Store::recover_journal(root, &index)?;
-        let base = match checkpoint::list(root)?.pop() {
-            Some((_, path)) => Some(checkpoint::read(&path)?),
-            None => None,
+        // The newest checkpoint that can be read (readers skip damaged
+        // ones the same way); none: the next checkpoint is a full one.
+        let usable = |doc: &CheckpointDoc| {
+            doc.runs
+                .iter()
+                .all(|r| Run::open(&root.join(CHECKPOINT_DIR).join(&r.file)).is_ok())
         };
+        let base = checkpoint::list(root)?
+            .iter()
+            .rev()
+            .filter_map(|(_, path)| checkpoint::read(path).ok())
+            .find(usable);
         let from = base.as_ref().map_or((0, 0), CheckpointDoc::position);
         let mut dirty = BTreeSet::new();
         let tail = journal::read_committed(root, from, None, |key, _| {
@@ -473,8 +481,8 @@ pub(crate) fn lock(root: &Path) -> Result<File> {
             let pid = text.trim().parse::<u32>().ok();
             let holder = match pid {
                 Some(p) if p == std::process::id() => format!(
-                    "this process (PID {p}), through a store handle opened before a fork() \
-                     or by `repair`"
+                    "this process (PID {p}): close its Store handles first (or, in a forked \
+                     child, the parent's)"
                 ),
                 Some(p) => format!("process {p}"),
                 None => "another process".to_owned(),
