@@ -189,8 +189,9 @@ pub fn relpath(number: u64) -> String {
     format!("{JOURNAL_DIR}/{number:016x}.log")
 }
 
-fn parse_name(name: &str) -> Option<u64> {
-    let hex = name.strip_suffix(".log")?;
+/// The number of a name `<16 lowercase hex digits><suffix>`.
+fn parse_number(name: &str, suffix: &str) -> Option<u64> {
+    let hex = name.strip_suffix(suffix)?;
     if hex.len() != 16 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
         return None;
     }
@@ -199,16 +200,22 @@ fn parse_name(name: &str) -> Option<u64> {
 
 /// The segments of the store at `root`, by number.
 pub fn segments(root: &Path) -> Result<Vec<(u64, PathBuf)>> {
-    let dir = root.join(JOURNAL_DIR);
+    numbered_files(&root.join(JOURNAL_DIR), ".log")
+}
+
+/// The files of `dir` named `<16 lowercase hex digits><suffix>`, by that
+/// number (none when `dir` is missing); other names are ignored.
+pub(crate) fn numbered_files(dir: &Path, suffix: &str) -> Result<Vec<(u64, PathBuf)>> {
     let mut out = Vec::new();
-    let entries = match fs::read_dir(&dir) {
+    let entries = match fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
-        Err(e) => return Err(Error::io(&dir)(e)),
+        Err(e) => return Err(Error::io(dir)(e)),
     };
     for entry in entries {
-        let entry = entry.map_err(Error::io(&dir))?;
-        if let Some(n) = entry.file_name().to_str().and_then(parse_name) {
+        let entry = entry.map_err(Error::io(dir))?;
+        let name = entry.file_name();
+        if let Some(n) = name.to_str().and_then(|n| parse_number(n, suffix)) {
             out.push((n, entry.path()));
         }
     }

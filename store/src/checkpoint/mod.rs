@@ -172,31 +172,9 @@ fn checkpoint_name(version: u64) -> String {
     format!("{version:016x}.ckpt")
 }
 
-fn parse_checkpoint_name(name: &str) -> Option<u64> {
-    let hex = name.strip_suffix(".ckpt")?;
-    if hex.len() != 16 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
-        return None;
-    }
-    u64::from_str_radix(hex, 16).ok()
-}
-
 /// The checkpoint files of the store at `root`, by version (oldest first).
 pub(crate) fn list(root: &Path) -> Result<Vec<(u64, PathBuf)>> {
-    let dir = root.join(CHECKPOINT_DIR);
-    let mut out = Vec::new();
-    let entries = match fs::read_dir(&dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
-        Err(e) => return Err(Error::io(&dir)(e)),
-    };
-    for entry in entries {
-        let entry = entry.map_err(Error::io(&dir))?;
-        if let Some(v) = entry.file_name().to_str().and_then(parse_checkpoint_name) {
-            out.push((v, entry.path()));
-        }
-    }
-    out.sort();
-    Ok(out)
+    crate::journal::numbered_files(&root.join(CHECKPOINT_DIR), ".ckpt")
 }
 
 /// Reads and checks the checkpoint file at `path`.
