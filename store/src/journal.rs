@@ -332,17 +332,25 @@ pub(crate) fn read_committed(
         commits: 0,
         end: from,
     };
-    let segments = segments(root)?;
-    if from.0 > 0
-        && !segments.iter().any(|(n, _)| *n == from.0)
-        && segments.iter().any(|(n, _)| *n > from.0)
-    {
+    // From a checkpoint, the segments are probed by number (a writer
+    // numbers them consecutively): opening costs what the tail holds, not
+    // what the whole journal directory lists. From the start, listed.
+    let listed: Vec<(u64, PathBuf)> = if from.0 == 0 {
+        segments(root)?
+    } else if root.join(relpath(from.0)).exists() {
+        (from.0..)
+            .map(|n| (n, root.join(relpath(n))))
+            .take_while(|(_, p)| p.exists())
+            .collect()
+    } else if segments(root)?.iter().any(|(n, _)| *n > from.0) {
         return Err(Error::corrupt(
             format!("journal {}", root.join(relpath(from.0)).display()),
             "removed since this snapshot's checkpoint was written",
         ));
-    }
-    for (number, path) in segments {
+    } else {
+        Vec::new()
+    };
+    for (number, path) in listed {
         if number < from.0 {
             continue;
         }
@@ -383,6 +391,38 @@ pub(crate) fn read_committed(
         }
     }
     Ok(tail)
+}
+
+/// The entries of segment `number` from byte `start` on (its header
+/// checked), each with its end offset in the segment, up to the first torn
+/// or damaged one (see [`SegmentEntries`]). A missing segment has none.
+pub(crate) fn read_segment_from(path: &Path, number: u64, start: u64) -> Result<SegmentEntries> {
+    let mut out = SegmentEntries {
+        entries: Vec::new(),
+        torn: None,
+    };
+    let Some(bytes) = segment_bytes_from(path, number, start)? else {
+        return Ok(out);
+    };
+    let base = start.max(SEGMENT_HEADER_LEN);
+    let mut at = 0usize;
+    while at < bytes.len() {
+        match decode(&bytes[at..]) {
+            Ok((entry, used)) => {
+                at += used;
+                out.entries.push((entry, base + at as u64));
+            }
+            Err(e) => {
+                out.torn = Some(format!(
+                    "{} at byte {}: {e}",
+                    path.display(),
+                    base + at as u64
+                ));
+                break;
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// The segment this session appends to.

@@ -440,16 +440,24 @@ fn journal_tail(root: &Path, index: &Index) -> Result<JournalTail> {
     let mut keep = committed;
     let mut pending: Vec<journal::Entry> = Vec::new();
     let mut lost = 0;
-    let mut uncommitted = false;
+    // Whether the entry right after the index's position is a commit: a
+    // flush appends one there once the index holds the changes before it.
+    let mut commit_follows = None;
     for (number, path) in journal::segments(root)? {
         if number < committed.0 {
             continue;
         }
-        let read = journal::read_segment(&path, number, None)?;
+        // Only what follows the position is read: a bulk load's segment of
+        // hundreds of MiB costs nothing at the next session's start.
+        let start = if number == committed.0 {
+            committed.1
+        } else {
+            0
+        };
+        let read = journal::read_segment_from(&path, number, start)?;
         for (entry, end) in read.entries {
-            if number == committed.0 && end <= committed.1 {
-                uncommitted = entry.change != journal::Change::Commit;
-                continue;
+            if number == committed.0 && commit_follows.is_none() {
+                commit_follows = Some(entry.change == journal::Change::Commit);
             }
             if entry.change == journal::Change::Commit {
                 for change in pending.drain(..) {
@@ -466,7 +474,6 @@ fn journal_tail(root: &Path, index: &Index) -> Result<JournalTail> {
                     }
                 }
                 keep = (number, end);
-                uncommitted = false;
             } else {
                 pending.push(entry);
             }
@@ -476,7 +483,10 @@ fn journal_tail(root: &Path, index: &Index) -> Result<JournalTail> {
     Ok(JournalTail {
         lost: (lost > 0).then_some(lost),
         keep,
-        uncommitted: uncommitted && keep == committed,
+        // Without a commit right after it, what the index holds up to its
+        // position may be uncommitted (a crash after sled wrote it): commit
+        // it (an empty commit when it was committed already: harmless).
+        uncommitted: committed != (0, 0) && commit_follows != Some(true) && keep == committed,
     })
 }
 
@@ -597,7 +607,6 @@ impl Store {
     /// Returns the number of the next segment.
     pub(crate) fn recover_journal(root: &Path, index: &Index) -> Result<u64> {
         let segments = journal::segments(root)?;
-        let next = segments.last().map_or(1, |(n, _)| n + 1);
         let tail = journal_tail(root, index)?;
         if let Some(lost) = tail.lost {
             return Err(Error::corrupt(
@@ -642,7 +651,13 @@ impl Store {
         if changed {
             payload::sync_dir(&root.join(JOURNAL_DIR))?;
         }
-        Ok(next)
+        // Right after the last segment kept: segment numbers stay
+        // consecutive, which readers rely on to find them without listing.
+        let kept = segments
+            .iter()
+            .map(|(n, _)| *n)
+            .filter(|n| *n <= keep_segment);
+        Ok(kept.max().map_or(1, |n| n + 1).max(keep_segment + 1))
     }
 
     /// Whether `root` holds nothing, or only what an interrupted creation
