@@ -44,7 +44,6 @@ import json
 import os
 import platform
 import random
-import re
 import select
 import shlex
 import shutil
@@ -63,6 +62,10 @@ import numpy as np
 import lazyvault as lv
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "peers"))
+
+import host  # noqa: E402  (benches/peers/host.py: one description of the machine)
+
 RESULTS = HERE / "RESULTS.md"
 BEGIN, END = "<!-- readers:begin -->", "<!-- readers:end -->"
 TITLE = "## Readers beside a writer (issue 11 targets)"
@@ -846,25 +849,7 @@ def text_table(head: list[str], rows: list[list[str]]) -> str:
 
 
 def machine(data: Path) -> str:
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
-    mem = int(re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text()).group(1)) / 2**20
-    best, fs = "", "?"
-    target = str(data.resolve())
-    for line in Path("/proc/mounts").read_text().splitlines():
-        parts = line.split()
-        if target.startswith(parts[1]) and len(parts[1]) > len(best):
-            best, fs = parts[1], parts[2]
-    return (
-        f"{os.cpu_count()} CPUs ({cpu}), {mem:.0f} GiB, Linux {platform.release()}, "
-        f"data on {fs} ({data})"
-    )
+    return f"{host.describe_machine(data)} ({data})"
 
 
 def source_version() -> str:

@@ -31,6 +31,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import host  # noqa: E402
 import limits  # noqa: E402
 import report  # noqa: E402
 import systems  # noqa: E402
@@ -211,21 +212,10 @@ def versions() -> list[str]:
 
 
 def describe_run(ctx, skipped, started, load_before, machine_limits) -> str:
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
-    mem = int(re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text()).group(1)) / 2**20
-    fs = filesystem_of(ctx.data)
     lines = [
         f"Run {datetime.fromtimestamp(started, UTC):%Y-%m-%d %H:%M} UTC, "
         f"{time.time() - started:.0f} s.",
-        f"Machine: {os.cpu_count()} CPUs ({cpu}), {mem:.0f} GiB, "
-        f"Linux {platform.release()}, data on {fs}.",
+        f"Machine: {host.describe_machine(ctx.data)}.",
         f"Load average {load_before[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end.",
         "Versions: " + ", ".join(versions()) + ".",
         "",
@@ -244,16 +234,6 @@ def describe_run(ctx, skipped, started, load_before, machine_limits) -> str:
             "",
         ]
     return "\n".join(lines)
-
-
-def filesystem_of(path: Path) -> str:
-    best, fs = "", "?"
-    target = str(path.resolve())
-    for line in Path("/proc/mounts").read_text().splitlines():
-        parts = line.split()
-        if target.startswith(parts[1]) and len(parts[1]) > len(best):
-            best, fs = parts[1], parts[2]
-    return fs
 
 
 BEGIN, END = "<!-- peers:begin -->", "<!-- peers:end -->"
