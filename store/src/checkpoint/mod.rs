@@ -309,8 +309,13 @@ pub(crate) fn cleanup(root: &Path, retention: Duration) -> Result<Retained> {
     // A checkpoint that cannot be read (damaged, or not ours) serves no
     // reader: readers skip it for an older one. Remove it unless pinned.
     let mut all = Vec::new();
+    let mut docs = std::collections::HashMap::new();
     for (version, path) in list(root)? {
-        if read(&path).is_ok() || is_pinned(&path)? {
+        let doc = read(&path).ok();
+        if doc.is_some() || is_pinned(&path)? {
+            if let Some(doc) = doc {
+                docs.insert(version, doc);
+            }
             all.push((version, path));
         } else if fs::symlink_metadata(&path).is_ok_and(|m| !m.is_dir()) {
             fsio::remove_file(&path).map_err(Error::io(&path))?;
@@ -354,8 +359,8 @@ pub(crate) fn cleanup(root: &Path, retention: Duration) -> Result<Retained> {
     }
     out.kept.sort();
     let mut listed = std::collections::HashSet::new();
-    for (_, path) in &out.kept {
-        let Ok(doc) = read(path) else {
+    for (version, _) in &out.kept {
+        let Some(doc) = docs.remove(version) else {
             continue; // pinned but unreadable: its reader fell back to another
         };
         if out.oldest_position.is_none() {
