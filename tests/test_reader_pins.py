@@ -144,3 +144,14 @@ def test_an_unpickled_store_whose_version_is_gone_refreshes_to_the_latest(path: 
     gone = pickle.loads(blob)
     shutil.rmtree(path)
     assert "unavailable" in repr(gone)
+
+
+def test_retention_can_be_set_on_an_open_store(path: Path) -> None:
+    with lv.Store.open(path) as store:
+        store.retention = 60
+        assert store.retention == 60
+        with pytest.raises(ValueError, match="from 0 to 1e15"):
+            store.retention = -1
+        with pytest.raises(TypeError):
+            store.retention = None  # type: ignore[assignment]
+        assert store.retention == 60

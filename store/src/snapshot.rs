@@ -100,6 +100,7 @@ impl Snapshot {
             return Err(Self::gone(root, v));
         }
         let mut first_err = None;
+        let mut spare_pin = None;
         for (version, path) in candidates {
             let pin = match checkpoint::pin(path) {
                 Ok(Some(pin)) => pin,
@@ -118,33 +119,38 @@ impl Snapshot {
                     continue;
                 }
             };
-            match Self::from_checkpoint(root, Some((*version, path, pin)), at) {
-                Ok(snap) => return Ok(Some(snap)),
+            match Self::from_checkpoint(root, Some((*version, path)), at) {
+                Ok(mut snap) => {
+                    snap._pin = Some(pin);
+                    return Ok(Some(snap));
+                }
                 Err(e) => {
                     first_err.get_or_insert(e);
+                    // Unusable, but still a pin: it tells the writer a
+                    // reader may see anything committed after its version.
+                    spare_pin.get_or_insert(pin);
                 }
             }
         }
         match Self::from_checkpoint(root, None, at) {
-            Ok(snap) => Ok(Some(snap)),
+            Ok(mut snap) => {
+                snap._pin = spare_pin;
+                Ok(Some(snap))
+            }
             Err(e) => Err(first_err.unwrap_or(e)),
         }
     }
 
-    /// The snapshot from one pinned checkpoint (or none: the whole
-    /// journal) plus the committed journal after it, up to version `at`.
+    /// The snapshot from one checkpoint (or none: the whole journal) plus
+    /// the committed journal after it, up to version `at`; the caller pins.
     fn from_checkpoint(
         root: &Path,
-        base: Option<(u64, &PathBuf, Pin)>,
+        base: Option<(u64, &PathBuf)>,
         at: Option<u64>,
     ) -> Result<Snapshot> {
-        let (doc, pin, base) = match base {
-            None => (None, None, None),
-            Some((version, path, pin)) => (
-                Some(checkpoint::read(path)?),
-                Some(pin),
-                Some((version, path.clone())),
-            ),
+        let (doc, base) = match base {
+            None => (None, None),
+            Some((version, path)) => (Some(checkpoint::read(path)?), Some((version, path.clone()))),
         };
         let mut runs = Vec::new();
         if let Some(doc) = &doc {
@@ -162,7 +168,7 @@ impl Snapshot {
             version: doc.as_ref().map_or(0, |d| d.version),
             len: doc.as_ref().map_or(0, |d| d.records),
             indexes: read_index_list(root),
-            _pin: pin,
+            _pin: None, // set by the caller
         };
         let limit = at.map(|v| v.saturating_sub(snap.version));
         snap.read_tail(limit)?;

@@ -511,3 +511,27 @@ fn journal_segments_stay_consecutive_for_readers_to_probe() {
     assert_eq!(values(&r)["k02"], 2);
     assert_eq!(r.len().unwrap(), 20);
 }
+
+#[test]
+fn a_reader_of_a_store_never_closed_keeps_its_payloads_too() {
+    // Found by a trial: a new store that was only flushed had no
+    // checkpoint, so its readers pinned nothing and lost their payloads.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.lv");
+    let writer = Store::open(&path, Mode::Create).unwrap();
+    writer.set_retention(Duration::ZERO);
+    put(&writer, "k", 1);
+    writer.flush().unwrap();
+    let reader = Store::open(&path, Mode::ReadOnly).unwrap();
+    let old = reader.get("k").unwrap().unwrap();
+    put(&writer, "k", 2);
+    writer.flush().unwrap();
+    writer.gc().unwrap();
+    assert_eq!(
+        map_payload(&path, &old.arrays["x"]).unwrap().as_bytes(),
+        &[1u8; 100][..]
+    );
+    drop(reader);
+    writer.gc().unwrap();
+    assert!(map_payload(&path, &old.arrays["x"]).is_err());
+}

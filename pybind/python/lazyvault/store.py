@@ -112,7 +112,9 @@ def _retention_seconds(retention: object) -> float | None:
         raise TypeError(f"retention is a number of seconds, not {retention!r}")
     seconds = float(retention)
     if not (math.isfinite(seconds) and 0 <= seconds <= 1e15):
-        raise ValueError(f"retention must be a finite number of seconds >= 0, not {seconds:.6g}")
+        raise ValueError(
+            f"retention must be a finite number of seconds from 0 to 1e15, not {seconds:.6g}"
+        )
     return seconds
 
 
@@ -285,8 +287,17 @@ class Store(MutableMapping[str, Record]):
     @property
     def retention(self) -> float:
         """Seconds superseded data is kept for readers on other machines
-        (see :meth:`open`)."""
+        (see :meth:`open`); settable, for this handle's later flushes,
+        closes and ``gc()`` (``TypeError``/``ValueError`` as in
+        :meth:`open`)."""
         return self._core.retention
+
+    @retention.setter
+    def retention(self, seconds: float) -> None:
+        checked = _retention_seconds(seconds)
+        if checked is None:
+            raise TypeError("retention is a number of seconds, not None")
+        self._core.retention = checked
 
     @property
     def allow_pickle(self) -> bool:

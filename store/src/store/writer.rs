@@ -190,13 +190,23 @@ impl Writer {
             checkpointed_bytes: 0,
             runs: base.map(|b| b.runs),
         };
-        Ok(Writer {
+        let writer = Writer {
             root: root.to_owned(),
             opener_pid: std::process::id(),
             index: Some(index),
             state: Mutex::new(state),
             lock_file: Mutex::new(Some(lock_file)),
-        })
+        };
+        // Readers pin a checkpoint to keep what they see: a store must have
+        // one before the writer removes anything (a new store gets an empty
+        // one; a store written by lazyvault 1.1, a full one, once).
+        {
+            let mut w = writer.lock();
+            if w.runs.is_none() {
+                writer.checkpoint(&mut w, true, Duration::MAX)?;
+            }
+        }
+        Ok(writer)
     }
 
     /// Refuses a write of about `bytes` (payloads and records) when it
