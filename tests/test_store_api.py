@@ -74,7 +74,7 @@ def test_any_nonempty_string_is_a_key_and_none_reaches_a_path(
     assert sorted(store) == sorted(HOSTILE_KEYS)
     # nothing was created next to the store, and inside it only our own names
     assert sorted(p.name for p in tmp_path.iterdir()) == before
-    allowed_top = {"lazyvault.json", "lazyvault.lock", "index", "arrays", "journal"}
+    allowed_top = {"lazyvault.json", "lazyvault.lock", "index", "arrays", "journal", "checkpoints"}
     assert {p.name for p in store_path.iterdir()} <= allowed_top
     for p in (store_path / "journal").iterdir():  # segments are numbered, never keyed
         assert len(p.name) == 20 and p.name.endswith(".log")
