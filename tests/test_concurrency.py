@@ -1,4 +1,4 @@
-"""Concurrency (DESIGN.md invariant 8): one writer process at a time, readers
+"""Concurrency (FORMAT.md, "Lock file" and "Reading beside a writer"): one writer process at a time, readers
 beside it; another process's first write is refused at once with the
 writer's PID, handles in one process share the writer role, hand-offs
 between writers are clean, sled is never used across fork(), and many processes map

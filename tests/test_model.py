@@ -3,7 +3,7 @@ close/reopen, gc and verify against a dict oracle (hypothesis
 RuleBasedStateMachine). After every step the store holds exactly what the
 oracle holds: keys, metadata (types and order included), array bytes,
 dtypes and memory order; and arrays mapped earlier keep their data whatever
-happened to their records since (DESIGN.md invariant 2)."""
+happened to their records since (FORMAT.md, "Record journal")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""A lost or damaged index is rebuilt from the record journal (DESIGN.md
-invariant 7), from Python and from the CLI; verify checks the journal and the
+"""A lost or damaged index is rebuilt from the record journal (FORMAT.md,
+"Repair"), from Python and from the CLI; verify checks the journal and the
 payload checksums recorded at write time, with a progress report."""
 
 from __future__ import annotations

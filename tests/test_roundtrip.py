@@ -1,5 +1,5 @@
 """Invariant 5 (every dtype numpy writes round-trips as a standard .npy) and
-the object splitting of DESIGN.md (arrays anywhere become payloads)."""
+the object splitting of FORMAT.md, "Layout" (arrays anywhere become payloads)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-//! The index is derived data (DESIGN.md invariant 7): deleting or damaging
+//! The index is derived data (FORMAT.md, "Repair"): deleting or damaging
 //! it loses no committed record, `Store::repair` rebuilds it from the record
 //! journal and payloads.
 

@@ -1,4 +1,4 @@
-//! The index interface (DESIGN.md invariant 7): what the store reads
+//! The index interface (FORMAT.md, "Index": derived data): what the store reads
 //! records through. Two implementations: the writer's sled index
 //! ([`sled::Index`], the only module that knows sled) and a reader's
 //! checkpoint-plus-journal view ([`crate::snapshot::Snapshot`]). Queries,

@@ -1,5 +1,5 @@
-//! The writer's index: the only module that knows sled (DESIGN.md
-//! invariant 7).
+//! The writer's index: the only module that knows sled (derived data:
+//! FORMAT.md, "Index").
 //!
 //! One sled tree holds, under one-byte prefixes, the record JSON of each key
 //! (`r`), the pickled remainder of the keys that have one (`p`), the

@@ -477,7 +477,7 @@ impl Store {
     }
 
     /// Rebuilds the index of the store at `path` from its record journal
-    /// and payloads (DESIGN.md invariant 7), for a lost or damaged index.
+    /// and payloads (FORMAT.md, "Repair": the index is derived data), for a lost or damaged index.
     ///
     /// Takes the store's lock; moves the old index directory aside (to
     /// `index.damaged-<n>`, never deleted); replays the journal (each
