@@ -346,7 +346,8 @@ def plug_pickling(hooks: PicklingHooks) -> None:
     """Makes ``hooks`` the way records pickle (called by ``_pickling``)."""
     global _pickling
     _pickling = hooks
-    for cls in (Record, *Record.__subclasses__()):
+    hooks.register_class(Record)
+    for cls in Record.__subclasses__():  # made before (none when imported as usual)
         hooks.register_class(cls)
 
 
