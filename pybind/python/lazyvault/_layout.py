@@ -448,9 +448,8 @@ def join(
                 leftovers.append(unpickler.load())
         return leftovers[i]
 
-    # the layout is well-formed (scan): every node below is one of these
     def build(node: Any) -> Any:
-        if type(node) is not dict:
+        if not isinstance(node, dict):
             return node
         ((kind, body),) = node.items()
         if kind == "dict":
@@ -467,10 +466,12 @@ def join(
             return np.dtype(body[0]).type(body[1])
         if kind == "pickle":
             return leftover(body)
-        cls = _find_class(body["class"])  # an "object" node
-        obj = cls.__new__(cls)
-        obj.__dict__.update(build({"dict": body["state"]}))
-        return obj
+        if kind == "object":
+            cls = _find_class(body["class"])
+            obj = cls.__new__(cls)
+            obj.__dict__.update(build({"dict": body["state"]}))
+            return obj
+        raise ValueError(f"{what}: unknown layout node {kind!r}")  # scan() let none through
 
     try:
         return build(layout)
