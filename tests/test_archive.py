@@ -493,10 +493,10 @@ def test_loads_rejects_non_buffers_and_non_archives() -> None:
 def test_zip64_members_read_by_numpy_and_lazyvault() -> None:
     # The path a payload of 4 GiB or more takes (zip64 size fields), on a
     # small array: numpy's zipfile and lazyvault's reader both follow it.
-    from lazyvault import _arrays, _lazyvault, _split
+    from lazyvault import _arrays, _layout, _lazyvault
 
     obj = {"x": np.arange(1000.0), "m": 1}
-    parts, splitter = _split.split(obj)
+    parts, splitter = _layout.split(obj)
     arrays = [_arrays.payload_args(n, a) for n, a in splitter.arrays.items()]
     data = _lazyvault.dumps_archive(
         "obj", parts.meta_json(), parts.layout_json(), arrays, None, force_zip64=True

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
-from . import _arrays, _display, _lazyvault, _split
+from . import _arrays, _display, _frame, _layout, _lazyvault
 from ._source import refuse_pickled_array
 from .errors import (
     ClosedError,
@@ -32,11 +32,10 @@ from .errors import (
     ReadOnlyError,
 )
 from .record import Record
+from .store import Results, Store, check_key, plug_file_opener, raw_record
 
 if TYPE_CHECKING:
     import pandas as pd
-
-    from .store import Results, Store
 
 __all__ = [
     "Archive",
@@ -231,8 +230,6 @@ class Archive(Mapping[str, Record]):
     def find(self, expr: str | Callable[[Record], bool]) -> Results:
         """Records whose metadata match ``expr`` (a query string, or a
         callable taking a :class:`Record`), in archive order."""
-        from .store import Results
-
         core = self._live()
         if callable(expr):
             keys = [k for k in core.keys() if expr(self[k])]
@@ -280,8 +277,6 @@ class Archive(Mapping[str, Record]):
     def to_pandas(self, expr: str | None = None) -> pd.DataFrame:
         """The records (or those matching ``expr``) as a pandas DataFrame,
         as :meth:`lazyvault.Store.to_pandas`."""
-        from . import _frame
-
         keys = self._live().keys() if expr is None else self.keys(expr)
         return _frame.records_frame(self.__getitem__, keys)
 
@@ -325,6 +320,26 @@ def open_archive(path: str | os.PathLike[str], allow_pickle: bool = False) -> Ar
     return Archive(_lazyvault.ArchiveCore.open(path), allow_pickle, path)
 
 
+def open_if_archive(
+    path: str | os.PathLike[str], mode: str | None, allow_pickle: bool
+) -> Archive | None:
+    """What ``Store.open`` opens for a file that starts like a zip (whatever
+    its extension): the archive, read-only, or :class:`ReadOnlyError` for a
+    mode other than ``"r"``; ``None`` for anything else."""
+    if not is_archive_file(path):
+        return None
+    if mode not in (None, "r"):
+        raise ReadOnlyError(
+            f"{os.fspath(path)!r} is a .lvz archive, which is read-only: open it with "
+            f"mode='r' (or no mode), not {mode!r}; to change its records, "
+            "import it into a store (store.import_file(path))"
+        )
+    return open_archive(path, allow_pickle=allow_pickle)
+
+
+plug_file_opener(open_if_archive)
+
+
 def _resolve_keys(store: Store, keys: Iterable[str] | None, query: str | None) -> list[str]:
     if keys is not None and query is not None:
         raise ValueError("export takes keys or query, not both")
@@ -351,20 +366,17 @@ def export_lvz(
     matching its record) and renamed into place. A key without a record
     raises :class:`MissingKeyError` and leaves ``path`` untouched.
     """
-    from .store import _check_key
-
-    selected = [_check_key(k) for k in _resolve_keys(store, keys, query)]
-    core = store._core
+    selected = [check_key(k) for k in _resolve_keys(store, keys, query)]
     items = []
     seen = set()
     for key in selected:
         if key in seen:
             continue
         seen.add(key)
-        raw = core.get(key)
-        if raw is None:
+        got = raw_record(store, key)
+        if got is None:
             raise MissingKeyError(key)
-        items.append((key, raw, core.get_pickle(key)))
+        items.append((key, *got))
     _lazyvault.write_store_archive(os.fspath(path), store.path, items)
     return [item[0] for item in items]
 
@@ -374,12 +386,7 @@ def dumps(obj: Any) -> bytes:
     ``pickle.dumps``; read it back with :func:`loads`). Arrays are split out
     as ``.npy`` members exactly as ``Store.__setitem__`` does; equal inputs
     give equal bytes."""
-    parts, splitter = _split.split(obj)
-    pickled = splitter.pickle_leftovers(parts.leftovers) if parts.leftovers else None
-    arrays = [_arrays.payload_args(name, a) for name, a in splitter.arrays.items()]
-    return _lazyvault.dumps_archive(
-        DUMPS_KEY, parts.meta_json(), parts.layout_json(), arrays, pickled
-    )
+    return _lazyvault.dumps_archive(DUMPS_KEY, *_layout.encode(obj))
 
 
 def loads(buffer: Any, *, allow_pickle: bool = False) -> Any:

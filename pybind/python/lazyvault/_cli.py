@@ -25,7 +25,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
-from . import __version__, _display
+from . import _display, demo
+from ._lazyvault import __version__
 from .demo import DEFAULT_DATA_DIR
 from .errors import InteropError, LazyvaultError, MissingKeyError, StoreNotFoundError
 from .record import Record
@@ -74,8 +75,6 @@ def _dump(value: Any, out: TextIO) -> None:
 
 
 def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
-    from . import demo
-
     if args.limit is not None and args.limit < 0:
         print(f"{PROG}: --limit must be >= 0", file=sys.stderr)
         return 2

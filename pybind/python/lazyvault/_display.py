@@ -14,7 +14,7 @@ every one of them, and the text shows unprintable keys as ``repr``.
 from __future__ import annotations
 
 import html
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -135,11 +135,11 @@ def _more(total: int, shown: int, what: str) -> str | None:
 # -- one record ---------------------------------------------------------------
 
 
-def _record_parts(rec: Record) -> tuple[str, _Table, _Table]:
-    """(summary line, fields table, arrays table) of one record."""
+def _record_parts(rec: Record, loaded: Collection[str]) -> tuple[str, _Table, _Table]:
+    """(summary line, fields table, arrays table) of one record; ``loaded``:
+    the arrays the proxy has loaded so far (nothing is opened here)."""
     fields = flatten(rec.meta)
     arrays = rec.arrays
-    loaded = set(rec._cache)  # what this proxy has loaded so far; nothing is opened here
     total = sum(info.nbytes for info in arrays.values())
     summary = (
         f"{len(fields):,} field{'s' * (len(fields) != 1)}, "
@@ -171,10 +171,10 @@ def _record_title(rec: Record) -> str:
     return f"lazyvault.Record {rec.key!r}{where}"
 
 
-def record_text(rec: Record) -> str:
+def record_text(rec: Record, loaded: Collection[str]) -> str:
     """Several lines: the key, the metadata (nested fields as dotted names)
-    and the arrays (shape, dtype, size, order, loaded yet or not)."""
-    summary, meta_table, array_table = _record_parts(rec)
+    and the arrays (shape, dtype, size, order, whether in ``loaded``)."""
+    summary, meta_table, array_table = _record_parts(rec, loaded)
     lines = [f"{_record_title(rec)}: {summary}"]
     if meta_table.rows:
         lines.extend(meta_table.text())
@@ -183,9 +183,9 @@ def record_text(rec: Record) -> str:
     return "\n".join(lines)
 
 
-def record_html(rec: Record) -> str:
+def record_html(rec: Record, loaded: Collection[str]) -> str:
     """The same as :func:`record_text` as an HTML fragment (two tables)."""
-    summary, meta_table, array_table = _record_parts(rec)
+    summary, meta_table, array_table = _record_parts(rec, loaded)
     parts = [
         '<div class="lazyvault-record">',
         _STYLE,

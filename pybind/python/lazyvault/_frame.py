@@ -8,11 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 from . import _arrays
 from ._display import flatten
+from .record import Record, array_entries
 
 if TYPE_CHECKING:
     import pandas as pd
-
-    from .record import Record
 
 __all__ = ["records_frame"]
 
@@ -46,9 +45,9 @@ def records_frame(get: Callable[[str], Record], keys: Iterable[str]) -> pd.DataF
     index: list[str] = []
     rows: list[dict[str, Any]] = []
     for key in keys:
-        record = get(key)._record
-        row = flatten(record["meta"])
-        for name, entry in record["arrays"].items():
+        rec = get(key)
+        row = flatten(rec.meta)
+        for name, entry in array_entries(rec).items():
             row[f"{name}.shape"] = tuple(entry["shape"])
             row[f"{name}.dtype"] = str(_arrays.dtype_from_descr(entry["descr"]))
         index.append(key)

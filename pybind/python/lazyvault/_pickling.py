@@ -31,6 +31,9 @@ Three ways a :class:`~lazyvault.Record` leaves its process:
 
 A reference stays valid while its payload files exist: overwriting or
 deleting the record in the store and flushing removes them.
+
+This module plugs itself into ``record`` and ``store`` (a layer down: it
+builds Records and Stores when unpickling) when imported.
 """
 
 from __future__ import annotations
@@ -45,8 +48,18 @@ import numpy as np
 
 from . import _arrays
 from ._source import DirectorySource, MemorySource
-from .record import Record
-from .store import Store
+from .record import (
+    PicklingHooks,
+    Record,
+    array_entries,
+    entry_of,
+    has_remainder,
+    remainder_of,
+    source_of,
+)
+from .record import plug_pickling as plug_record_pickling
+from .store import Store, open_deferred
+from .store import plug_pickling as plug_store_pickling
 
 __all__ = ["RecordRef", "record_ref", "reduce_record", "reduce_store"]
 
@@ -58,14 +71,14 @@ def _arrays_of(record: Record) -> dict[str, np.ndarray]:
     source does not allow unpickling (it is never loaded behind the user's
     back, not even to pickle it again).
     """
-    return {name: record.array(name) for name in record._record["arrays"]}
+    return {name: record.array(name) for name in array_entries(record)}
 
 
 def _pickle_of(record: Record) -> bytes | None:
     """The pickled remainder bytes of ``record`` (not unpickled), if any."""
-    if not record._record.get("pickle"):
+    if not has_remainder(record):
         return None
-    return record._remainder()
+    return remainder_of(record)
 
 
 def _rebuild_record(
@@ -115,11 +128,11 @@ def reduce_record(record: Record, protocol: int) -> tuple[Any, ...]:
     return (
         _rebuild_record,
         (
-            record._key,
-            _without_payload_ids(record._record),
+            record.key,
+            _without_payload_ids(entry_of(record)),
             _arrays_of(record),
             _pickle_of(record),
-            bool(record._source.allow_pickle),
+            bool(source_of(record).allow_pickle),
         ),
     )
 
@@ -166,16 +179,16 @@ def _open_reference(
 
 
 def _reference_args(record: Record) -> tuple[str, str, dict[str, Any], bytes | None, bool]:
-    source = record._source
+    source = source_of(record)
     if type(source) is not DirectorySource:
         raise ValueError(
-            f"record {record._key!r} is not read from a store directory (it was unpickled "
+            f"record {record.key!r} is not read from a store directory (it was unpickled "
             "by value or comes from an archive): it has no reference; pickle it by value"
         )
     return (
         os.path.abspath(source.root),
-        record._key,
-        record._record,
+        record.key,
+        entry_of(record),
         _pickle_of(record),
         bool(source.allow_pickle),
     )
@@ -184,7 +197,7 @@ def _reference_args(record: Record) -> tuple[str, str, dict[str, Any], bytes | N
 def _reduce_for_multiprocessing(record: Record) -> tuple[Any, ...]:
     """The reducer registered with ``multiprocessing``'s ``ForkingPickler``:
     by reference for a record of a store directory, by value otherwise."""
-    if type(record._source) is DirectorySource:
+    if type(source_of(record)) is DirectorySource:
         return (_open_reference, _reference_args(record))
     return reduce_record(record, 4)
 
@@ -194,9 +207,6 @@ def register_record_class(cls: type[Record]) -> None:
     properties, see ``record.py``) with ``ForkingPickler``, whose reducers
     are looked up by exact type."""
     ForkingPickler.register(cls, _reduce_for_multiprocessing)
-
-
-register_record_class(Record)
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
@@ -260,7 +270,7 @@ def _open_store(path: str, allow_pickle: bool, version: int | None) -> Store:
     from unpickling (which kills a Pool worker and hangs ``map``)."""
     if version is not None and (type(version) is not int or version < 0):
         raise ValueError(f"bad store version {version!r}")
-    return Store._deferred(path, "r", allow_pickle, version)
+    return open_deferred(path, "r", allow_pickle, version)
 
 
 def reduce_store(store: Store) -> tuple[Any, ...]:
@@ -272,3 +282,7 @@ def reduce_store(store: Store) -> tuple[Any, ...]:
     """
     version = None if store.closed else store.version
     return (_open_store, (os.path.abspath(store.path), store.allow_pickle, version))
+
+
+plug_record_pickling(PicklingHooks(reduce_record, record_ref, register_record_class))
+plug_store_pickling(reduce_store)

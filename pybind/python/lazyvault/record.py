@@ -6,11 +6,12 @@ import functools
 import keyword
 import math
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from . import _arrays, _display, _split
+from . import _arrays, _display, _layout
 
 if TYPE_CHECKING:
     from ._source import Source
@@ -157,33 +158,31 @@ class Record:
         (a class instance or a pickled remainder) and the store was opened
         without ``allow_pickle=True``.
         """
-        return _split.join(
+        return _layout.join(
             self._record["layout"],
             self.array,
             self._remainder,
             self._source.allow_pickle,
             f"record {self._key!r}",
+            array_paths=self._record["arrays"],
+            remainder=has_remainder(self),
         )
 
     def ref(self) -> Any:
         """A small, picklable reference to this record (store path + record
         entry): another process maps the same payload files without opening
         the index. See :class:`lazyvault.RecordRef`."""
-        from . import _pickling
-
-        return _pickling.record_ref(self)
+        return _plugged_pickling().ref(self)
 
     def __reduce_ex__(self, protocol: int) -> Any:
         # By value (PEP 574: arrays out-of-band with protocol 5); across
         # multiprocessing, by reference (see _pickling).
-        from . import _pickling
-
-        return _pickling.reduce_record(self, protocol)
+        return _plugged_pickling().reduce(self, protocol)
 
     def _remainder(self) -> bytes | None:
         """The pickled remainder of this record (read with it when it came
         from a store, so never the remainder of a record that replaced it)."""
-        if not self._record.get("pickle"):
+        if not has_remainder(self):
             return None
         if self._pickle is not None:
             return self._pickle
@@ -232,12 +231,12 @@ class Record:
     def _repr_html_(self) -> str:
         """The notebook display: metadata and arrays (shape, dtype, size,
         order, mapped yet or not) as HTML tables; opens no payload."""
-        return _display.record_html(self)
+        return _display.record_html(self, self._cache.keys())
 
     def __str__(self) -> str:
         """Several lines: metadata (nested fields as dotted names, the first
         20) and arrays (shape, dtype, size, order, mapped yet or not)."""
-        return _display.record_text(self)
+        return _display.record_text(self, self._cache.keys())
 
     def __repr__(self) -> str:
         meta = ", ".join(f"{k}={_display.short_repr(v)}" for k, v in list(self.meta.items())[:8])
@@ -290,7 +289,69 @@ def _with_array_properties(names: tuple[str, ...]) -> type[Record]:
     namespace.update(__slots__=(), __module__=Record.__module__, __qualname__="Record")
     namespace["__doc__"] = Record.__doc__
     cls = type("Record", (Record,), namespace)
-    from . import _pickling  # loaded by then (lazyvault/__init__); not at import: a cycle
-
-    _pickling.register_record_class(cls)
+    if _pickling is not None:
+        _pickling.register_class(cls)
     return cls
+
+
+# -- for the package's other modules ---------------------------------------------
+# A record's attribute names belong to the user's fields (``rec.layout`` is
+# the field "layout" of an object that has one), so what other modules read
+# off a record is offered here as functions, not as attributes.
+
+
+def entry_of(rec: Record) -> dict[str, Any]:
+    """The record entry as read (``meta``, ``arrays``, ``layout``,
+    ``pickle``): the record's own dict, not a copy; do not change it."""
+    return rec._record
+
+
+def array_entries(rec: Record) -> dict[str, dict[str, Any]]:
+    """``{path: array entry}`` (``id``, ``descr``, ``shape``, ...) in
+    stored order: the record's own dict, not a copy."""
+    return rec._record["arrays"]
+
+
+def has_remainder(rec: Record) -> bool:
+    """Whether the record has a pickled remainder."""
+    return bool(rec._record.get("pickle"))
+
+
+def remainder_of(rec: Record) -> bytes | None:
+    """The pickled remainder bytes of the record (not unpickled), if any."""
+    return rec._remainder()
+
+
+def source_of(rec: Record) -> Source:
+    """Where the record's arrays and remainder come from."""
+    return rec._source
+
+
+# -- seam: pickling ----------------------------------------------------------------
+# How a record pickles is _pickling's business, a layer up (unpickling builds
+# Records); it plugs its functions in here when imported, which
+# lazyvault/__init__ does before any record exists.
+
+
+class PicklingHooks(NamedTuple):
+    reduce: Callable[[Record, int], Any]  # Record.__reduce_ex__
+    ref: Callable[[Record], Any]  # Record.ref
+    register_class: Callable[[type[Record]], None]  # Record and each subclass made
+
+
+_pickling: PicklingHooks | None = None
+
+
+def plug_pickling(hooks: PicklingHooks) -> None:
+    """Makes ``hooks`` the way records pickle (called by ``_pickling``)."""
+    global _pickling
+    _pickling = hooks
+    hooks.register_class(Record)
+    for cls in Record.__subclasses__():  # made before (none when imported as usual)
+        hooks.register_class(cls)
+
+
+def _plugged_pickling() -> PicklingHooks:
+    if _pickling is None:
+        raise RuntimeError("lazyvault._pickling is not loaded: import lazyvault")
+    return _pickling

@@ -22,17 +22,15 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 
-from . import _archive, _arrays, _display, _lazyvault, _split
+from . import _arrays, _display, _frame, _layout, _lazyvault
 from ._progress import ProgressArg, progress_callback
 from ._source import DirectorySource
-from ._split import _text_ok
 from .errors import (
     InvalidKeyError,
     KeyTypeError,
     LazyvaultError,
     MissingKeyError,
     QueryError,
-    ReadOnlyError,
     StoreNotFoundError,
 )
 from .record import Record
@@ -64,13 +62,12 @@ _UPDATE_CHUNK_BYTES = 256 << 20
 def _put_args(key: str, obj: Any) -> tuple[Any, ...]:
     """What the core's ``put`` takes for storing ``obj`` under ``key``:
     ``(key, meta_json, layout_json, arrays, pickle or None)``."""
-    parts, splitter = _split.split(obj)
-    pickled = splitter.pickle_leftovers(parts.leftovers) if parts.leftovers else None
-    arrays = [_arrays.payload_args(name, a) for name, a in splitter.arrays.items()]
-    return (key, parts.meta_json(), parts.layout_json(), arrays, pickled)
+    return (key, *_layout.encode(obj))
 
 
-def _check_key(key: object) -> str:
+def check_key(key: object) -> str:
+    """``key`` as a ``str`` the store takes, or :class:`KeyTypeError` /
+    :class:`InvalidKeyError`."""
     if type(key) is not str:
         if not isinstance(key, str):
             raise KeyTypeError(f"keys are str, not {type(key).__name__}")
@@ -82,6 +79,9 @@ def _check_key(key: object) -> str:
             # lone surrogates: not Unicode scalar values, so not storable text
             raise InvalidKeyError(f"key {key!r} is not valid Unicode text: {e.reason}") from None
     return key
+
+
+_check_key = check_key  # the name _interop imports, until it takes check_key
 
 
 class _DeferredCore:
@@ -122,8 +122,8 @@ def _query_text(expr: object) -> str:
     """The query as text the core can take, or QueryError / TypeError."""
     if not isinstance(expr, str):
         raise TypeError(f"a query is a str, not {type(expr).__name__}")
-    if not _text_ok(expr):
-        column = next(i for i, c in enumerate(expr, 1) if not _text_ok(c))
+    if not _layout.text_ok(expr):
+        column = next(i for i, c in enumerate(expr, 1) if not _layout.text_ok(c))
         err = QueryError(f"query text is not valid Unicode at column {column}")
         err.column, err.expression, err.reason = column, expr, "not valid Unicode"
         raise err
@@ -153,18 +153,6 @@ class Store(MutableMapping[str, Record]):
             self._path, self._allow_pickle, lambda key: this()._core.get_pickle(key)
         )
         _open_stores.add(self)
-
-    @classmethod
-    def _deferred(
-        cls, path: str, mode: str, allow_pickle: bool, version: int | None = None
-    ) -> Store:
-        """A Store that opens ``path`` at its first use (how a pickled Store
-        comes back: unpickling never fails, the first use raises where the
-        caller can see it), as of commit ``version`` when given."""
-        store = cls.__new__(cls)
-        core = _DeferredCore(store, path, mode, version)
-        cls.__init__(store, core, allow_pickle)  # type: ignore[arg-type]
-        return store
 
     # A Store is a handle, like a file object: equal only to itself (the
     # Mapping default would compare every record, loading everything).
@@ -220,14 +208,10 @@ class Store(MutableMapping[str, Record]):
         if type(allow_pickle) is not bool:
             raise TypeError(f"allow_pickle must be True or False, not {allow_pickle!r}")
         seconds = _retention_seconds(retention)  # checked before anything is opened
-        if _archive.is_archive_file(path):
-            if mode not in (None, "r"):
-                raise ReadOnlyError(
-                    f"{os.fspath(path)!r} is a .lvz archive, which is read-only: open it with "
-                    f"mode='r' (or no mode), not {mode!r}; to change its records, "
-                    "import it into a store (store.import_file(path))"
-                )
-            return _archive.open_archive(path, allow_pickle=allow_pickle)
+        if _open_file is not None:
+            opened = _open_file(path, mode, allow_pickle)  # an .lvz archive
+            if opened is not None:
+                return opened
         if os.fspath(path).endswith(".lvz") and not os.path.exists(path):
             # a mistyped archive name must not become a new directory store
             raise StoreNotFoundError(f"{os.fspath(path)}: no such archive")
@@ -317,7 +301,7 @@ class Store(MutableMapping[str, Record]):
         :class:`KeyTypeError` for a non-``str`` key, :class:`InvalidKeyError`
         for ``""``.
         """
-        key = _check_key(key)
+        key = check_key(key)
         got = self._core.get_full(key)
         if got is None:
             raise MissingKeyError(key)
@@ -332,7 +316,7 @@ class Store(MutableMapping[str, Record]):
         pickled remainder) goes into the index. Durable after :meth:`flush`
         or :meth:`close`.
         """
-        key = _check_key(key)
+        key = check_key(key)
         if isinstance(obj, Record):
             # a record from this or another store (or an archive): copy it as
             # a record (metadata, layout, payloads), never pickle the proxy
@@ -363,7 +347,7 @@ class Store(MutableMapping[str, Record]):
         loaded reads the replaced payload, which is gone after the next
         :meth:`flush` (``CorruptError``): take ``store[key]`` again.
         """
-        key = _check_key(key)
+        key = check_key(key)
         for name, a in arrays.items():
             if type(a) is not np.ndarray:  # subclasses (masked, matrix) would lose state
                 raise TypeError(
@@ -375,7 +359,7 @@ class Store(MutableMapping[str, Record]):
             raise MissingKeyError(key)
 
     def __delitem__(self, key: str) -> None:
-        key = _check_key(key)
+        key = check_key(key)
         if not self._core.delete(key):
             raise MissingKeyError(key)
 
@@ -439,7 +423,7 @@ class Store(MutableMapping[str, Record]):
                     report(done, total)
 
             for key, obj in itertools.chain(pairs, kwargs.items()):
-                key = _check_key(key)
+                key = check_key(key)
                 if isinstance(obj, Record):
                     send()  # keep the order: a copied record goes alone
                     self[key] = obj
@@ -455,7 +439,7 @@ class Store(MutableMapping[str, Record]):
             send()
 
     def __contains__(self, key: object) -> bool:
-        return self._core.contains(_check_key(key))
+        return self._core.contains(check_key(key))
 
     def __iter__(self) -> Iterator[str]:
         """Keys in Unicode code point order (a snapshot taken now)."""
@@ -625,9 +609,9 @@ class Store(MutableMapping[str, Record]):
     def __reduce__(self) -> Any:
         """A Store pickles by path, version and allow_pickle; it comes back
         as a reader of that version (opened at its first use)."""
-        from . import _pickling
-
-        return _pickling.reduce_store(self)
+        if _reduce_store is None:
+            raise RuntimeError("lazyvault._pickling is not loaded: import lazyvault")
+        return _reduce_store(self)
 
     def export(
         self,
@@ -685,8 +669,6 @@ class Store(MutableMapping[str, Record]):
         Raises ``ModuleNotFoundError`` (an ``ImportError``) when pandas is
         not installed, :class:`QueryError` for a malformed ``expr``.
         """
-        from . import _frame
-
         keys = self._core.keys() if expr is None else self.keys(expr)
         return _frame.records_frame(self.__getitem__, keys)
 
@@ -729,6 +711,45 @@ class Store(MutableMapping[str, Record]):
             return f"<lazyvault.Store {self._path!r} (unavailable: {type(e).__name__}: {e})>"
 
 
+def open_deferred(path: str, mode: str, allow_pickle: bool, version: int | None = None) -> Store:
+    """A Store that opens ``path`` at its first use (how a pickled Store
+    comes back: unpickling never fails, the first use raises where the
+    caller can see it), as of commit ``version`` when given."""
+    store = Store.__new__(Store)
+    core = _DeferredCore(store, path, mode, version)
+    Store.__init__(store, core, allow_pickle)  # type: ignore[arg-type]
+    return store
+
+
+def raw_record(store: Store, key: str) -> tuple[bytes, bytes | None] | None:
+    """``(record JSON, pickled remainder or None)`` of ``key`` as the index
+    holds them (read together), or ``None``."""
+    return store._core.get_full(key)
+
+
+# -- seams: modules a layer up plug in here when imported (lazyvault/__init__
+# imports them before any store is opened) -----------------------------------
+
+#: ``(path, mode, allow_pickle)`` -> the opened file, or None when ``path`` is
+#: not one: how ``Store.open`` opens an .lvz archive (_archive, whose Archive
+#: hands out Results).
+_open_file: Callable[[str | os.PathLike[str], str | None, bool], Any] | None = None
+#: ``Store.__reduce__`` (_pickling: unpickling opens a Store).
+_reduce_store: Callable[[Store], Any] | None = None
+
+
+def plug_file_opener(opener: Callable[[str | os.PathLike[str], str | None, bool], Any]) -> None:
+    """Makes ``opener`` the way ``Store.open`` opens a file (``_archive``)."""
+    global _open_file
+    _open_file = opener
+
+
+def plug_pickling(reduce: Callable[[Store], Any]) -> None:
+    """Makes ``reduce`` the way a store pickles (``_pickling``)."""
+    global _reduce_store
+    _reduce_store = reduce
+
+
 class Results(Sequence[Record]):
     """The records a query matched: a sequence that builds each
     :class:`Record` only when asked (``len`` and ``keys()`` cost nothing)."""
@@ -759,8 +780,6 @@ class Results(Sequence[Record]):
 
     def to_pandas(self) -> pd.DataFrame:
         """These records as a pandas DataFrame, as :meth:`Store.to_pandas`."""
-        from . import _frame
-
         return _frame.records_frame(self._store.__getitem__, self._keys)
 
     def _title(self) -> str:

@@ -1,5 +1,6 @@
-"""Splitting an object into metadata, array payloads and a remainder, and
-joining them back.
+"""The object layout (schema/FORMAT.md, "Layout"): splitting an object into
+metadata, array payloads and a remainder, checking a layout read back, and
+joining the parts into the object again. The one module that walks layouts.
 
 An object becomes:
 
@@ -12,21 +13,28 @@ An object becomes:
 - ``leftovers``: values JSON cannot hold (sets, complex numbers, custom
   objects with their own pickling), pickled apart from the JSON so scans
   never parse them. Arrays inside them still become payloads.
+
+A layout read back (from a store, an archive, a pickle) is checked by
+:func:`scan` before anything is built: a malformed one raises
+:class:`CorruptError`, and the same walk tells which nodes need
+``allow_pickle``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import io
 import json
 import math
 import pickle
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Container
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import _arrays
 from .errors import CorruptError, LazyvaultError, PickleNotAllowedError
 
 _MISSING = object()
@@ -62,7 +70,7 @@ def _join_path(path: str, name: str) -> str:
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class defined in Python, not in C
 
 
-def _text_ok(text: str) -> bool:
+def text_ok(text: str) -> bool:
     """Whether ``text`` is Unicode text JSON and UTF-8 can hold (no lone
     surrogates)."""
     if text.isascii():
@@ -93,7 +101,7 @@ def _plain_state_class(value: Any) -> bool:
         and cls.__reduce__ is object.__reduce__
         and getattr(cls, "__getstate__", object.__getstate__) is object.__getstate__
         and not hasattr(cls, "__setstate__")
-        and all(type(k) is str and _text_ok(k) for k in vars(value))
+        and all(type(k) is str and text_ok(k) for k in vars(value))
     )
 
 
@@ -140,7 +148,7 @@ class _Splitter:
         if value is None or t is bool:
             return value, value
         if t is str:
-            if _text_ok(value):
+            if text_ok(value):
                 return value, value
         elif (t is dict or t is list or t is tuple or _plain_state_class(value)) and (
             depth < MAX_DEPTH and id(value) not in self._pickle_whole
@@ -175,7 +183,7 @@ class _Splitter:
         self, value: Any, path: str, leftovers: list[Any], depth: int
     ) -> tuple[Any, Any]:
         t = type(value)
-        if t is dict and all(type(k) is str and _text_ok(k) for k in value):
+        if t is dict and all(type(k) is str and text_ok(k) for k in value):
             nodes: dict[str, Any] = {}
             meta: dict[str, Any] = {}
             for k, v in value.items():
@@ -251,25 +259,125 @@ def split(obj: Any) -> tuple[Split, _Splitter]:
     return result, splitter
 
 
-def needs_pickle(layout: Any) -> str | None:
-    """Why rebuilding ``layout`` needs unpickling (a class import or a
-    pickled remainder), or ``None``. Walks node by node kind: the keys of a
-    ``dict`` node are user keys, never node kinds."""
+def encode(obj: Any) -> tuple[str, str, list[tuple[Any, ...]], bytes | None]:
+    """``obj`` as the core's ``put`` (and ``dumps_archive``) take it after
+    the key: ``(meta_json, layout_json, payload args, pickled remainder or
+    None)``."""
+    parts, splitter = split(obj)
+    # before listing the arrays: arrays inside leftovers become payloads too
+    pickled = splitter.pickle_leftovers(parts.leftovers) if parts.leftovers else None
+    arrays = [_arrays.payload_args(name, a) for name, a in splitter.arrays.items()]
+    return parts.meta_json(), parts.layout_json(), arrays, pickled
+
+
+# -- reading a layout back ------------------------------------------------------
+
+
+class Scan(NamedTuple):
+    """What :func:`scan` found in a layout."""
+
+    problem: str | None  # why it is malformed (the first thing found), or None
+    needs_pickle: str | None  # why rebuilding it needs unpickling, or None
+
+
+_NON_FINITE = ("nan", "inf", "-inf")
+
+
+def scan(layout: Any, array_paths: Container[str], remainder: bool) -> Scan:
+    """Checks ``layout`` node by node against schema/FORMAT.md, "Layout":
+    known node kinds of one member each with well-formed bodies, ``array``
+    nodes naming one of ``array_paths``, ``pickle`` nodes only when the
+    record has a pickled ``remainder``. On the way it notes the first node
+    that needs unpickling (an ``object`` node imports a class, a ``pickle``
+    node unpickles). The keys of a ``dict`` node are user keys, never node
+    kinds."""
+    needs: str | None = None
     stack = [layout]
     while stack:
         node = stack.pop()
-        if not isinstance(node, dict):
-            continue  # a JSON scalar
-        ((kind, body),) = node.items()
-        if kind == "object":
-            return f"it rebuilds an instance of {body['class']}"
-        if kind == "pickle":
-            return "part of it is a pickled remainder"
-        if kind == "dict":
-            stack.extend(body.values())
-        elif kind in ("list", "tuple"):
-            stack.extend(body)
-    return None
+        t = type(node)
+        if t is dict:
+            if len(node) != 1:
+                return Scan(f"a node has {len(node)} members, not one", needs)
+            ((kind, body),) = node.items()
+            b = type(body)
+            if kind == "dict" and b is dict:
+                stack.extend(body.values())
+            elif (kind == "list" or kind == "tuple") and b is list:
+                stack.extend(body)
+            elif kind == "array" and b is str:
+                if body not in array_paths:
+                    return Scan(f"{{'array': {body!r}}} names no array of the record", needs)
+            elif kind == "float" and b is str and body in _NON_FINITE:
+                pass
+            elif kind == "scalar" and _scalar_ok(body):
+                pass
+            elif kind == "object" and b is dict and _class_spec_ok(body.get("class")):
+                state = body.get("state")
+                if type(state) is not dict:
+                    return Scan(f"the object node of {body['class']} has no state dict", needs)
+                needs = needs or f"it rebuilds an instance of {body['class']}"
+                stack.extend(state.values())
+            elif kind == "pickle" and b is int and body >= 0:
+                if not remainder:
+                    return Scan(f"{node!r} but the record has no pickled remainder", needs)
+                needs = needs or "part of it is a pickled remainder"
+            elif kind in ("dict", "list", "tuple", "array", "float", "scalar", "object", "pickle"):
+                return Scan(f"a {kind!r} node holds {_cut(body)}", needs)
+            else:
+                return Scan(f"unknown node kind {_cut(kind)}", needs)
+        elif t is float:
+            if not math.isfinite(node):
+                return Scan(f"a non-finite JSON number {node!r}", needs)
+        elif t is int:
+            if not _INT_MIN <= node <= _INT_MAX:
+                return Scan(f"the integer {node} is out of range", needs)
+        elif not (node is None or t is bool or t is str):
+            # a JSON array (a list is {"list": [...]}), or not JSON at all
+            return Scan(f"a {t.__name__} where a node belongs: {_cut(node)}", needs)
+    return Scan(None, needs)
+
+
+def problem(layout: Any, array_paths: Container[str], remainder: bool = False) -> str | None:
+    """Why ``layout`` is malformed (see :func:`scan`), or ``None``: for
+    readers that report it their own way (an npz manifest's layout, which
+    comes without a pickled remainder, is an ``InvalidFileError``)."""
+    return scan(layout, array_paths, remainder).problem
+
+
+def _cut(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _scalar_ok(body: Any) -> bool:
+    """A ``scalar`` node's body: ``[dtype str, JSON bool or finite number]``."""
+    if type(body) is not list or len(body) != 2 or type(body[0]) is not str:
+        return False
+    value = body[1]
+    t = type(value)
+    if not (t is bool or t is int or (t is float and math.isfinite(value))):
+        return False
+    return _scalar_dtype_ok(body[0])
+
+
+@functools.lru_cache(maxsize=64)
+def _scalar_dtype_ok(descr: str) -> bool:
+    """Whether ``descr`` is a dtype a ``scalar`` node may have: bool, int,
+    uint, or float of at most 8 bytes."""
+    try:
+        dtype = np.dtype(descr)
+    except Exception:  # numpy raises TypeError, ValueError, SyntaxError...
+        return False
+    return dtype.kind in "biu" or (dtype.kind == "f" and dtype.itemsize <= 8)
+
+
+def _class_spec_ok(spec: Any) -> bool:
+    """``"<module>:<qualname>"`` (whether it names a class shows at import)."""
+    if type(spec) is not str:
+        return False
+    module, sep, qualname = spec.partition(":")
+    return bool(module and sep and qualname)
 
 
 def _find_class(spec: str) -> type:
@@ -288,22 +396,29 @@ def join(
     get_pickle: Callable[[], bytes | None],
     allow_pickle: bool,
     what: str,
+    *,
+    array_paths: Container[str],
+    remainder: bool,
 ) -> Any:
     """Rebuilds the object described by ``layout``.
 
     ``get_array(path)`` returns the (memory-mapped) array of a path;
-    ``get_pickle()`` the pickled remainder. Raises
-    :class:`PickleNotAllowedError` if rebuilding needs unpickling and
-    ``allow_pickle`` is false.
+    ``get_pickle()`` the pickled remainder; ``array_paths`` and
+    ``remainder`` are the arrays and whether there is a remainder, as the
+    record says. Checks the whole layout first (:func:`scan`). Raises
+    :class:`CorruptError` for a malformed layout or one that does not
+    describe an object, :class:`PickleNotAllowedError` if rebuilding needs
+    unpickling and ``allow_pickle`` is false.
     """
-    if not allow_pickle:
-        reason = needs_pickle(layout)
-        if reason is not None:
-            raise PickleNotAllowedError(
-                f"{what}: loading it needs unpickling ({reason}), which can run arbitrary "
-                "code; open the store with allow_pickle=True if you trust it. Its metadata "
-                "and arrays stay readable without it (.meta, .arrays)."
-            )
+    found = scan(layout, array_paths, remainder)
+    if found.problem is not None:
+        raise CorruptError(f"{what}: malformed layout: {found.problem}")
+    if not allow_pickle and found.needs_pickle is not None:
+        raise PickleNotAllowedError(
+            f"{what}: loading it needs unpickling ({found.needs_pickle}), which can run "
+            "arbitrary code; open the store with allow_pickle=True if you trust it. Its "
+            "metadata and arrays stay readable without it (.meta, .arrays)."
+        )
     arrays: dict[str, np.ndarray] = {}
     leftovers: list[Any] | None = None
 
@@ -317,7 +432,7 @@ def join(
         if leftovers is None:
             data = get_pickle()
             if data is None:
-                raise PickleNotAllowedError(f"{what}: its pickled remainder is missing")
+                raise CorruptError(f"{what}: its pickled remainder is missing")
 
             class _Unpickler(pickle.Unpickler):
                 def persistent_load(self, pid: Any) -> Any:
@@ -356,13 +471,23 @@ def join(
             obj = cls.__new__(cls)
             obj.__dict__.update(build({"dict": body["state"]}))
             return obj
-        raise ValueError(f"{what}: unknown layout node {kind!r}")
+        raise ValueError(f"{what}: unknown layout node {kind!r}")  # scan() let none through
 
     try:
         return build(layout)
     except LazyvaultError:
         raise
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError, EOFError) as e:
+    except (
+        ValueError,
+        TypeError,
+        KeyError,
+        IndexError,
+        AttributeError,
+        EOFError,
+        OverflowError,
+        ImportError,
+        pickle.UnpicklingError,
+    ) as e:
         # a layout or remainder that does not describe an object: damage
-        # (or a class that changed since it was stored)
+        # (or a class that changed or went away since it was stored)
         raise CorruptError(f"{what}: cannot rebuild the object: {e!r}") from e

@@ -1,0 +1,203 @@
+"""Malformed layouts (schema/FORMAT.md, "Layout") read back through every
+path that reads one: ``lv.loads`` of a blob, an ``.lvz`` archive, a store's
+record, a record pickled by value or passed by reference. Each raises
+:class:`CorruptError`, with or without ``allow_pickle``, before anything is
+built."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import lazyvault as lv
+from lazyvault import _arrays, _layout, _lazyvault
+
+ARRAYS = {"x": np.arange(3)}
+
+MALFORMED: list[Any] = [
+    pytest.param([1, 2], id="json-array-as-node"),
+    pytest.param({}, id="no-member"),
+    pytest.param({"dict": {}, "list": []}, id="two-members"),
+    pytest.param({"eict": {}}, id="unknown-kind"),
+    pytest.param({"dict": [1]}, id="dict-of-list"),
+    pytest.param({"list": {"a": 1}}, id="list-of-dict"),
+    pytest.param({"tuple": 3}, id="tuple-of-int"),
+    pytest.param({"array": "missing"}, id="missing-array"),
+    pytest.param({"array": 0}, id="array-not-a-path"),
+    pytest.param({"float": "NaN"}, id="float-not-non-finite"),
+    pytest.param({"float": 1.5}, id="float-of-number"),
+    pytest.param({"scalar": ["|O", 1]}, id="scalar-object-dtype"),
+    pytest.param({"scalar": ["<c16", 1]}, id="scalar-complex-dtype"),
+    pytest.param({"scalar": ["nonsense", 1]}, id="scalar-unknown-dtype"),
+    pytest.param({"scalar": ["<f8"]}, id="scalar-without-value"),
+    pytest.param({"scalar": ["<f8", "1"]}, id="scalar-of-text"),
+    pytest.param({"object": {"class": "no colon", "state": {}}}, id="class-spec-without-colon"),
+    pytest.param({"object": {"class": 3, "state": {}}}, id="class-spec-not-text"),
+    pytest.param({"object": {"class": "collections:OrderedDict"}}, id="object-without-state"),
+    pytest.param({"object": {"class": "collections:OrderedDict", "state": [1]}}, id="state-list"),
+    pytest.param({"pickle": 0}, id="pickle-without-remainder"),
+    pytest.param({"pickle": -1}, id="pickle-negative"),
+    pytest.param({"pickle": "0"}, id="pickle-index-text"),
+    pytest.param({"dict": {"ok": 1, "deep": {"list": [{"array": "nope"}]}}}, id="nested"),
+    # malformed under a node that needs unpickling: still damage, not a
+    # question of allow_pickle
+    pytest.param(
+        {"object": {"class": "collections:OrderedDict", "state": {"a": {"eict": 1}}}},
+        id="malformed-inside-object",
+    ),
+]
+
+#: Well-formed, but naming a class that cannot be imported: damage too, found
+#: when rebuilding (without allow_pickle nothing is imported: refused first).
+UNKNOWN_CLASSES: list[Any] = [
+    pytest.param({"object": {"class": "lazyvault_no_such_module:Thing", "state": {}}}, id="mod"),
+    pytest.param({"object": {"class": "collections:NoSuchClass", "state": {}}}, id="class"),
+    pytest.param({"object": {"class": "collections:namedtuple", "state": {}}}, id="not-a-class"),
+]
+
+
+def _blob(layout: Any, pickled: bytes | None = None) -> bytes:
+    arrays = [_arrays.payload_args(n, a) for n, a in ARRAYS.items()]
+    return _lazyvault.dumps_archive("obj", "{}", json.dumps(layout), arrays, pickled)
+
+
+def _store(path: Path, layouts: list[Any], allow_pickle: bool) -> lv.Store:
+    """A store with the record ``str(i)`` of ``layouts[i]``, opened again to read."""
+    with lv.Store.open(path, "w") as store:
+        arrays = [_arrays.payload_args(n, a) for n, a in ARRAYS.items()]
+        for i, layout in enumerate(layouts):
+            store._core.put(str(i), "{}", json.dumps(layout), arrays, None)
+    return lv.Store.open(path, "r", allow_pickle=allow_pickle)
+
+
+def _archived(tmp: Path, layout: Any, allow_pickle: bool) -> lv.Record:
+    path = tmp / "bad.lvz"
+    path.write_bytes(_blob(layout))
+    return lv.Store.open(path, allow_pickle=allow_pickle)["obj"]
+
+
+Load = Callable[[], Any]
+
+
+def _loads(tmp: Path, layouts: list[Any], allow: bool) -> list[Load]:
+    return [lambda x=x: lv.loads(_blob(x), allow_pickle=allow) for x in layouts]
+
+
+def _archive(tmp: Path, layouts: list[Any], allow: bool) -> list[Load]:
+    return [lambda x=x: _archived(tmp, x, allow).load() for x in layouts]
+
+
+def _from_store(tmp: Path, layouts: list[Any], allow: bool) -> list[Load]:
+    store = _store(tmp / "s.lv", layouts, allow)
+    return [lambda i=i: store[str(i)].load() for i in range(len(layouts))]
+
+
+def _by_value(tmp: Path, layouts: list[Any], allow: bool) -> list[Load]:
+    store = _store(tmp / "s.lv", layouts, allow)
+    return [
+        lambda i=i: pickle.loads(pickle.dumps(store[str(i)])).load() for i in range(len(layouts))
+    ]
+
+
+def _by_reference(tmp: Path, layouts: list[Any], allow: bool) -> list[Load]:
+    store = _store(tmp / "s.lv", layouts, allow)
+    return [lambda i=i: store[str(i)].ref().open().load() for i in range(len(layouts))]
+
+
+#: Every path that reads a layout back: (tmp_path, layouts, allow_pickle) ->
+#: one load per layout.
+READERS: dict[str, Callable[[Path, list[Any], bool], list[Load]]] = {
+    "loads": _loads,
+    "archive": _archive,
+    "store": _from_store,
+    "by-value": _by_value,
+    "by-reference": _by_reference,
+}
+
+
+def _values(params: list[Any]) -> list[tuple[str, Any]]:
+    return [(p.id, p.values[0]) for p in params]
+
+
+def _expect(load: Load, error: type[Exception], match: str, case: str) -> None:
+    try:
+        load()
+    except error as e:
+        assert match in str(e), (case, e)
+    except Exception as e:
+        pytest.fail(f"{case}: {e!r}, not {error.__name__}")
+    else:
+        pytest.fail(f"{case}: loaded")
+
+
+@pytest.mark.parametrize("allow_pickle", [False, True])
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_malformed_layouts_raise_corrupt_error(
+    tmp_path: Path, reader: str, allow_pickle: bool
+) -> None:
+    cases = _values(MALFORMED)
+    loads = READERS[reader](tmp_path, [layout for _, layout in cases], allow_pickle)
+    for (case, _), load in zip(cases, loads, strict=True):
+        _expect(load, lv.CorruptError, "malformed layout", case)
+
+
+@pytest.mark.parametrize("reader", ["loads", "store"])
+def test_a_class_that_cannot_be_imported_is_damage(tmp_path: Path, reader: str) -> None:
+    cases = _values(UNKNOWN_CLASSES)
+    layouts = [layout for _, layout in cases]
+    (tmp_path / "refused").mkdir()
+    (tmp_path / "allowed").mkdir()
+    refused = READERS[reader](tmp_path / "refused", layouts, False)
+    allowed = READERS[reader](tmp_path / "allowed", layouts, True)
+    for (case, _), refuse, load in zip(cases, refused, allowed, strict=True):
+        _expect(refuse, lv.PickleNotAllowedError, "allow_pickle", case)
+        _expect(load, lv.CorruptError, "cannot rebuild", case)
+
+
+def test_a_pickle_index_past_the_remainder_is_damage() -> None:
+    blob = _blob({"dict": {"a": {"pickle": 1}}}, pickle.dumps("only one", protocol=5))
+    with pytest.raises(lv.PickleNotAllowedError):
+        lv.loads(blob)
+    with pytest.raises(lv.CorruptError, match="cannot rebuild"):
+        lv.loads(blob, allow_pickle=True)
+
+
+def test_metadata_and_arrays_stay_readable(tmp_path: Path) -> None:
+    rec = _store(tmp_path / "s.lv", [{"eict": {}}], False)["0"]
+    assert rec.meta == {} and rec.x.tolist() == [0, 1, 2]
+
+
+def test_what_split_writes_scans_clean() -> None:
+    class Plain:
+        pass
+
+    obj_with_state = Plain()
+    obj_with_state.__dict__.update(a=1)
+    objects = [
+        None,
+        {"a": [1, 2.5, (True, "s")], "x": np.arange(3), "f": float("nan")},
+        {"s": np.float32(1.5), "i": np.int8(-3), "u": np.uint64(2**64 - 1), "b": np.bool_(1)},
+        {"tags": {1, 2}, "c": 1j, "arr": np.zeros(2)},
+        [2**63, -(2**63), 2**64 - 1, 2**64],
+    ]
+    for obj in objects:
+        parts, splitter = _layout.split(obj)
+        splitter.pickle_leftovers(parts.leftovers)
+        found = _layout.scan(parts.layout, splitter.arrays, bool(parts.leftovers))
+        assert found.problem is None, (obj, found)
+        assert (found.needs_pickle is not None) == bool(parts.leftovers)
+
+
+def test_problem_names_what_is_wrong() -> None:
+    assert _layout.problem({"dict": {"a": {"array": "x"}}}, {"x"}) is None
+    assert "names no array" in (_layout.problem({"array": "y"}, {"x"}) or "")
+    # npz manifests come without a pickled remainder
+    assert "no pickled remainder" in (_layout.problem({"pickle": 0}, set()) or "")
+    assert _layout.problem({"pickle": 0}, set(), remainder=True) is None
+    assert "unknown node kind" in (_layout.problem({"set": [1]}, set()) or "")
