@@ -1,6 +1,6 @@
-"""Concurrency (FORMAT.md, "Lock file" and "Reading beside a writer"): one writer process at a time, readers
-beside it; another process's first write is refused at once with the
-writer's PID, handles in one process share the writer role, hand-offs
+"""Concurrency (FORMAT.md, "Lock file" and "Reading beside a writer"): one
+writer process at a time, readers beside it; another process's first write
+is refused at once with the writer's PID, handles in one process share the writer role, hand-offs
 between writers are clean, sled is never used across fork(), and many processes map
 the same payloads (store payloads passed by reference, one .lvz archive)
 while a writer keeps writing."""
