@@ -4,6 +4,7 @@
 //! are the errors for C-style operators (`&&`, `!`, `=`) and malformed
 //! literals.
 
+use super::ast::CmpOp;
 use super::error::QueryError;
 
 /// The words that cannot start a path: they are operators or literals.
@@ -22,12 +23,8 @@ pub(super) enum Tok {
     BigInt(f64),
     Float(f64),
     Str(String),
-    Eq,
-    Ne,
-    Lt,
-    Le,
-    Gt,
-    Ge,
+    /// `== != < <= > >=` (`in` and `not` are words).
+    Cmp(CmpOp),
     LParen,
     RParen,
     LBracket,
@@ -124,19 +121,19 @@ impl<'s> Lexer<'s> {
             ',' => Tok::Comma,
             '.' => Tok::Dot,
             '-' => Tok::Minus,
-            '=' if self.eat('=') => Tok::Eq,
+            '=' if self.eat('=') => Tok::Cmp(CmpOp::Eq),
             '=' => return Err(self.error(col, "'=' is not an operator; use '==' to test equality")),
-            '!' if self.eat('=') => Tok::Ne,
+            '!' if self.eat('=') => Tok::Cmp(CmpOp::Ne),
             '!' => {
                 return Err(self.error(col, "'!' is not supported; use 'not' to negate a condition"))
             }
-            '<' if self.eat('=') => Tok::Le,
+            '<' if self.eat('=') => Tok::Cmp(CmpOp::Le),
             '<' if self.peek() == Some('>') => {
                 return Err(self.error(col, "'<>' is not supported; use '!='"))
             }
-            '<' => Tok::Lt,
-            '>' if self.eat('=') => Tok::Ge,
-            '>' => Tok::Gt,
+            '<' => Tok::Cmp(CmpOp::Lt),
+            '>' if self.eat('=') => Tok::Cmp(CmpOp::Ge),
+            '>' => Tok::Cmp(CmpOp::Gt),
             '&' | '|' => {
                 let op = if self.peek() == Some(c) {
                     format!("{c}{c}")

@@ -282,12 +282,7 @@ impl<'s> Parser<'s> {
     /// Consumes a comparison operator (`not in` is two tokens), if one comes.
     fn parse_operator(&mut self) -> Result<Option<CmpOp>, QueryError> {
         let op = match &self.cur.tok {
-            Tok::Eq => CmpOp::Eq,
-            Tok::Ne => CmpOp::Ne,
-            Tok::Lt => CmpOp::Lt,
-            Tok::Le => CmpOp::Le,
-            Tok::Gt => CmpOp::Gt,
-            Tok::Ge => CmpOp::Ge,
+            Tok::Cmp(op) => *op,
             Tok::Ident(w) if w == "in" => CmpOp::In,
             Tok::Ident(w) if w == "not" => {
                 self.advance()?;

@@ -284,6 +284,9 @@ fn plain_field(path: &PathExpr) -> Option<Vec<String>> {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::{json, Value};
+
+    use super::{IndexLookup, IndexPlan};
     use crate::query::Query;
 
     #[test]
@@ -302,5 +305,102 @@ mod tests {
         assert!(needs("exists(frames[0])").arrays);
         assert!(!needs("key == 'a'").arrays);
         assert!(needs("key == 'a'").fields.is_empty());
+    }
+
+    /// The plan of `src` when the fields `a`, `b` and `a.dtype` are indexed.
+    fn plan(src: &str) -> Option<IndexPlan> {
+        let indexed = |field: &[String]| {
+            matches!(
+                field.iter().map(String::as_str).collect::<Vec<_>>()[..],
+                ["a"] | ["b"] | ["a", "dtype"]
+            )
+        };
+        Query::parse(src).unwrap().index_plan(&indexed)
+    }
+
+    fn points(field: &str, values: Vec<Value>) -> Option<IndexPlan> {
+        Some(IndexPlan {
+            field: field.split('.').map(String::from).collect(),
+            lookup: IndexLookup::Points(values),
+        })
+    }
+
+    fn range(
+        field: &str,
+        lower: Option<(Value, bool)>,
+        upper: Option<(Value, bool)>,
+    ) -> Option<IndexPlan> {
+        Some(IndexPlan {
+            field: field.split('.').map(String::from).collect(),
+            lookup: IndexLookup::Range { lower, upper },
+        })
+    }
+
+    #[test]
+    fn index_plan_points_beat_ranges_and_fewer_points_win() {
+        assert_eq!(plan("a == 1"), points("a", vec![json!(1)]));
+        assert_eq!(plan("'x' == a"), points("a", vec![json!("x")]));
+        assert_eq!(
+            plan("a in [1, 'x', null]"),
+            points("a", vec![json!(1), json!("x"), json!(null)])
+        );
+        assert_eq!(plan("b in [1, 2] and a == 3"), points("a", vec![json!(3)]));
+        // A tie keeps the first.
+        assert_eq!(plan("b == 2 and a == 3"), points("b", vec![json!(2)]));
+        assert_eq!(plan("a > 0 and b == 2"), points("b", vec![json!(2)]));
+        assert_eq!(
+            plan("meta.a.dtype == 'f'"),
+            points("a.dtype", vec![json!("f")])
+        );
+    }
+
+    #[test]
+    fn index_plan_intersects_ranges_on_one_field() {
+        assert_eq!(plan("a > 1"), range("a", Some((json!(1), false)), None));
+        assert_eq!(plan("1 <= a"), range("a", Some((json!(1), true)), None));
+        assert_eq!(plan("'m' > a"), range("a", None, Some((json!("m"), false))));
+        assert_eq!(
+            plan("a > 1 and a <= 5.5"),
+            range("a", Some((json!(1), false)), Some((json!(5.5), true)))
+        );
+        assert_eq!(
+            plan("a > 1 and a >= 3 and a > 3 and a < 9 and a <= 7"),
+            range("a", Some((json!(3), false)), Some((json!(7), true)))
+        );
+        assert_eq!(
+            plan("1 < a < 4"),
+            range("a", Some((json!(1), false)), Some((json!(4), false)))
+        );
+        // Bounds of two kinds: nothing matches.
+        assert_eq!(plan("a > 1 and a < 'x'"), points("a", vec![]));
+        // Two-sided beats one-sided.
+        assert_eq!(
+            plan("a > 1 and b > 0 and b < 9"),
+            range("b", Some((json!(0), false)), Some((json!(9), false)))
+        );
+    }
+
+    #[test]
+    fn index_plan_skips_what_an_index_cannot_answer() {
+        for src in [
+            "a == 1 or b == 2",
+            "not a == 1",
+            "a != 1",
+            "1 in a",
+            "a not in [1]",
+            "a[0] == 1",
+            "a == [1]",
+            "a in [1, [2]]",
+            "a > true",
+            "a > [1]",
+            "c == 1",
+            "key == 'x'",
+            "a.dtype == 'f'",
+            "exists(a)",
+            "a.startswith('x')",
+            "a == b",
+        ] {
+            assert_eq!(plan(src), None, "{src}");
+        }
     }
 }
