@@ -31,6 +31,9 @@
 //! - `plan`: what a query allows a secondary index to narrow
 //!   ([`Query::index_plan`]) and what a scan must decode ([`Query::needs`]).
 //! - `error`: [`QueryError`] and its display with a caret under the column.
+//!
+//! Unit tests sit beside the code they test; `proptests` checks the whole
+//! language against a reference evaluator, with fixtures from `test_support`.
 
 mod ast;
 mod error;
