@@ -5,7 +5,7 @@
 //! fields `[(name, descr), (name, descr, shape), ...]` for a structured
 //! dtype. See "descr" in schema/FORMAT.md.
 
-use super::literal::{render, snippet, snippet_str, Lit, Parser};
+use super::literal::{render, snippet, Lit, Parser};
 use super::NpyError;
 
 /// Itemsize in bytes of a descr (Python-literal text, e.g. `'<f8'` or a list
@@ -38,7 +38,10 @@ pub(super) fn canonical_descr(descr: &str) -> Result<String, NpyError> {
     let lit = parse_descr_literal(descr).map_err(|e| match e {
         NpyError::Malformed { offset, reason } => NpyError::BadDescr {
             offset,
-            reason: format!("cannot parse {}: {reason}", snippet_str(descr)),
+            reason: format!(
+                "cannot parse {}: {reason}",
+                snippet(&Lit::Str(descr.to_owned()))
+            ),
         },
         other => other,
     })?;

@@ -235,37 +235,31 @@ fn header_dict(p: &mut Parser<'_>) -> Result<(String, bool, Vec<u64>), NpyError>
     let mut fortran_order = None;
     let mut shape = None;
     p.dict(|entry: Entry| {
-        let Entry {
-            key,
-            key_offset,
-            value,
-            value_offset,
-        } = entry;
         let bad_key = || NpyError::UnexpectedKey {
-            key: snippet(&key),
-            offset: key_offset,
+            key: snippet(&entry.key),
+            offset: entry.key_offset,
         };
-        let Lit::Str(k) = &key else {
+        let Lit::Str(k) = &entry.key else {
             return Err(bad_key());
         };
         match k.as_str() {
             "descr" => {
-                let d = checked_render(&value).map_err(|reason| NpyError::BadDescr {
-                    offset: value_offset,
+                let d = checked_render(&entry.value).map_err(|reason| NpyError::BadDescr {
+                    offset: entry.value_offset,
                     reason,
                 })?;
-                set_once(&mut descr, "descr", key_offset, d)
+                set_once(&mut descr, "descr", entry.key_offset, d)
             }
-            "fortran_order" => match value {
-                Lit::Bool(b) => set_once(&mut fortran_order, "fortran_order", key_offset, b),
+            "fortran_order" => match &entry.value {
+                Lit::Bool(b) => set_once(&mut fortran_order, "fortran_order", entry.key_offset, *b),
                 other => Err(NpyError::BadFortranOrder {
-                    value: snippet(&other),
-                    offset: value_offset,
+                    value: snippet(other),
+                    offset: entry.value_offset,
                 }),
             },
             "shape" => {
-                let s = convert_shape(&value, value_offset)?;
-                set_once(&mut shape, "shape", key_offset, s)
+                let s = convert_shape(&entry.value, entry.value_offset)?;
+                set_once(&mut shape, "shape", entry.key_offset, s)
             }
             _ => Err(bad_key()),
         }
@@ -615,41 +609,66 @@ mod tests {
 
     #[test]
     fn errors_locate_keys_and_values() {
-        // The offset is from the start of the file: 10 bytes of prefix, then the text.
-        let at = |text: &str, needle: &str| 10 + text.rfind(needle).unwrap() as u64;
-        let text = "{'descr': '<f8', 'fortran_order': False, 'shape': (), 'extra': 1}";
-        let e = assert_err(
-            parse_text(text),
-            |e| matches!(e, NpyError::UnexpectedKey { offset, .. } if *offset == at(text, "'extra'")),
-        );
+        // (header text, what the offset points at, the offset of the expected error).
+        type Locate = fn(&NpyError) -> Option<u64>;
+        let cases: [(&str, &str, Locate); 5] = [
+            (
+                "{'descr': '<f8', 'fortran_order': False, 'shape': (), 'extra': 1}",
+                "'extra'",
+                |e| match e {
+                    NpyError::UnexpectedKey { key, offset } if key == "'extra'" => Some(*offset),
+                    _ => None,
+                },
+            ),
+            (
+                "{'descr': '<f8', 'fortran_order': False, 'shape': (), 'descr': '<f4'}",
+                "'descr'",
+                |e| match e {
+                    NpyError::DuplicateKey {
+                        key: "descr",
+                        offset,
+                    } => Some(*offset),
+                    _ => None,
+                },
+            ),
+            (
+                "{'descr': '<f8', 'fortran_order': 0, 'shape': ()}",
+                "0",
+                |e| match e {
+                    NpyError::BadFortranOrder { value, offset } if value == "0" => Some(*offset),
+                    _ => None,
+                },
+            ),
+            (
+                "{'descr': '<f8', 'fortran_order': False, 'shape': (1, 'a')}",
+                "(1",
+                |e| match e {
+                    NpyError::BadShape { value, offset } if value == "(1, 'a')" => Some(*offset),
+                    _ => None,
+                },
+            ),
+            (
+                "{'descr': ('<f8',), 'fortran_order': False, 'shape': ()}",
+                "('<f8'",
+                |e| match e {
+                    NpyError::BadDescr { offset, .. } => Some(*offset),
+                    _ => None,
+                },
+            ),
+        ];
+        for (text, needle, locate) in cases {
+            let e = parse_text(text).unwrap_err();
+            // From the start of the file: 10 bytes of prefix, then the text.
+            let want = 10 + text.rfind(needle).unwrap() as u64;
+            assert_eq!(locate(&e), Some(want), "{text}: {e}");
+        }
+        let e = parse_text(cases[0].0).unwrap_err();
         assert_eq!(
             e.to_string(),
-            format!(
-                ".npy header dict has an unexpected key 'extra' at byte {} \
-                 (allowed: 'descr', 'fortran_order', 'shape')",
-                at(text, "'extra'")
-            )
+            ".npy header dict has an unexpected key 'extra' at byte 64 \
+             (allowed: 'descr', 'fortran_order', 'shape')"
         );
-        let text = "{'descr': '<f8', 'fortran_order': False, 'shape': (), 'descr': '<f4'}";
-        assert_err(
-            parse_text(text),
-            |e| matches!(e, NpyError::DuplicateKey { key: "descr", offset } if *offset == at(text, "'descr'")),
-        );
-        let text = "{'descr': '<f8', 'fortran_order': 0, 'shape': ()}";
-        assert_err(
-            parse_text(text),
-            |e| matches!(e, NpyError::BadFortranOrder { value, offset } if value == "0" && *offset == at(text, "0")),
-        );
-        let text = "{'descr': '<f8', 'fortran_order': False, 'shape': (1, 'a')}";
-        assert_err(
-            parse_text(text),
-            |e| matches!(e, NpyError::BadShape { value, offset } if value == "(1, 'a')" && *offset == at(text, "(1")),
-        );
-        let text = "{'descr': ('<f8',), 'fortran_order': False, 'shape': ()}";
-        let e = assert_err(
-            parse_text(text),
-            |e| matches!(e, NpyError::BadDescr { offset, .. } if *offset == at(text, "('<f8'")),
-        );
+        let e = parse_text(cases[4].0).unwrap_err();
         assert!(
             e.to_string().starts_with("bad .npy descr at byte 20: "),
             "{e}"
@@ -663,59 +682,48 @@ mod tests {
                 "{{'descr': {descr}, 'fortran_order': {order}, 'shape': {shape}, }}"
             ))
         };
-        assert_err(with("'<f8'", "False", "(3, -1)"), |e| {
-            matches!(e, NpyError::NegativeShape { axis: 1 })
-        });
-        assert_err(with("'<f8'", "False", "(-99999999999999999999,)"), |e| {
-            matches!(e, NpyError::NegativeShape { axis: 0 })
-        });
-        assert_err(with("'<f8'", "False", "(4294967296, 4294967296)"), |e| {
-            matches!(e, NpyError::ShapeOverflow)
-        });
-        assert_err(with("'<f8'", "False", "(18446744073709551616,)"), |e| {
-            matches!(e, NpyError::ShapeOverflow)
-        });
-        // numpy refuses this too, although a dimension is 0.
-        assert_err(with("'<f8'", "False", "(9223372036854775808, 0, 2)"), |e| {
-            matches!(e, NpyError::ShapeOverflow)
-        });
+        type Check = fn(&NpyError) -> bool;
+        let malformed: Check = |e| matches!(e, NpyError::Malformed { .. });
+        let bad_shape: Check = |e| matches!(e, NpyError::BadShape { .. });
+        let bad_descr: Check = |e| matches!(e, NpyError::BadDescr { .. });
+        let overflow: Check = |e| matches!(e, NpyError::ShapeOverflow);
+        let cases: [(&str, &str, &str, Check); 15] = [
+            ("'<f8'", "False", "(3, -1)", |e| {
+                matches!(e, NpyError::NegativeShape { axis: 1 })
+            }),
+            ("'<f8'", "False", "(-99999999999999999999,)", |e| {
+                matches!(e, NpyError::NegativeShape { axis: 0 })
+            }),
+            ("'<f8'", "False", "(4294967296, 4294967296)", overflow),
+            ("'<f8'", "False", "(18446744073709551616,)", overflow),
+            // numpy refuses this too, although a dimension is 0.
+            ("'<f8'", "False", "(9223372036854775808, 0, 2)", overflow),
+            ("'<f8'", "False", "3", bad_shape),
+            ("'<f8'", "False", "(True,)", bad_shape),
+            ("'<f8'", "False", "(3.0,)", malformed),
+            ("'<f8'", "False", "(03,)", malformed),
+            ("'<f8'", "False", "(0x3,)", malformed),
+            (
+                "'<f8'",
+                "1",
+                "()",
+                |e| matches!(e, NpyError::BadFortranOrder { value, .. } if value == "1"),
+            ),
+            ("'<f8'", "None", "()", malformed),
+            ("'<f8'", "Falsey", "()", malformed),
+            ("('<f8',)", "False", "()", bad_descr),
+            ("[('a', '<f4', (-1,))]", "False", "()", bad_descr),
+        ];
+        for (descr, order, shape, check) in cases {
+            assert_err(with(descr, order, shape), check);
+        }
+        // The largest dimension that fits is fine.
         assert_eq!(
             with("'<f8'", "False", "(18446744073709551615,)")
                 .unwrap()
                 .shape,
             vec![u64::MAX]
         );
-        assert_err(with("'<f8'", "False", "3"), |e| {
-            matches!(e, NpyError::BadShape { .. })
-        });
-        assert_err(with("'<f8'", "False", "(True,)"), |e| {
-            matches!(e, NpyError::BadShape { .. })
-        });
-        assert_err(with("'<f8'", "False", "(3.0,)"), |e| {
-            matches!(e, NpyError::Malformed { .. })
-        });
-        assert_err(with("'<f8'", "False", "(03,)"), |e| {
-            matches!(e, NpyError::Malformed { .. })
-        });
-        assert_err(with("'<f8'", "False", "(0x3,)"), |e| {
-            matches!(e, NpyError::Malformed { .. })
-        });
-        assert_err(
-            with("'<f8'", "1", "()"),
-            |e| matches!(e, NpyError::BadFortranOrder { value, .. } if value == "1"),
-        );
-        assert_err(with("'<f8'", "None", "()"), |e| {
-            matches!(e, NpyError::Malformed { .. })
-        });
-        assert_err(with("'<f8'", "Falsey", "()"), |e| {
-            matches!(e, NpyError::Malformed { .. })
-        });
-        assert_err(with("('<f8',)", "False", "()"), |e| {
-            matches!(e, NpyError::BadDescr { .. })
-        });
-        assert_err(with("[('a', '<f4', (-1,))]", "False", "()"), |e| {
-            matches!(e, NpyError::BadDescr { .. })
-        });
     }
 
     #[test]

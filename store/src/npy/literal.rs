@@ -162,13 +162,6 @@ pub(super) fn snippet(lit: &Lit) -> String {
     shorten(s)
 }
 
-/// Renders a string for an error message, quoted and shortened.
-pub(super) fn snippet_str(s: &str) -> String {
-    let mut out = String::new();
-    render_str(s, &mut out);
-    shorten(out)
-}
-
 fn shorten(s: String) -> String {
     match s.char_indices().nth(SNIPPET_CHARS) {
         Some((cut, _)) => format!("{}...", &s[..cut]),
