@@ -118,10 +118,10 @@ mod tests {
         (keys, tail)
     }
 
-    #[test]
-    fn only_committed_changes_are_applied_in_journal_order() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path();
+    /// Segment 1: put and delete of "a", committed; segment 2: a put of
+    /// "b", committed, then a put of "c", not. Returns the positions after
+    /// the two commits.
+    fn two_segments(root: &Path) -> (Position, Position) {
         let mut w = JournalWriter::new(root, 1);
         w.put("a", b"{}", None).unwrap();
         w.delete("a").unwrap();
@@ -131,7 +131,15 @@ mod tests {
         w.put("b", b"{}", Some(b"p")).unwrap();
         w.commit().unwrap();
         let second = w.position().unwrap();
-        w.put("c", b"{}", None).unwrap(); // never committed
+        w.put("c", b"{}", None).unwrap();
+        (first, second)
+    }
+
+    #[test]
+    fn only_committed_changes_are_applied_in_journal_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let (first, second) = two_segments(root);
         let (keys, tail) = read(root, (0, 0), None);
         assert_eq!(keys, ["a", "a-", "b"]);
         assert_eq!((tail.commits, tail.end), (2, second));
@@ -150,12 +158,7 @@ mod tests {
     fn a_compacted_start_is_an_error() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
-        let mut w = JournalWriter::new(root, 1);
-        w.put("a", b"{}", None).unwrap();
-        w.commit().unwrap();
-        w.finish_segment();
-        w.put("b", b"{}", None).unwrap();
-        w.commit().unwrap();
+        two_segments(root);
         std::fs::remove_file(root.join(relpath(1))).unwrap();
         let err = read_committed(root, (1, SEGMENT_HEADER_LEN), None, |_, _| {}).unwrap_err();
         assert!(matches!(err, Error::Corrupt { .. }), "{err}");
