@@ -19,10 +19,10 @@
 //! ([`write_archive_file`]), or into memory ([`write_archive_bytes`]), and
 //! every member's offsets are verified after writing.
 //!
-//! - [`writer`]: [`ArchiveWriter`] and the `write_archive_*` functions;
-//! - [`sink`]: where a writer's bytes go (a file, a counter, a buffer);
-//! - [`index`]: [`ArchiveIndex`], parsing and checking an archive's bytes;
-//! - [`reader`]: [`Archive`], a memory-mapped archive file.
+//! - `writer.rs`: [`ArchiveWriter`] and the `write_archive_*` functions;
+//! - `sink.rs`: where a writer's bytes go (a file, a counter, a buffer);
+//! - `index.rs`: [`ArchiveIndex`], parsing and checking an archive's bytes;
+//! - `reader.rs`: [`Archive`], a memory-mapped archive file.
 
 mod index;
 mod reader;

@@ -20,10 +20,10 @@
 //!          bit 2: a commit (no key, no record): flush() made all before durable
 //! ```
 //!
-//! - [`entry`]: one entry's encoding and checked decoding;
-//! - [`segment`]: segment files, their names and numbers, reading one;
-//! - [`commit`]: the committed changes past a position, as readers see them;
-//! - [`writer`]: appending, undoing, syncing and committing.
+//! - `entry.rs`: one entry's encoding and checked decoding;
+//! - `segment.rs`: segment files, their names and numbers, reading one;
+//! - `commit.rs`: the committed changes past a position, as readers see them;
+//! - `writer.rs`: appending, undoing, syncing and committing.
 
 mod commit;
 mod entry;
