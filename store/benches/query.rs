@@ -48,12 +48,7 @@ impl RecordView for View {
         &self.record.meta
     }
     fn array(&self, name: &str) -> Option<ArrayFacts<'_>> {
-        self.record.arrays.get(name).map(|a| ArrayFacts {
-            shape: &a.shape,
-            dtype: &a.dtype,
-            descr: &a.descr,
-            nbytes: a.nbytes,
-        })
+        self.record.arrays.get(name).map(ArrayFacts::from)
     }
 }
 

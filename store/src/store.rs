@@ -1,9 +1,17 @@
 //! The store: a directory with a manifest, a sled index and payload files.
+//!
+//! This module holds the handle: opening and creating a store, the reader's
+//! snapshot or the writer role it reads through, and the record operations
+//! (get, put, replace_arrays, delete, flush, close). Its parts:
+//!
+//! - [`find`]: queries, by full scan or through a secondary index;
+//! - [`indexes`]: creating and dropping secondary indexes;
+//! - [`recovery`]: what a writing session does first with the journal;
+//! - [`writer`]: the writer role (lock, index, journal, checkpoints);
+//! - [`maintenance`]: verify, gc, repair.
 
-use std::borrow::Cow;
 use std::collections::{BTreeSet, HashSet};
-use std::fs::{self, File};
-use std::io::{Seek, SeekFrom};
+use std::fs;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
@@ -11,7 +19,6 @@ use std::time::Duration;
 
 use indexmap::IndexMap;
 use lazyvault_schema::{ArrayEntry, Manifest, Record, MANIFEST_FILE, PAYLOAD_DIR};
-use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
@@ -19,12 +26,15 @@ use crate::fsio;
 use crate::index::{self, Index, RecordIndex};
 use crate::journal::{self, JOURNAL_DIR};
 use crate::payload::{self, ArraySource, PayloadWriter, TMP_SUFFIX};
-use crate::query::{ArrayFacts, Query, QueryNeeds, RecordView};
 use crate::snapshot::Snapshot;
 
+mod find;
+mod indexes;
 mod maintenance;
+mod recovery;
 pub(crate) mod writer;
 
+use recovery::journal_tail;
 use writer::{Writer, WriterState};
 
 /// Directory of the sled index inside a store.
@@ -164,332 +174,15 @@ impl State {
     }
 }
 
-/// Record as decoded for scans: only the metadata fields the query reads
-/// (see [`QueryNeeds`]), array facts only if it reads them, everything else
-/// (layout, ids, other fields) skipped without building values.
-struct ScanRecord<'a> {
-    meta: Map<String, Value>,
-    arrays: Vec<(String, ScanArray<'a>)>,
-}
-
-/// Decodes a [`ScanRecord`] keeping what `needs` names.
-struct ScanSeed<'n> {
-    needs: &'n QueryNeeds,
-}
-
-impl<'de> serde::de::DeserializeSeed<'de> for ScanSeed<'_> {
-    type Value = ScanRecord<'de>;
-    fn deserialize<D: serde::Deserializer<'de>>(
-        self,
-        d: D,
-    ) -> std::result::Result<Self::Value, D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'de> serde::de::Visitor<'de> for ScanSeed<'_> {
-    type Value = ScanRecord<'de>;
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a record")
-    }
-    fn visit_map<A: serde::de::MapAccess<'de>>(
-        self,
-        mut map: A,
-    ) -> std::result::Result<Self::Value, A::Error> {
-        let mut record = ScanRecord {
-            meta: Map::new(),
-            arrays: Vec::new(),
-        };
-        while let Some(key) = map.next_key_seed(KeySeed)? {
-            match &*key {
-                "meta" => record.meta = map.next_value_seed(MetaSeed { needs: self.needs })?,
-                "arrays" if self.needs.arrays => record.arrays = map.next_value_seed(ArraysSeed)?,
-                _ => {
-                    map.next_value::<serde::de::IgnoredAny>()?;
-                }
-            }
-        }
-        Ok(record)
-    }
-}
-
-/// A map key, borrowed from the input when it has no escapes.
-struct KeySeed;
-
-impl<'de> serde::de::DeserializeSeed<'de> for KeySeed {
-    type Value = Cow<'de, str>;
-    fn deserialize<D: serde::Deserializer<'de>>(
-        self,
-        d: D,
-    ) -> std::result::Result<Self::Value, D::Error> {
-        d.deserialize_str(self)
-    }
-}
-
-impl<'de> serde::de::Visitor<'de> for KeySeed {
-    type Value = Cow<'de, str>;
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a string")
-    }
-    fn visit_borrowed_str<E>(self, v: &'de str) -> std::result::Result<Self::Value, E> {
-        Ok(Cow::Borrowed(v))
-    }
-    fn visit_str<E>(self, v: &str) -> std::result::Result<Self::Value, E> {
-        Ok(Cow::Owned(v.to_owned()))
-    }
-}
-
-/// The metadata object, keeping only the fields `needs` names.
-struct MetaSeed<'n> {
-    needs: &'n QueryNeeds,
-}
-
-impl<'de> serde::de::DeserializeSeed<'de> for MetaSeed<'_> {
-    type Value = Map<String, Value>;
-    fn deserialize<D: serde::Deserializer<'de>>(
-        self,
-        d: D,
-    ) -> std::result::Result<Self::Value, D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'de> serde::de::Visitor<'de> for MetaSeed<'_> {
-    type Value = Map<String, Value>;
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a metadata object")
-    }
-    fn visit_map<A: serde::de::MapAccess<'de>>(
-        self,
-        mut map: A,
-    ) -> std::result::Result<Self::Value, A::Error> {
-        let mut meta = Map::new();
-        while let Some(key) = map.next_key_seed(KeySeed)? {
-            if self.needs.wants(&key) {
-                meta.insert(key.into_owned(), map.next_value::<Value>()?);
-            } else {
-                map.next_value::<serde::de::IgnoredAny>()?;
-            }
-        }
-        Ok(meta)
-    }
-}
-
-/// The `arrays` object as scans see it.
-struct ArraysSeed;
-
-impl<'de> serde::de::DeserializeSeed<'de> for ArraysSeed {
-    type Value = Vec<(String, ScanArray<'de>)>;
-    fn deserialize<D: serde::Deserializer<'de>>(
-        self,
-        d: D,
-    ) -> std::result::Result<Self::Value, D::Error> {
-        deserialize_arrays(d)
-    }
-}
-
-/// Decodes `bytes` for evaluating a query that needs `needs`.
-///
-/// Records as this writer stores them start `{"meta":{...},"arrays":{...},`
-/// (compact, in that order); then only those two values are parsed, and the
-/// layout after them, which repeats the metadata, is never tokenized.
-/// Any other shape is decoded in full.
-fn decode_for_scan<'a>(bytes: &'a [u8], needs: &QueryNeeds) -> serde_json::Result<ScanRecord<'a>> {
-    use serde::de::DeserializeSeed;
-    const META: &[u8] = br#"{"meta":"#;
-    const ARRAYS: &[u8] = br#","arrays":"#;
-    if needs.fields.is_empty() && !needs.arrays {
-        return Ok(ScanRecord {
-            meta: Map::new(),
-            arrays: Vec::new(),
-        });
-    }
-    if let Some(rest) = bytes.strip_prefix(META) {
-        if !needs.arrays {
-            // One pass over the metadata object; what follows it is never
-            // read. The fast scanner hands anything unusual (escaped keys,
-            // malformed input) to serde_json, which decodes or reports it.
-            let meta = match crate::metascan::fast_meta(rest, needs) {
-                Some(meta) => meta,
-                None => MetaSeed { needs }
-                    .deserialize(&mut serde_json::Deserializer::from_slice(rest))?,
-            };
-            return Ok(ScanRecord {
-                meta,
-                arrays: Vec::new(),
-            });
-        }
-        // The extent of the metadata object, then its wanted fields.
-        let mut values =
-            serde_json::Deserializer::from_slice(rest).into_iter::<&serde_json::value::RawValue>();
-        let Some(raw) = values.next().transpose()? else {
-            return decode_whole(bytes, needs);
-        };
-        let after_meta = &rest[values.byte_offset()..];
-        let meta =
-            MetaSeed { needs }.deserialize(&mut serde_json::Deserializer::from_str(raw.get()))?;
-        let arrays = if needs.arrays {
-            let Some(rest) = after_meta.strip_prefix(ARRAYS) else {
-                return decode_whole(bytes, needs);
-            };
-            let mut de = serde_json::Deserializer::from_slice(rest);
-            ArraysSeed.deserialize(&mut de)?
-        } else {
-            Vec::new()
-        };
-        return Ok(ScanRecord { meta, arrays });
-    }
-    decode_whole(bytes, needs)
-}
-
-fn decode_whole<'a>(bytes: &'a [u8], needs: &QueryNeeds) -> serde_json::Result<ScanRecord<'a>> {
-    use serde::de::DeserializeSeed;
-    let mut de = serde_json::Deserializer::from_slice(bytes);
-    let record = ScanSeed { needs }.deserialize(&mut de)?;
-    de.end()?;
-    Ok(record)
-}
-
-#[derive(Deserialize)]
-struct ScanArray<'a> {
-    #[serde(borrow)]
-    descr: Cow<'a, str>,
-    #[serde(borrow)]
-    dtype: Cow<'a, str>,
-    shape: Vec<u64>,
-    nbytes: u64,
-}
-
-fn deserialize_arrays<'de, D: serde::Deserializer<'de>>(
-    d: D,
-) -> std::result::Result<Vec<(String, ScanArray<'de>)>, D::Error> {
-    struct Arrays;
-    impl<'de> serde::de::Visitor<'de> for Arrays {
-        type Value = Vec<(String, ScanArray<'de>)>;
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("a map of array entries")
-        }
-        fn visit_map<A: serde::de::MapAccess<'de>>(
-            self,
-            mut map: A,
-        ) -> std::result::Result<Self::Value, A::Error> {
-            let mut out = Vec::with_capacity(map.size_hint().unwrap_or(1));
-            while let Some((k, v)) = map.next_entry::<String, ScanArray<'de>>()? {
-                out.push((k, v));
-            }
-            Ok(out)
-        }
-    }
-    d.deserialize_map(Arrays)
-}
-
-struct ScanView<'a> {
-    key: &'a str,
-    record: &'a ScanRecord<'a>,
-}
-
-impl RecordView for ScanView<'_> {
-    fn key(&self) -> &str {
-        self.key
-    }
-    fn meta(&self) -> &Map<String, Value> {
-        &self.record.meta
-    }
-    fn array(&self, name: &str) -> Option<ArrayFacts<'_>> {
-        // Records hold few arrays: a linear search beats hashing here.
-        self.record
-            .arrays
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, a)| ArrayFacts {
-                shape: &a.shape,
-                dtype: &a.dtype,
-                descr: &a.descr,
-                nbytes: a.nbytes,
-            })
-    }
-}
-
+/// Writes `contents` to `path` durably: a temporary file, fsynced, renamed
+/// into place, the directory fsynced.
 fn write_file_durably(path: &Path, contents: &[u8]) -> Result<()> {
     let tmp = path.with_extension(format!("json{TMP_SUFFIX}"));
     fsio::write_new_file(path, &tmp, &[contents]).map_err(Error::io(&tmp))?;
     payload::sync_dir(path.parent().unwrap_or(Path::new(".")))
 }
 
-/// The journal after the index's position, as found at open.
-struct JournalTail {
-    /// How many changes a flush acknowledged (a commit follows them) that
-    /// the index does not reflect: the index is behind, not the journal.
-    lost: Option<usize>,
-    /// Where the journal can be cut: after the last commit past the
-    /// index's position, or at that position.
-    keep: journal::Position,
-    /// Whether changes the index holds follow the last commit before its
-    /// position (a crash after sled wrote them, before a flush): they need
-    /// a commit so that readers see what the writer sees.
-    uncommitted: bool,
-}
-
-/// Reads the journal past the index's position (all of it when the index
-/// has none) and compares the acknowledged changes there with the index:
-/// after a crash they are duplicates of what the index holds (sled wrote
-/// the batch, or a compaction had not yet moved the position); after a
-/// power loss that cost the index flushed changes, they are not.
-fn journal_tail(root: &Path, index: &Index) -> Result<JournalTail> {
-    let committed = index.journal_pos()?.unwrap_or((0, 0));
-    let mut keep = committed;
-    let mut pending: Vec<journal::Entry> = Vec::new();
-    let mut lost = 0;
-    // Whether the entry right after the index's position is a commit: a
-    // flush appends one there once the index holds the changes before it.
-    let mut commit_follows = None;
-    for (number, path) in journal::segments(root)? {
-        if number < committed.0 {
-            continue;
-        }
-        // Only what follows the position is read: a bulk load's segment of
-        // hundreds of MiB costs nothing at the next session's start.
-        let start = if number == committed.0 {
-            committed.1
-        } else {
-            0
-        };
-        let read = journal::read_segment_from(&path, number, start)?;
-        for (entry, end) in read.entries {
-            if number == committed.0 && commit_follows.is_none() {
-                commit_follows = Some(entry.change == journal::Change::Commit);
-            }
-            if entry.change == journal::Change::Commit {
-                for change in pending.drain(..) {
-                    let reflected = match &change.change {
-                        journal::Change::Put { record, pickle } => {
-                            index.get(&change.key)?.as_deref() == Some(&record[..])
-                                && index.get_pickle(&change.key)? == *pickle
-                        }
-                        journal::Change::Delete => !index.contains(&change.key)?,
-                        journal::Change::Commit => true,
-                    };
-                    if !reflected {
-                        lost += 1;
-                    }
-                }
-                keep = (number, end);
-            } else {
-                pending.push(entry);
-            }
-        }
-        // A torn tail ends the segment; the next one goes on.
-    }
-    Ok(JournalTail {
-        lost: (lost > 0).then_some(lost),
-        keep,
-        // Without a commit right after it, what the index holds up to its
-        // position may be uncommitted (a crash after sled wrote it): commit
-        // it (an empty commit when it was committed already: harmless).
-        uncommitted: committed != (0, 0) && commit_follows != Some(true) && keep == committed,
-    })
-}
-
+/// Refuses the empty key (every other string is a key).
 fn check_key(key: &str) -> Result<()> {
     if key.is_empty() {
         Err(Error::EmptyKey)
@@ -597,67 +290,6 @@ impl Store {
         write_file_durably(&root.join(MANIFEST_FILE), &manifest.to_json())?;
         let writer = Writer::take(root, Some((lock_file, index)))?;
         Writer::register(root, writer)
-    }
-
-    /// Before the first write of a session: cuts the journal back to the
-    /// position the index holds. Entries past it belong to changes a crash
-    /// cut off before their index entry (never acknowledged by a flush);
-    /// left in place, a later repair would bring them back. Changes the
-    /// index holds but no commit covers get one, so readers see them too.
-    /// Returns the number of the next segment.
-    pub(crate) fn recover_journal(root: &Path, index: &Index) -> Result<u64> {
-        let segments = journal::segments(root)?;
-        let tail = journal_tail(root, index)?;
-        if let Some(lost) = tail.lost {
-            return Err(Error::corrupt(
-                format!("store {}", root.display()),
-                format!(
-                    "the index is behind the journal: {lost} change(s) that flush() acknowledged \
-                     are missing from it (a power loss, or a damaged index); `lazyvault repair \
-                     {}` rebuilds it from the journal",
-                    root.display()
-                ),
-            ));
-        }
-        // Cut the changes no flush acknowledged: a crash cut them off
-        // before their index entry.
-        let (keep_segment, keep_end) = tail.keep;
-        let mut changed = false;
-        for (number, path) in &segments {
-            if *number > keep_segment {
-                fsio::remove_file(path).map_err(Error::io(path))?;
-                changed = true;
-            } else if *number == keep_segment {
-                let len = fs::metadata(path).map_err(Error::io(path))?.len();
-                if len > keep_end || tail.uncommitted {
-                    let mut file = File::options()
-                        .write(true)
-                        .open(path)
-                        .map_err(Error::io(path))?;
-                    fsio::truncate(&file, path, keep_end).map_err(Error::io(path))?;
-                    if tail.uncommitted {
-                        let commit = journal::encode(&journal::Entry {
-                            key: String::new(),
-                            change: journal::Change::Commit,
-                        });
-                        file.seek(SeekFrom::Start(keep_end))
-                            .map_err(Error::io(path))?;
-                        fsio::write_all(&mut file, path, &commit).map_err(Error::io(path))?;
-                    }
-                    fsio::sync_file(&file, path).map_err(Error::io(path))?;
-                }
-            }
-        }
-        if changed {
-            payload::sync_dir(&root.join(JOURNAL_DIR))?;
-        }
-        // Right after the last segment kept: segment numbers stay
-        // consecutive, which readers rely on to find them without listing.
-        let kept = segments
-            .iter()
-            .map(|(n, _)| *n)
-            .filter(|n| *n <= keep_segment);
-        Ok(kept.max().map_or(1, |n| n + 1).max(keep_segment + 1))
     }
 
     /// Whether `root` holds nothing, or only what an interrupted creation
@@ -1155,222 +787,6 @@ impl Store {
             Ok(())
         })?;
         Ok(keys)
-    }
-
-    /// Calls `f(key)` for each record matching `query` (all records when
-    /// `None`), in key order. Reads only the index, never a payload. When a
-    /// secondary index can narrow the query (see [`Store::explain`]), only
-    /// its candidates are read, and the whole query is evaluated on each.
-    pub fn scan_matching(
-        &self,
-        query: Option<&Query>,
-        mut f: impl FnMut(&str) -> Result<()>,
-    ) -> Result<()> {
-        let view = self.view()?;
-        let index = view.index();
-        let needs = query.map(Query::needs);
-        if let Some(q) = query {
-            let needs = needs.as_ref().expect("set with the query");
-            if let Some(plan) = q.index_plan(&|segs| index.is_indexed(segs)) {
-                for key in index.lookup(&plan.field.join("."), &plan.lookup)? {
-                    let Some(bytes) = index.get(&key)? else {
-                        continue;
-                    };
-                    let record = decode_for_scan(&bytes, needs)
-                        .map_err(|e| Error::corrupt(format!("record {key:?}"), e))?;
-                    if q.matches(&ScanView {
-                        key: &key,
-                        record: &record,
-                    }) {
-                        f(&key)?;
-                    }
-                }
-                return Ok(());
-            }
-        }
-        index::scan(index, |key, bytes| {
-            let Some(query) = query else {
-                return f(key);
-            };
-            let record = decode_for_scan(bytes, needs.as_ref().expect("set with the query"))
-                .map_err(|e| Error::corrupt(format!("record {key:?}"), e))?;
-            if query.matches(&ScanView {
-                key,
-                record: &record,
-            }) {
-                f(key)?;
-            }
-            Ok(())
-        })
-    }
-
-    /// How [`Store::find`] would run `query`: `"index <field>: <lookup>,
-    /// <n> candidates"` when a secondary index narrows it, else `"full scan
-    /// of <n> records"` with the reason.
-    pub fn explain(&self, query: &Query) -> Result<String> {
-        let view = self.view()?;
-        let index = view.index();
-        match query.index_plan(&|segs| index.is_indexed(segs)) {
-            Some(plan) => {
-                let field = plan.field.join(".");
-                let candidates = index.lookup(&field, &plan.lookup)?.len();
-                let lookup = match &plan.lookup {
-                    crate::query::IndexLookup::Points(values) => {
-                        let shown: Vec<String> = values.iter().map(Value::to_string).collect();
-                        format!("equal to one of [{}]", shown.join(", "))
-                    }
-                    crate::query::IndexLookup::Range { lower, upper } => {
-                        let bound = |b: &Option<(Value, bool)>, incl: &str, excl: &str| {
-                            b.as_ref().map(|(v, inclusive)| {
-                                format!("{} {v}", if *inclusive { incl } else { excl })
-                            })
-                        };
-                        [bound(lower, ">=", ">"), bound(upper, "<=", "<")]
-                            .into_iter()
-                            .flatten()
-                            .collect::<Vec<_>>()
-                            .join(" and ")
-                    }
-                };
-                Ok(format!(
-                    "index {field}: {lookup}, {candidates} candidate record(s), each checked \
-                     against the whole query"
-                ))
-            }
-            None => {
-                let indexes = index.indexes();
-                let why = if indexes.is_empty() {
-                    "no secondary index".to_owned()
-                } else if matches!(&*view.0, State::Reading(_)) {
-                    format!(
-                        "a reader scans: secondary indexes ({}) are the writer's",
-                        indexes.join(", ")
-                    )
-                } else {
-                    format!(
-                        "no condition every match must meet uses an indexed field ({}) with \
-                         ==, in [...] or a range",
-                        indexes.join(", ")
-                    )
-                };
-                Ok(format!("full scan of {} records ({why})", index.len()?))
-            }
-        }
-    }
-
-    /// Creates a secondary index on the metadata field `field` (a dotted
-    /// path: `"temperature"`, `"params.lr"`), built from every record now
-    /// and kept current by every put and delete. Equality, `in [...]` and
-    /// range queries on the field then read only the matching records.
-    /// Creating an existing index does nothing. Scalar values (null,
-    /// booleans, numbers, strings) are indexed; lists and objects are not
-    /// (no indexable condition can match them).
-    ///
-    /// # Errors
-    /// [`Error::InvalidField`] for a name that is not a dotted field path,
-    /// [`Error::ReadOnly`], I/O errors.
-    pub fn create_index(&self, field: &str) -> Result<()> {
-        let segs = crate::secondary::parse_field(field).map_err(Error::InvalidField)?;
-        let (_view, w) = self.writer()?;
-        let index = w.index();
-        // Its entries: about a key and a value per record.
-        w.check_space_for(0, index.len()?.saturating_mul(256))?;
-        let _writer = w.lock();
-        if index.indexes().iter().any(|n| n == field) {
-            return Ok(());
-        }
-        // Listed before it is built: a crash in between leaves an entry
-        // that repair builds and open ignores (the index's own record in
-        // sled is written last).
-        let mut names = index.indexes();
-        names.push(field.to_owned());
-        self.write_index_list(&names)?;
-        index.create_index(field, segs)?;
-        index.flush()
-    }
-
-    /// Removes the secondary index on `field`; returns whether it existed.
-    pub fn drop_index(&self, field: &str) -> Result<bool> {
-        let (_view, w) = self.writer()?;
-        let index = w.index();
-        let _writer = w.lock();
-        let existed = index.drop_index(field)?;
-        index.flush()?;
-        self.write_index_list(&index.indexes())?;
-        Ok(existed)
-    }
-
-    /// The fields that have a secondary index, sorted.
-    pub fn indexes(&self) -> Result<Vec<String>> {
-        Ok(self.view()?.index().indexes())
-    }
-
-    fn write_index_list(&self, names: &[String]) -> Result<()> {
-        let mut sorted = names.to_vec();
-        sorted.sort();
-        let mut text = serde_json::to_vec_pretty(&serde_json::json!({ "indexes": sorted }))
-            .expect("serializes");
-        text.push(b'\n');
-        write_file_durably(&self.root.join(INDEXES_FILE), &text)
-    }
-
-    /// Keys of the records whose metadata match `query`, in key order.
-    /// A full scan runs on two threads when there are two cores (see
-    /// [`Store::explain`] for when a secondary index is used instead).
-    pub fn find(&self, query: &Query) -> Result<Vec<String>> {
-        if let Some(parts) = self.scan_split(query, |key, keys: &mut Vec<String>| {
-            keys.push(key.to_owned())
-        })? {
-            return Ok(parts.concat());
-        }
-        let mut keys = Vec::new();
-        self.scan_matching(Some(query), |k| {
-            keys.push(k.to_owned());
-            Ok(())
-        })?;
-        Ok(keys)
-    }
-
-    /// Number of records whose metadata match `query` (scanning as
-    /// [`Store::find`] does).
-    pub fn count(&self, query: &Query) -> Result<u64> {
-        if let Some(parts) = self.scan_split(query, |_, n: &mut u64| *n += 1)? {
-            return Ok(parts.iter().sum());
-        }
-        let mut n = 0;
-        self.scan_matching(Some(query), |_| {
-            n += 1;
-            Ok(())
-        })?;
-        Ok(n)
-    }
-
-    /// A full scan for `query` split over two threads ([`index::scan_split`]),
-    /// `add(key, acc)` called for each match; `None` when a secondary index
-    /// narrows the query (the caller then uses [`Store::scan_matching`]).
-    fn scan_split<T: Default + Send>(
-        &self,
-        query: &Query,
-        add: impl Fn(&str, &mut T) + Sync,
-    ) -> Result<Option<Vec<T>>> {
-        let view = self.view()?;
-        let index = view.index();
-        if query.index_plan(&|segs| index.is_indexed(segs)).is_some() {
-            return Ok(None);
-        }
-        let needs = query.needs();
-        index::scan_split(index, |key, bytes, acc| {
-            let record = decode_for_scan(bytes, &needs)
-                .map_err(|e| Error::corrupt(format!("record {key:?}"), e))?;
-            if query.matches(&ScanView {
-                key,
-                record: &record,
-            }) {
-                add(key, acc);
-            }
-            Ok(())
-        })
-        .map(Some)
     }
 
     /// Makes every change so far durable (the journal first, one fsync,

@@ -1,0 +1,257 @@
+//! Journal segments: `journal/<number>.log` files (16 lowercase hex
+//! digits), their 16-byte header (magic, number), how they are listed, and
+//! how the entries in one are read up to the first torn or damaged one.
+
+use std::fs::{self, File};
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use super::entry::{decode, Entry};
+use super::JOURNAL_DIR;
+use crate::error::{Error, Result};
+
+/// The first 8 bytes of every segment.
+const SEGMENT_MAGIC: &[u8; 8] = b"LVJRNL\0\x01";
+/// Length of a segment's header; the first entry starts here.
+pub const SEGMENT_HEADER_LEN: u64 = 16;
+
+/// The header of segment `number`: magic, then the number (u64 LE).
+pub(super) fn header(number: u64) -> [u8; SEGMENT_HEADER_LEN as usize] {
+    let mut h = [0u8; SEGMENT_HEADER_LEN as usize];
+    h[..8].copy_from_slice(SEGMENT_MAGIC);
+    h[8..].copy_from_slice(&number.to_le_bytes());
+    h
+}
+
+/// Whether `bytes` start with the header of segment `number`.
+fn has_header(bytes: &[u8], number: u64) -> bool {
+    bytes.get(..SEGMENT_HEADER_LEN as usize) == Some(&header(number)[..])
+}
+
+/// The segment file of `number`, relative to the store root.
+pub fn relpath(number: u64) -> String {
+    format!("{JOURNAL_DIR}/{number:016x}.log")
+}
+
+/// The number of a name `<16 lowercase hex digits><suffix>`.
+fn parse_number(name: &str, suffix: &str) -> Option<u64> {
+    let hex = name.strip_suffix(suffix)?;
+    if hex.len() != 16 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        return None;
+    }
+    u64::from_str_radix(hex, 16).ok()
+}
+
+/// The segments of the store at `root`, by number.
+///
+/// # Errors
+/// I/O errors listing `journal/` (a missing directory has none).
+pub fn segments(root: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    numbered_files(&root.join(JOURNAL_DIR), ".log")
+}
+
+/// The files of `dir` named `<16 lowercase hex digits><suffix>`, by that
+/// number (none when `dir` is missing); other names are ignored.
+pub(crate) fn numbered_files(dir: &Path, suffix: &str) -> Result<Vec<(u64, PathBuf)>> {
+    let mut out = Vec::new();
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(Error::io(dir)(e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(Error::io(dir))?;
+        let name = entry.file_name();
+        if let Some(n) = name.to_str().and_then(|n| parse_number(n, suffix)) {
+            out.push((n, entry.path()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The entries of one segment read from `path`, up to `limit` bytes (the
+/// committed end, when known), each with its end offset; and, if the
+/// segment does not end cleanly there, why (a torn or damaged entry: the
+/// entries after it are not read).
+pub struct SegmentEntries {
+    /// Each entry and the byte offset in the segment just after it.
+    pub entries: Vec<(Entry, u64)>,
+    /// Why reading stopped before the end, if it did.
+    pub torn: Option<String>,
+}
+
+/// The entries in `bytes`, the part of a segment that starts at byte
+/// `base`, in order, each with its end offset in the segment; after the
+/// first entry that does not decode, one error (its offset in the segment
+/// and why) and nothing more.
+pub(super) fn entries(
+    bytes: &[u8],
+    base: u64,
+) -> impl Iterator<Item = std::result::Result<(Entry, u64), (u64, String)>> + '_ {
+    let mut at = 0usize;
+    std::iter::from_fn(move || {
+        if at >= bytes.len() {
+            return None;
+        }
+        match decode(&bytes[at..]) {
+            Ok((entry, used)) => {
+                at += used;
+                Some(Ok((entry, base + at as u64)))
+            }
+            Err(e) => {
+                let offset = base + at as u64;
+                at = bytes.len();
+                Some(Err((offset, e)))
+            }
+        }
+    })
+}
+
+/// Collects [`entries`] of a segment at `path` into [`SegmentEntries`].
+fn collect_entries(path: &Path, bytes: &[u8], base: u64) -> SegmentEntries {
+    let mut out = SegmentEntries {
+        entries: Vec::new(),
+        torn: None,
+    };
+    for item in entries(bytes, base) {
+        match item {
+            Ok(entry) => out.entries.push(entry),
+            Err((offset, e)) => {
+                out.torn = Some(format!("{} at byte {offset}: {e}", path.display()))
+            }
+        }
+    }
+    out
+}
+
+/// Reads a segment (see [`SegmentEntries`]); a segment whose header is not
+/// that of segment `number` is torn at its start.
+///
+/// # Errors
+/// I/O errors; [`Error::Corrupt`] for a segment too large for memory.
+pub fn read_segment(path: &Path, number: u64, limit: Option<u64>) -> Result<SegmentEntries> {
+    let mut file = File::open(path).map_err(Error::io(path))?;
+    let len = file.metadata().map_err(Error::io(path))?.len();
+    let end = limit.map_or(len, |l| l.min(len));
+    let end = usize::try_from(end)
+        .map_err(|_| Error::corrupt(format!("journal {}", path.display()), "too large"))?;
+    let mut bytes = vec![0u8; end];
+    file.read_exact(&mut bytes).map_err(Error::io(path))?;
+    if !has_header(&bytes, number) {
+        return Ok(SegmentEntries {
+            entries: Vec::new(),
+            torn: Some(format!(
+                "{}: not a journal segment numbered {number}",
+                path.display()
+            )),
+        });
+    }
+    let base = SEGMENT_HEADER_LEN as usize;
+    Ok(collect_entries(path, &bytes[base..], base as u64))
+}
+
+/// The header of segment `number` checked, then its bytes from `start`
+/// (at least the header's end) to its end: `None` when the file is gone,
+/// empty when its header is not (yet) written.
+pub(super) fn segment_bytes_from(path: &Path, number: u64, start: u64) -> Result<Option<Vec<u8>>> {
+    let mut file = match File::open(path) {
+        Ok(f) => f,
+        // Removed since it was listed: a newer checkpoint covers it.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(path)(e)),
+    };
+    let mut header = [0u8; SEGMENT_HEADER_LEN as usize];
+    if file.read_exact(&mut header).is_err() || !has_header(&header, number) {
+        // A segment whose header is not (yet) written holds no commit.
+        return Ok(Some(Vec::new()));
+    }
+    let start = start.max(SEGMENT_HEADER_LEN);
+    file.seek(SeekFrom::Start(start)).map_err(Error::io(path))?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).map_err(Error::io(path))?;
+    Ok(Some(bytes))
+}
+
+/// The entries of segment `number` from byte `start` on (its header
+/// checked), each with its end offset in the segment, up to the first torn
+/// or damaged one (see [`SegmentEntries`]). A missing segment has none.
+pub(crate) fn read_segment_from(path: &Path, number: u64, start: u64) -> Result<SegmentEntries> {
+    let Some(bytes) = segment_bytes_from(path, number, start)? else {
+        return Ok(SegmentEntries {
+            entries: Vec::new(),
+            torn: None,
+        });
+    };
+    Ok(collect_entries(path, &bytes, start.max(SEGMENT_HEADER_LEN)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::journal::{Change, JournalWriter};
+
+    #[test]
+    fn a_torn_tail_stops_replay_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = JournalWriter::new(dir.path(), 7);
+        w.put("a", b"{}", None).unwrap();
+        let (n, end) = w.delete("a").unwrap();
+        let (_, end_b) = w.put("b", b"{}", Some(b"p")).unwrap();
+        w.commit().unwrap();
+        let path = dir.path().join(relpath(n));
+        let full = fs::metadata(&path).unwrap().len();
+        // commit() appended a commit after the last change.
+        let read = read_segment(&path, n, None).unwrap();
+        assert_eq!(read.entries.len(), 4);
+        assert_eq!(read.entries[3].0.change, Change::Commit);
+        assert_eq!(read.entries[3].1, full);
+        File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(full - 3)
+            .unwrap();
+        let read = read_segment(&path, n, None).unwrap();
+        assert_eq!(read.entries.len(), 3);
+        assert_eq!(read.entries[1].1, end);
+        assert!(read.torn.unwrap().contains(&format!("at byte {end_b}")));
+        assert_eq!(read_segment(&path, n, Some(end)).unwrap().torn, None);
+        assert_eq!(segments(dir.path()).unwrap(), [(7, path)]);
+    }
+
+    #[test]
+    fn reading_from_an_offset_reports_offsets_in_the_segment() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = JournalWriter::new(dir.path(), 1);
+        let (n, end_a) = w.put("a", b"{}", None).unwrap();
+        let (_, end_b) = w.put("b", b"{}", None).unwrap();
+        let path = dir.path().join(relpath(n));
+        let from = read_segment_from(&path, n, end_a).unwrap();
+        assert_eq!(from.entries.len(), 1);
+        assert_eq!(from.entries[0].1, end_b);
+        // From before the header: the same as from the header's end.
+        let all = read_segment_from(&path, n, 0).unwrap();
+        assert_eq!(all.entries, read_segment(&path, n, None).unwrap().entries);
+        // Cut inside "b": torn at its start, given in segment offsets.
+        File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(end_b - 1)
+            .unwrap();
+        let torn = read_segment_from(&path, n, end_a).unwrap();
+        assert!(torn.entries.is_empty());
+        assert!(torn.torn.unwrap().contains(&format!("at byte {end_a}")));
+        // Another segment's number: no entries, not an error.
+        assert!(read_segment_from(&path, n + 1, 0)
+            .unwrap()
+            .entries
+            .is_empty());
+        let missing = dir.path().join(relpath(99));
+        assert!(read_segment_from(&missing, 99, 0)
+            .unwrap()
+            .entries
+            .is_empty());
+    }
+}
