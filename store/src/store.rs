@@ -23,7 +23,10 @@ use crate::query::{ArrayFacts, Query, QueryNeeds, RecordView};
 use crate::snapshot::Snapshot;
 
 mod maintenance;
+mod staged;
 pub(crate) mod writer;
+
+pub use staged::{Stage, StagedRecord};
 
 use writer::{Writer, WriterState};
 
