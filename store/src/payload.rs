@@ -149,10 +149,8 @@ impl<'r> PayloadWriter<'r> {
     pub(crate) fn write(&mut self, src: &ArraySource<'_>) -> Result<ArrayEntry> {
         let (header, entry) = prepare_payload(src)?;
         self.write_file(&header, entry, &mut |f, tmp, hasher| {
-            fsio::write_all_with(f, tmp, header.len(), src.data, |piece| {
-                hasher.update(piece)
-            })
-            .map_err(Error::io(tmp))
+            fsio::write_all_with(f, tmp, header.len(), src.data, |piece| hasher.update(piece))
+                .map_err(Error::io(tmp))
         })
     }
 
@@ -183,8 +181,8 @@ impl<'r> PayloadWriter<'r> {
             while at < end {
                 let room = fsio::WRITE_CHUNK as u64 - at % fsio::WRITE_CHUNK as u64;
                 let want = room.min(end - at).min(buf.len() as u64) as usize;
-                let got = read_up_to(data, &mut buf[..want])
-                    .map_err(|e| source_error(e, source))?;
+                let got =
+                    read_up_to(data, &mut buf[..want]).map_err(|e| source_error(e, source))?;
                 if got == 0 {
                     return Err(Error::InvalidArray {
                         name: name.clone(),

@@ -99,7 +99,9 @@ impl<'s> Stage<'s> {
         if buf.is_empty() {
             buf = vec![0u8; STAGE_BUFFER];
         }
-        let written = self.writer().write_from(src, nbytes, data, source, &mut buf);
+        let written = self
+            .writer()
+            .write_from(src, nbytes, data, source, &mut buf);
         self.buf = buf;
         let entry = written?;
         self.ids.insert(entry.id.clone());
