@@ -329,25 +329,23 @@ def _importable_files(root: str) -> Iterator[Path]:
                 yield path
 
 
-def _import_directory(
-    store: Store, root: str, progress: ProgressArg, limits: _Limits
-) -> list[str]:
+def _import_directory(store: Store, root: str, progress: ProgressArg, limits: _Limits) -> list[str]:
     files: list[tuple[str, str, str]] = []  # (path, format, default key)
     keys: dict[str, str] = {}
-    for file in _importable_files(root):
-        rel = file.relative_to(root)
-        fmt = detect_format(file)
+    for found in _importable_files(root):
+        rel = found.relative_to(root)
+        fmt = detect_format(found)
         default_key = rel.with_suffix("").as_posix()
         # .lvz files and our .npz carry their own keys
         if fmt in ("npy", "safetensors") or (
-            fmt == "npz" and not _lazyvault.npz_has_manifest(os.fspath(file))
+            fmt == "npz" and not _lazyvault.npz_has_manifest(os.fspath(found))
         ):
             if default_key in keys:
                 raise InteropError(
                     f"{keys[default_key]} and {rel} would both be imported as {default_key!r}"
                 )
             keys[default_key] = os.fspath(rel)
-        files.append((os.fspath(file), fmt, default_key))
+        files.append((os.fspath(found), fmt, default_key))
     written: list[str] = []
     with progress_callback(progress, "import", "file") as report:
         if report is not None:
@@ -381,9 +379,7 @@ class NpyHeader:
         return "F" if self.fortran_order else "C"
 
 
-def read_npy_header(
-    fp: IO[bytes], what: str, max_header_size: int | None = None
-) -> NpyHeader:
+def read_npy_header(fp: IO[bytes], what: str, max_header_size: int | None = None) -> NpyHeader:
     """Reads and checks the header of the ``.npy`` stream ``fp`` (positioned
     at its magic) with the core's parser; ``fp`` is left at the data.
     Raises :class:`InvalidFileError` naming ``what``."""
