@@ -67,6 +67,9 @@ pub fn read_safetensors_header<'py>(
     Ok((metadata, tensors, header.data_start))
 }
 
+/// `(version, descr, fortran_order, shape, data offset)`.
+type NpyHeaderTuple = ((u8, u8), String, bool, Vec<u64>, u64);
+
 /// What `repickle` returns: `(descr, dtype_name, shape, fortran_order,
 /// pickle)`.
 type PickleArgs = (String, String, Vec<u64>, bool, Vec<u8>);
@@ -85,7 +88,7 @@ pub fn parse_npy_header(
     data: &[u8],
     what: &str,
     max_header_size: Option<usize>,
-) -> PyResult<((u8, u8), String, bool, Vec<u64>, u64)> {
+) -> PyResult<NpyHeaderTuple> {
     let limit = max_header_size.unwrap_or(DEFAULT_MAX_HEADER_SIZE);
     let h = interop::npy::parse_header(data, limit, what).py_err()?;
     Ok((h.version, h.descr, h.fortran_order, h.shape, h.data_offset))
@@ -156,7 +159,7 @@ pub fn import_file(
                 let cb = repickle.as_ref().expect("set when called");
                 let called = cb
                     .call1(py, (what, PyBytes::new(py, &data)))
-                    .and_then(|r| r.extract::<PickleArgs>(py).map_err(PyErr::from));
+                    .and_then(|r| r.extract::<PickleArgs>(py));
                 match called {
                     Ok((descr, dtype, shape, fortran_order, data)) => Ok(PickledArray {
                         descr,

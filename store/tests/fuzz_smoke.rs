@@ -730,7 +730,7 @@ fn npz_seeds() -> Vec<Vec<u8>> {
 fn safetensors_seeds() -> Vec<Vec<u8>> {
     let file = |header: Value, data: &[u8]| {
         let mut text = header.to_string().into_bytes();
-        while text.len() % 8 != 0 {
+        while !text.len().is_multiple_of(8) {
             text.push(b' ');
         }
         let mut out = (text.len() as u64).to_le_bytes().to_vec();

@@ -107,7 +107,7 @@ fn f8(values: &[f64]) -> Vec<u8> {
 fn header_text(text: &str, version: u8) -> Vec<u8> {
     let mut t = text.as_bytes().to_vec();
     let prefix = if version == 1 { 10 } else { 12 };
-    while (prefix + t.len() + 1) % 64 != 0 {
+    while !(prefix + t.len() + 1).is_multiple_of(64) {
         t.push(b' ');
     }
     t.push(b'\n');
@@ -148,7 +148,7 @@ fn npy_versions_orders_and_python2_shapes() {
         let keys = fx
             .import_with(&path, Some(&key), &ImportOptions::default())
             .unwrap();
-        assert_eq!(keys, [key.clone()]);
+        assert_eq!(keys, std::slice::from_ref(&key));
         let record = fx.store.get(&key).unwrap().unwrap();
         let entry = &record.arrays["data"];
         assert_eq!(entry.descr, "'>i2'");
@@ -490,7 +490,7 @@ fn npz_manifest_refusals() {
 
 fn safetensors(header: serde_json::Value, data: &[u8]) -> Vec<u8> {
     let mut text = header.to_string().into_bytes();
-    while text.len() % 8 != 0 {
+    while !text.len().is_multiple_of(8) {
         text.push(b' ');
     }
     let mut out = (text.len() as u64).to_le_bytes().to_vec();
