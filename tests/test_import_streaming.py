@@ -316,3 +316,21 @@ def test_imported_safetensors_record_equals_what_store_setitem_writes(
     store.export(tmp_path / "r.safetensors", keys=["run"])
     store.import_file(tmp_path / "r.safetensors", key="back")
     _same_record(store["back"], store["run"])
+
+
+def test_zip64_members(store: lv.Store, tmp_path: Path) -> None:
+    # ZIP64 extra fields (what zipfile writes for members that may pass
+    # 4 GiB, and np.savez for big arrays): sizes in the extra field.
+    path = tmp_path / "z64.npz"
+    arrays = {"a": np.arange(1000.0), "b": np.arange(12, dtype=">i4").reshape(3, 4)}
+    with zipfile.ZipFile(path, "w", allowZip64=True) as zf:
+        for i, (name, array) in enumerate(arrays.items()):
+            zf_method = zipfile.ZIP_DEFLATED if i else zipfile.ZIP_STORED
+            info = zipfile.ZipInfo(f"{name}.npy")
+            info.compress_type = zf_method
+            with zf.open(info, "w", force_zip64=True) as w:
+                np.lib.format.write_array(w, array)
+    assert store.import_file(path) == ["z64"]
+    for name, array in arrays.items():
+        got = store["z64"].array(name)
+        assert got.dtype == array.dtype and np.array_equal(got, array)
