@@ -231,7 +231,8 @@ def import_file(
     :class:`InteropError` up front.
 
     ``progress``: see :mod:`lazyvault._progress`; counts files for a
-    directory, records for one file. ``max_header_size``: the largest
+    directory, records for one file (it runs while the store's writer lock
+    is held: it must not write to this store). ``max_header_size``: the largest
     ``.npy`` header text read, in bytes, for ``.npy`` files and ``.npz``
     members (numpy's ``max_header_size``; default
     :data:`NPY_MAX_HEADER_SIZE`, 10,000). ``max_ratio``: the largest
