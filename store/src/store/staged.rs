@@ -215,3 +215,86 @@ impl Store {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{map_payload, Mode};
+
+    fn src(name: &str) -> ArraySource<'static> {
+        ArraySource {
+            name: name.into(),
+            descr: "'|u1'".into(),
+            dtype: "uint8".into(),
+            shape: vec![10],
+            fortran_order: false,
+            data: &[],
+            pickled: false,
+        }
+    }
+
+    fn files(store: &Store) -> usize {
+        let arrays = store.root().join(lazyvault_schema::PAYLOAD_DIR);
+        let dirs = std::fs::read_dir(arrays).into_iter().flatten().flatten();
+        dirs.flat_map(|d| std::fs::read_dir(d.path()).into_iter().flatten().flatten())
+            .count()
+    }
+
+    fn record(key: &str, name: &str, entry: ArrayEntry) -> StagedRecord {
+        StagedRecord {
+            key: key.into(),
+            meta: Map::new(),
+            layout: Value::Null,
+            arrays: [(name.to_owned(), entry)].into_iter().collect(),
+            pickle: None,
+        }
+    }
+
+    #[test]
+    fn streamed_payloads_are_committed_or_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("s.lv"), Mode::Append).unwrap();
+        let data: Vec<u8> = (0..10).collect();
+        let source = Path::new("source");
+        // short and long streams are refused, nothing is left
+        for bytes in [&data[..9], &[0u8; 11][..]] {
+            let err = store
+                .put_staged(1, 10, 1, |stage| {
+                    let e = stage.write_from(&src("a"), 10, &mut &bytes[..], source)?;
+                    Ok(vec![record("k", "a", e)])
+                })
+                .unwrap_err();
+            assert!(matches!(err, Error::InvalidArray { .. }), "{err}");
+        }
+        // an entry this stage did not write
+        let err = store
+            .put_staged(1, 10, 1, |stage| {
+                let mut e = stage.write_from(&src("a"), 10, &mut &data[..], source)?;
+                e.id = "0".repeat(32);
+                Ok(vec![record("k", "a", e)])
+            })
+            .unwrap_err();
+        assert!(err.to_string().contains("did not write"), "{err}");
+        assert_eq!(files(&store), 0);
+        assert!(store.keys().unwrap().is_empty());
+        // committed; a payload no record names is removed
+        store
+            .put_staged(2, 20, 1, |stage| {
+                let e = stage.write_from(&src("a"), 10, &mut &data[..], source)?;
+                stage.write_from(&src("b"), 10, &mut &data[..], source)?;
+                Ok(vec![record("k", "a", e)])
+            })
+            .unwrap();
+        assert_eq!(files(&store), 1);
+        let got = store.get("k").unwrap().unwrap();
+        let entry = &got.arrays["a"];
+        assert_eq!(
+            entry.checksum.as_deref(),
+            Some(&*crate::payload::checksum(&data))
+        );
+        assert_eq!(
+            map_payload(store.root(), entry).unwrap().as_bytes(),
+            &data[..]
+        );
+    }
+}
