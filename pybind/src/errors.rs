@@ -93,6 +93,10 @@ pub fn to_pyerr(err: Error) -> PyErr {
             Error::InvalidArray { .. } => raise(py, "InvalidArrayError", (msg,), &[]),
             Error::InvalidField(_) => raise(py, "InvalidFieldError", (msg,), &[]),
             Error::TooLarge(_) => raise(py, "InvalidArrayError", (msg,), &[]),
+            Error::UnknownFormat { .. } => raise(py, "UnknownFormatError", (msg,), &[]),
+            Error::InvalidFile { .. } => raise(py, "InvalidFileError", (msg,), &[]),
+            Error::PickleNotAllowed { .. } => raise(py, "PickleNotAllowedError", (msg,), &[]),
+            Error::Interop(_) => raise(py, "InteropError", (msg,), &[]),
             Error::Query(q) => raise(
                 py,
                 "QueryError",

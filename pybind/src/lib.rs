@@ -8,6 +8,7 @@ mod archive;
 mod array;
 mod convert;
 mod errors;
+mod interop;
 mod store;
 
 #[pymodule]
@@ -22,6 +23,23 @@ fn _lazyvault(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(array::read_array_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(array::npy_header, m)?)?;
     m.add_function(wrap_pyfunction!(store::check_query, m)?)?;
+    m.add_function(wrap_pyfunction!(interop::import_file, m)?)?;
+    m.add_function(wrap_pyfunction!(interop::detect_format, m)?)?;
+    m.add_function(wrap_pyfunction!(interop::npz_has_manifest, m)?)?;
+    m.add_function(wrap_pyfunction!(interop::read_safetensors_header, m)?)?;
+    m.add_function(wrap_pyfunction!(interop::parse_npy_header, m)?)?;
+    m.add(
+        "SAFETENSORS_MAX_HEADER",
+        lazyvault_store::interop::safetensors::SAFETENSORS_MAX_HEADER,
+    )?;
+    m.add(
+        "DEFAULT_MAX_DEFLATE_RATIO",
+        lazyvault_store::interop::DEFAULT_MAX_DEFLATE_RATIO,
+    )?;
+    m.add(
+        "NPY_MAX_HEADER_SIZE",
+        lazyvault_store::interop::DEFAULT_MAX_HEADER_SIZE,
+    )?;
     m.add(
         "FORMAT_VERSION",
         lazyvault_store::schema::FORMAT_VERSION.to_string(),

@@ -39,7 +39,7 @@ struct RecordArg {
 /// writer role (the sled index and the store's lock).
 #[pyclass(module = "lazyvault._lazyvault", frozen)]
 pub struct StoreCore {
-    inner: Store,
+    pub(crate) inner: Store,
 }
 
 #[pymethods]

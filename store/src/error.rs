@@ -77,12 +77,34 @@ pub enum Error {
     /// The index (sled) failed.
     #[error("index: {0}")]
     Index(String),
+    /// A file to import that is none of the formats lazyvault reads.
+    #[error("{path}: {detail}")]
+    UnknownFormat { path: PathBuf, detail: String },
+    /// A file to import that claims a known format but is malformed,
+    /// truncated or hostile; `what` names the file and the member or tensor.
+    #[error("{what}: {detail}")]
+    InvalidFile { what: String, detail: String },
+    /// Importing `what` (an `object` array) needs unpickling, and the store
+    /// was opened without `allow_pickle`.
+    #[error("{what} is an object array stored as a pickle; loading it can run arbitrary code: open the store with allow_pickle=True if you trust the file")]
+    PickleNotAllowed { what: String },
+    /// A file that cannot be imported as asked (e.g. `key=` for a file of
+    /// several records).
+    #[error("{0}")]
+    Interop(String),
 }
 
 impl Error {
     pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> Error {
         let path = path.into();
         move |source| Error::Io { path, source }
+    }
+
+    pub(crate) fn invalid_file(what: impl Into<String>, detail: impl ToString) -> Error {
+        Error::InvalidFile {
+            what: what.into(),
+            detail: detail.to_string(),
+        }
     }
 
     pub(crate) fn corrupt(what: impl Into<String>, detail: impl ToString) -> Error {

@@ -23,6 +23,7 @@ mod checkpoint;
 mod error;
 mod fsio;
 mod index;
+pub mod interop;
 pub mod journal;
 pub mod npy;
 mod payload;
@@ -42,6 +43,6 @@ pub use payload::{
 };
 pub use store::writer::{CHECKPOINT_TAIL_BYTES, DEFAULT_RETENTION};
 pub use store::{
-    GcReport, Mode, NewRecord, RepairReport, Store, VerifyReport, INDEXES_FILE, INDEX_DIR,
-    LOCK_FILE,
+    GcReport, Mode, NewRecord, RepairReport, Stage, StagedRecord, Store, VerifyReport,
+    INDEXES_FILE, INDEX_DIR, LOCK_FILE,
 };

@@ -37,6 +37,12 @@ pub(crate) const TMP_SUFFIX: &str = ".tmp";
 /// Checks `src` (name, descr, byte count) and builds its `.npy` header and
 /// its array entry (with an empty id, for the caller to fill in).
 pub(crate) fn prepare_payload(src: &ArraySource<'_>) -> Result<(Vec<u8>, ArrayEntry)> {
+    prepare_payload_of(src, src.data.len() as u64)
+}
+
+/// [`prepare_payload`] for a payload of `nbytes` data bytes that are not in
+/// `src.data` (they are streamed from a reader by [`PayloadWriter::write_from`]).
+fn prepare_payload_of(src: &ArraySource<'_>, nbytes: u64) -> Result<(Vec<u8>, ArrayEntry)> {
     let invalid = |detail: String| Error::InvalidArray {
         name: src.name.clone(),
         detail,
@@ -55,10 +61,10 @@ pub(crate) fn prepare_payload(src: &ArraySource<'_>) -> Result<(Vec<u8>, ArrayEn
         let itemsize = npy::descr_itemsize(&src.descr)
             .ok_or_else(|| invalid(format!("unsupported descr {}", src.descr)))?;
         let expected = itemsize.checked_mul(len);
-        if expected != Some(src.data.len() as u64) {
+        if expected != Some(nbytes) {
             return Err(invalid(format!(
                 "{} data bytes given, dtype {} and shape {:?} need {}",
-                src.data.len(),
+                nbytes,
                 src.descr,
                 src.shape,
                 expected.map_or("more than 2^64".to_owned(), |n| n.to_string())
@@ -71,7 +77,7 @@ pub(crate) fn prepare_payload(src: &ArraySource<'_>) -> Result<(Vec<u8>, ArrayEn
         dtype: src.dtype.clone(),
         shape: src.shape.clone(),
         fortran_order: src.fortran_order,
-        nbytes: src.data.len() as u64,
+        nbytes,
         data_offset: header.len() as u64,
         pickled: src.pickled,
         checksum: None,
@@ -142,6 +148,75 @@ impl<'r> PayloadWriter<'r> {
     /// mode the file is not durable (nor renamed) until [`Self::finish`].
     pub(crate) fn write(&mut self, src: &ArraySource<'_>) -> Result<ArrayEntry> {
         let (header, entry) = prepare_payload(src)?;
+        self.write_file(&header, entry, &mut |f, tmp, hasher| {
+            fsio::write_all_with(f, tmp, header.len(), src.data, |piece| hasher.update(piece))
+                .map_err(Error::io(tmp))
+        })
+    }
+
+    /// [`Self::write`] for a payload whose `nbytes` data bytes are read from
+    /// `data` (`src.data` is ignored), through `buf` (any size; pieces end
+    /// on multiples of [`fsio::WRITE_CHUNK`] in the file when it is that
+    /// large), so memory stays bounded whatever `nbytes`. The checksum is
+    /// computed on the way.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArray`] when `data` ends before `nbytes` bytes or
+    /// has more; an error `data` returns is passed on as it is when it wraps
+    /// an [`Error`] (`io::Error::other(Error::InvalidFile {..})`), else as
+    /// [`Error::Io`] naming `source`. The temporary file is removed.
+    pub(crate) fn write_from(
+        &mut self,
+        src: &ArraySource<'_>,
+        nbytes: u64,
+        data: &mut dyn Read,
+        source: &Path,
+        buf: &mut [u8],
+    ) -> Result<ArrayEntry> {
+        let (header, entry) = prepare_payload_of(src, nbytes)?;
+        let name = &src.name;
+        self.write_file(&header, entry, &mut |f, tmp, hasher| {
+            let mut at = header.len() as u64;
+            let end = at + nbytes;
+            while at < end {
+                let room = fsio::WRITE_CHUNK as u64 - at % fsio::WRITE_CHUNK as u64;
+                let want = room.min(end - at).min(buf.len() as u64) as usize;
+                let got =
+                    read_up_to(data, &mut buf[..want]).map_err(|e| source_error(e, source))?;
+                if got == 0 {
+                    return Err(Error::InvalidArray {
+                        name: name.clone(),
+                        detail: format!(
+                            "the data ended after {} of {nbytes} bytes",
+                            at - header.len() as u64
+                        ),
+                    });
+                }
+                hasher.update(&buf[..got]);
+                fsio::write_all(f, tmp, &buf[..got]).map_err(Error::io(tmp))?;
+                at += got as u64;
+            }
+            let mut probe = [0u8; 1];
+            if read_up_to(data, &mut probe).map_err(|e| source_error(e, source))? != 0 {
+                return Err(Error::InvalidArray {
+                    name: name.clone(),
+                    detail: format!("the data hold more than the {nbytes} bytes expected"),
+                });
+            }
+            Ok(())
+        })
+    }
+
+    /// Creates the temporary file of a new payload, writes `header`, lets
+    /// `body` write the data (and feed the hasher), then makes the file
+    /// durable and renames it (per-file mode) or queues it for
+    /// [`Self::finish`] (barrier mode). Removes the file on error.
+    fn write_file(
+        &mut self,
+        header: &[u8],
+        entry: ArrayEntry,
+        body: &mut dyn FnMut(&mut File, &Path, &mut xxhash_rust::xxh3::Xxh3) -> Result<()>,
+    ) -> Result<ArrayEntry> {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let dir = self.root.join(PAYLOAD_DIR).join(&id[..2]);
         if !self.made.contains(&dir) {
@@ -153,20 +228,18 @@ impl<'r> PayloadWriter<'r> {
         let mut hasher = xxhash_rust::xxh3::Xxh3::new();
         let durable = self.barrier.is_none();
         let written = (|| {
-            let mut f = fsio::create(&tmp)?;
-            fsio::write_all(&mut f, &tmp, &header)?;
-            fsio::write_all_with(&mut f, &tmp, header.len(), src.data, |piece| {
-                hasher.update(piece)
-            })?;
+            let mut f = fsio::create(&tmp).map_err(Error::io(&tmp))?;
+            fsio::write_all(&mut f, &tmp, header).map_err(Error::io(&tmp))?;
+            body(&mut f, &tmp, &mut hasher)?;
             if durable {
-                fsio::sync_file(&f, &tmp)?;
-                fsio::rename(&tmp, &path)?;
+                fsio::sync_file(&f, &tmp).map_err(Error::io(&tmp))?;
+                fsio::rename(&tmp, &path).map_err(Error::io(&tmp))?;
             }
             Ok(())
         })();
         if let Err(e) = written {
             let _ = fsio::remove_file(&tmp);
-            return Err(Error::io(&tmp)(e));
+            return Err(e);
         }
         let relpath = payload_relpath(&id);
         if durable {
@@ -230,6 +303,37 @@ impl<'r> PayloadWriter<'r> {
         for rel in &self.renamed {
             let _ = fsio::remove_file(&self.root.join(rel));
         }
+    }
+}
+
+/// Reads into `buf` until it is full or `r` ends; the count read.
+fn read_up_to(r: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
+/// An error of a payload's source reader: the [`Error`] it wraps, or an
+/// I/O error on `source`.
+pub(crate) fn source_error(e: std::io::Error, source: &Path) -> Error {
+    if e.get_ref().is_some_and(|inner| inner.is::<Error>()) {
+        if let Some(inner) = e.into_inner() {
+            if let Ok(err) = inner.downcast::<Error>() {
+                return *err;
+            }
+        }
+        unreachable!("checked to wrap an Error");
+    }
+    Error::Io {
+        path: source.to_owned(),
+        source: e,
     }
 }
 

@@ -32,9 +32,12 @@ mod find;
 mod indexes;
 mod maintenance;
 mod recovery;
+mod staged;
 pub(crate) mod writer;
 
 use recovery::journal_tail;
+pub use staged::{Stage, StagedRecord};
+
 use writer::{Writer, WriterState};
 
 /// Directory of the sled index inside a store.

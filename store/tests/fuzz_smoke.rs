@@ -18,6 +18,8 @@
 
 #[path = "common/fuzz_checks.rs"]
 mod fuzz_checks;
+#[path = "common/zip_build.rs"]
+mod zip_build;
 
 use std::io::{Cursor, Read, Write};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -479,6 +481,22 @@ fn zip_members(bytes: &[u8]) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
+/// The members of a zip whose members may be deflated (read with the
+/// importer's own zip reader: the zip crate is built without codecs).
+fn npz_members(bytes: &[u8]) -> Vec<(String, Vec<u8>)> {
+    use lazyvault_store::interop::zip::ZipIn;
+    let mut zip = ZipIn::new(Cursor::new(bytes), "seed").expect("a zip");
+    zip.members()
+        .iter()
+        .map(|m| {
+            let mut body = Vec::new();
+            let mut reader = zip.reader(m, "seed member").expect("member");
+            reader.read_to_end(&mut body).expect("member bytes");
+            (m.name.clone(), body)
+        })
+        .collect()
+}
+
 /// A zip of stored `members`, with correct CRCs and sizes, so that mutations
 /// reach past the zip layer; data 64-byte aligned unless `unaligned`.
 fn zip_of(members: &[(String, Vec<u8>)], unaligned: bool) -> Vec<u8> {
@@ -679,6 +697,139 @@ fn archive_smoke() {
     assert_ran(&stats, 100);
 }
 
+/// `.npz` files: a foreign one (stored and deflated members, a 0-d, an
+/// empty and a structured array) and lazyvault's own (with its manifest).
+fn npz_seeds() -> Vec<Vec<u8>> {
+    use zip_build::{npy_file, zip_bytes, Member};
+    let f8: Vec<u8> = (0..48u8).collect();
+    let foreign = zip_bytes(&[
+        Member::stored("a.npy", &npy_file("'<f8'", &[2, 3], &f8)),
+        Member::deflated("b.npy", &npy_file("'<f8'", &[6], &f8)),
+        Member::deflated("s.npy", &npy_file("'|u1'", &[], &[7])),
+        Member::stored("e.npy", &npy_file("'<i4'", &[0, 3], &[])),
+        Member::deflated(
+            "r.npy",
+            &npy_file("[('x', '<i4'), ('y', '>f8')]", &[2], &f8[..24]),
+        ),
+    ]);
+    let manifest = json!({"format": "lazyvault-npz", "version": 1, "records": [
+        {"key": "run-1", "meta": {"t": 1.5, "tags": ["a"]}, "arrays": {"w": "run-1/w.npy"},
+         "layout": {"dict": {"t": 1.5, "tags": {"list": ["a"]}, "w": {"array": "w"}}}},
+        {"key": "run-2", "meta": {"n": 2}, "arrays": {"x": "run-2/x.npy"}}
+    ]});
+    let ours = zip_bytes(&[
+        Member::stored("__lazyvault__.json", manifest.to_string().as_bytes()),
+        Member::stored("run-1/w.npy", &npy_file("'<f8'", &[6], &f8)),
+        Member::deflated("run-2/x.npy", &npy_file("'<u2'", &[3], &f8[..6])),
+    ]);
+    vec![foreign, ours]
+}
+
+/// `.safetensors` files: tensors of several dtypes (raw-bit BF16 and F8
+/// among them), an empty one, `__metadata__` with our marker.
+fn safetensors_seeds() -> Vec<Vec<u8>> {
+    let file = |header: Value, data: &[u8]| {
+        let mut text = header.to_string().into_bytes();
+        while !text.len().is_multiple_of(8) {
+            text.push(b' ');
+        }
+        let mut out = (text.len() as u64).to_le_bytes().to_vec();
+        out.extend_from_slice(&text);
+        out.extend_from_slice(data);
+        out
+    };
+    let marker = json!({"version": 1, "json": ["t"], "fields": ["t"]}).to_string();
+    let data: Vec<u8> = (0..40u8).collect();
+    vec![
+        file(
+            json!({
+                "__metadata__": {"format": "pt", "t": "300.0", "lazyvault": marker},
+                "w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
+                "b": {"dtype": "BF16", "shape": [4], "data_offsets": [24, 32]},
+                "q": {"dtype": "F8_E4M3", "shape": [2, 2], "data_offsets": [32, 36]},
+                "m": {"dtype": "BOOL", "shape": [4], "data_offsets": [36, 40]},
+                "e": {"dtype": "I64", "shape": [0, 5], "data_offsets": [40, 40]}
+            }),
+            &data,
+        ),
+        file(json!({}), &[]),
+    ]
+}
+
+#[test]
+fn npz_smoke() {
+    use zip_build::{zip_bytes, Member};
+    let seeds = npz_seeds();
+    let dict: &[&[u8]] = &[
+        b"PK\x03\x04",
+        b"PK\x01\x02",
+        b"PK\x05\x06",
+        b"\x93NUMPY",
+        b"'shape': (",
+        b"'descr': '",
+        b"\"records\":",
+        b"\"arrays\":",
+        b"\"layout\":",
+        b"__lazyvault__.json",
+        b".npy",
+        b"\xff\xff\xff\xff",
+    ];
+    // Members of the seeds, to rezip with correct sizes and CRCs.
+    let members: Vec<(String, Vec<u8>)> = seeds.iter().flat_map(|s| npz_members(s)).collect();
+    let texts: Vec<Vec<u8>> = members.iter().map(|(_, b)| b.clone()).collect();
+    let stats = smoke("npz", &seeds, fuzz_checks::check_npz, |rng| {
+        match rng.below(3) {
+            // Raw bytes: the zip layer, the local headers, the inflater.
+            0 => {
+                let base = rng.pick(&seeds).clone();
+                mutate(rng, &base, &seeds, dict)
+            }
+            // One member mutated, then zipped again (stored or deflated).
+            _ => {
+                let mut picked: Vec<(String, Vec<u8>)> = (0..1 + rng.below(4))
+                    .map(|_| rng.pick(&members).clone())
+                    .collect();
+                let at = rng.below(picked.len());
+                picked[at].1 = mutate(rng, &picked[at].1, &texts, dict);
+                let zipped: Vec<Member> = picked
+                    .iter()
+                    .map(|(name, body)| {
+                        if rng.chance(2) {
+                            Member::deflated(name, body)
+                        } else {
+                            Member::stored(name, body)
+                        }
+                    })
+                    .collect();
+                zip_bytes(&zipped)
+            }
+        }
+    });
+    assert_ran(&stats, 100);
+}
+
+#[test]
+fn safetensors_smoke() {
+    let dict: &[&[u8]] = &[
+        b"\"dtype\":",
+        b"\"shape\":",
+        b"\"data_offsets\":",
+        b"\"__metadata__\":",
+        b"\"BF16\"",
+        b"\"F8_E5M2\"",
+        b"\"F4\"",
+        b"\"U64\"",
+        b"[0,0]",
+        b"18446744073709551615",
+        b"-1",
+        b"1e400",
+        b"{}",
+    ];
+    let seeds = safetensors_seeds();
+    let stats = smoke_mutations("safetensors", &seeds, dict, fuzz_checks::check_safetensors);
+    assert_ran(&stats, 200);
+}
+
 /// Writes the valid inputs above as seed files for the cargo-fuzz targets,
 /// when `LAZYVAULT_WRITE_FUZZ_SEEDS` names a directory; does nothing
 /// otherwise.
@@ -693,6 +844,8 @@ fn write_fuzz_seeds() {
         ("query", query_seeds()),
         ("record", record_seeds()),
         ("archive", vec![archive_seed()]),
+        ("npz", npz_seeds()),
+        ("safetensors", safetensors_seeds()),
     ];
     for (target, seeds) in sets {
         let folder = dir.join(target);
@@ -720,6 +873,8 @@ fn replay_fuzz_inputs() {
         "query" => fuzz_checks::check_query,
         "record" => fuzz_checks::check_record,
         "archive" => fuzz_checks::check_archive,
+        "npz" => fuzz_checks::check_npz,
+        "safetensors" => fuzz_checks::check_safetensors,
         other => panic!("unknown fuzz target {other:?}"),
     };
     let path = std::path::Path::new(path);

@@ -11,23 +11,39 @@ from typing import Any, final
 from typing_extensions import Buffer
 
 __all__ = [
+    "DEFAULT_MAX_DEFLATE_RATIO",
     "FORMAT_VERSION",
+    "NPY_MAX_HEADER_SIZE",
+    "SAFETENSORS_MAX_HEADER",
     "ArchiveBuffer",
     "ArchiveCore",
     "MappedBuffer",
     "StoreCore",
     "__version__",
     "check_query",
+    "detect_format",
     "dumps_archive",
+    "import_file",
     "map_array",
     "npy_header",
+    "npz_has_manifest",
+    "parse_npy_header",
     "read_array_bytes",
+    "read_safetensors_header",
     "write_store_archive",
 ]
 
 FORMAT_VERSION: str
 """On-disk format version this build writes, ``"MAJOR.MINOR"``."""
 __version__: str
+NPY_MAX_HEADER_SIZE: int
+"""Largest ``.npy`` header text an import reads by default, in bytes
+(numpy's ``max_header_size`` default, 10,000)."""
+SAFETENSORS_MAX_HEADER: int
+"""Largest safetensors header read, in bytes (the reference reader's cap)."""
+DEFAULT_MAX_DEFLATE_RATIO: int
+"""Largest uncompressed-to-compressed ratio a deflated ``.npz`` member may
+declare unless the import says otherwise (deflate cannot pass ~1032:1)."""
 
 @final
 class MappedBuffer:
@@ -258,3 +274,48 @@ def npy_header(descr: str, fortran_order: bool, shape: Sequence[int]) -> bytes:
     newline, a multiple of 64 bytes (version 1.0, or 3.0 for non-latin-1
     descrs; NEP 1). ``ValueError`` for a bad descr or a header over 10,000
     bytes."""
+
+def detect_format(path: str | PathLike[str]) -> str:
+    """``"npy"``, ``"npz"``, ``"safetensors"`` or ``"lvz"`` from the file's
+    content. ``UnknownFormatError``, ``InvalidFileError``, ``StorageError``."""
+
+def npz_has_manifest(path: str | PathLike[str]) -> bool:
+    """Whether the zip at ``path`` holds lazyvault's npz manifest.
+    ``InvalidFileError`` for an unreadable zip."""
+
+def parse_npy_header(
+    data: bytes, what: str, max_header_size: int | None = None
+) -> tuple[tuple[int, int], str, bool, list[int], int]:
+    """``(version, descr, fortran_order, shape, data offset)`` of the ``.npy``
+    header at the start of ``data`` (the core's parser; header text at most
+    ``max_header_size`` bytes, default 10,000). ``InvalidFileError`` naming
+    ``what``."""
+
+def read_safetensors_header(
+    path: str | PathLike[str],
+) -> tuple[dict[str, str] | None, list[dict[str, Any]], int]:
+    """``(__metadata__ or None, tensors, data section offset)``; each tensor
+    ``{"name", "dtype", "shape", "data_offsets"}``, all checked.
+    ``InvalidFileError``."""
+
+def import_file(
+    store: StoreCore,
+    path: str | PathLike[str],
+    key: str | None,
+    default_key: str,
+    *,
+    allow_pickle: bool = False,
+    max_header_size: int | None = None,
+    max_deflate_ratio: int | None = None,
+    progress: Callable[[int, int], object] | None = None,
+    repickle: Callable[[str, bytes], tuple[str, str, Sequence[int], bool, bytes]] | None = None,
+) -> list[str]:
+    """Imports a ``.npy``, ``.npz`` or ``.safetensors`` file into ``store``,
+    streaming every array into its payload, all records committed together;
+    returns the keys written (``key``, else ``default_key``, for a
+    single-record file). ``progress(done, total)`` counts records;
+    ``repickle(what, pickle)`` re-encodes an object array's pickle as
+    ``(descr, dtype_name, shape, fortran_order, pickle)``; an exception
+    either raises propagates, the store unchanged. Raises
+    ``InvalidFileError``, ``UnknownFormatError``, ``PickleNotAllowedError``,
+    ``InteropError``, ``StorageError`` (``ENOSPC`` before writing)."""

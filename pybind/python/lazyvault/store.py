@@ -639,6 +639,8 @@ class Store(MutableMapping[str, Record]):
         key: str | None = None,
         *,
         progress: ProgressArg = None,
+        max_header_size: int | None = None,
+        max_ratio: int | None = None,
     ) -> list[str]:
         """Reads a ``.npy``, ``.npz``, ``.safetensors`` or ``.lvz`` file (format
         from the content, not only the extension) into the store; returns the
@@ -653,10 +655,23 @@ class Store(MutableMapping[str, Record]):
 
         ``progress`` as in :meth:`verify`, counting files for a directory,
         records for a multi-record file (``.lvz``, lazyvault's ``.npz``).
+        ``max_header_size``: the largest ``.npy`` header read, in bytes
+        (numpy's ``max_header_size``, default 10,000); ``max_ratio``: the
+        largest expansion a deflated ``.npz`` member may declare (default
+        1100:1; see :mod:`lazyvault._interop`). Arrays are streamed from the
+        file into the store in bounded memory; a rejected file leaves the
+        store unchanged.
         """
         from . import _interop
 
-        return _interop.import_file(self, path, key=key, progress=progress)
+        return _interop.import_file(
+            self,
+            path,
+            key=key,
+            progress=progress,
+            max_header_size=max_header_size,
+            max_ratio=max_ratio,
+        )
 
     # -- display and pandas (index only: no payload is opened) -----------------
 

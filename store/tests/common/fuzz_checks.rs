@@ -469,3 +469,111 @@ fn check_archive_writes_back(data: &[u8], index: &ArchiveIndex) {
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// .npz (zip directory, member headers and readers, lazyvault's manifest)
+
+/// The zip directory reader and `read_npz` on arbitrary bytes: no panic,
+/// only `InvalidFile`/`Io` errors; every member reader gives exactly the
+/// declared size or an error, never more (a bomb stops there); what
+/// `read_npz` accepts names only members of the zip, and a manifest names
+/// only accepted members. Returns whether the bytes read as an npz.
+pub fn check_npz(data: &[u8]) -> bool {
+    use lazyvault_store::interop::{npz, zip::ZipIn, ImportOptions};
+    use lazyvault_store::Error;
+    use std::io::{Cursor, Read};
+
+    let Ok(mut zip) = ZipIn::new(Cursor::new(data), "fuzz") else {
+        return false;
+    };
+    let members = zip.members();
+    for m in members.iter().take(64).filter(|m| m.size <= 1 << 24) {
+        let Ok(reader) = zip.reader(m, "fuzz member") else {
+            continue;
+        };
+        let mut out = Vec::new();
+        let read = reader.take(m.size + 1).read_to_end(&mut out);
+        assert!(
+            out.len() as u64 <= m.size,
+            "a member reader went past its size"
+        );
+        if read.is_ok() {
+            assert_eq!(
+                out.len() as u64,
+                m.size,
+                "a member read short without an error"
+            );
+        }
+    }
+    let parsed = npz::read_npz(
+        &mut zip,
+        std::path::Path::new("fuzz"),
+        &ImportOptions::default(),
+    );
+    let contents = match parsed {
+        Ok(c) => c,
+        Err(e) => {
+            assert!(
+                matches!(e, Error::InvalidFile { .. } | Error::Io { .. }),
+                "unexpected error kind: {e}"
+            );
+            return false;
+        }
+    };
+    let arrays = contents.arrays();
+    for (name, descr, _shape) in &arrays {
+        assert!(members.iter().any(|m| &m.name == name));
+        assert!(!descr.is_empty());
+    }
+    for record in contents.manifest.iter().flatten() {
+        assert!(!record.key.is_empty());
+        for member in record.arrays.values() {
+            assert!(arrays.iter().any(|(n, _, _)| n == member));
+        }
+    }
+    true
+}
+
+// ---------------------------------------------------------------------------
+// .safetensors headers
+
+/// The safetensors header reader on arbitrary bytes (as a file, and as the
+/// JSON text alone): no panic; an accepted header's tensors lie inside the
+/// data section, do not overlap, and span what their shape and dtype need.
+/// Returns whether the bytes read as a safetensors file.
+pub fn check_safetensors(data: &[u8]) -> bool {
+    use lazyvault_store::interop::safetensors::{parse_header, read_header};
+
+    let _ = parse_header(data, data.len() as u64, "fuzz");
+    let Ok(header) = read_header(&mut &data[..], data.len() as u64, "fuzz") else {
+        return false;
+    };
+    let data_len = data.len() as u64 - header.data_start;
+    let mut spans: Vec<(u64, u64)> = Vec::new();
+    for t in &header.tensors {
+        assert!(
+            t.begin <= t.end && t.end <= data_len,
+            "{t:?} outside the data"
+        );
+        let item = match t.tag.as_str() {
+            "F64" | "I64" | "U64" => 8,
+            "F32" | "I32" | "U32" => 4,
+            "F16" | "BF16" | "I16" | "U16" => 2,
+            _ => 1,
+        };
+        let len: Option<u64> = if t.shape.contains(&0) {
+            Some(0)
+        } else {
+            t.shape.iter().try_fold(item, |a: u64, &d| a.checked_mul(d))
+        };
+        assert_eq!(len, Some(t.end - t.begin), "{t:?}");
+        if t.end > t.begin {
+            spans.push((t.begin, t.end));
+        }
+    }
+    spans.sort_unstable();
+    for pair in spans.windows(2) {
+        assert!(pair[0].1 <= pair[1].0, "overlapping tensors accepted");
+    }
+    true
+}

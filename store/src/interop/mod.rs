@@ -1,0 +1,519 @@
+//! Importing the array files users already have: `.npy`, `.npz` and
+//! `.safetensors` (`.lvz` archives go through [`crate::archive`]).
+//!
+//! Every import runs in two phases:
+//!
+//! 1. **Plan** (nothing written): the file is opened once and everything is
+//!    checked — the `.npy` headers of a file or of every `.npz` member (with
+//!    [`crate::npy`]), the zip directory and each member's declared sizes
+//!    against what its header implies and against a decompression-ratio cap,
+//!    lazyvault's own `.npz` manifest, a `.safetensors` header whole. The
+//!    result is a list of records whose arrays say where their bytes are.
+//! 2. **Stage and commit**: each array is streamed from the same open file
+//!    straight into its payload file ([`Store::put_staged`]): a stored member
+//!    or a `.npy`/`.safetensors` range is copied, a deflated member inflated,
+//!    through one 4 MiB buffer whatever the size, checking the zip's CRC-32
+//!    and stopping at once when a member inflates past its declared size.
+//!    The records are committed together; a failure (a CRC mismatch found
+//!    while copying) removes every staged file, so a rejected file leaves
+//!    the store as it was.
+//!
+//! So an import holds one descriptor for the source (whatever the number of
+//! members) plus the payload being written, and memory bounded by a few MiB
+//! plus the zip directory and the records' metadata.
+//!
+//! What each format becomes (the record the Python layer's splitting of the
+//! same dict would give, see [`flat_record`]): a `.npy` is one record
+//! `{"data": array}`; a foreign `.npz` one record `{member name without
+//! ".npy": array}`; lazyvault's `.npz` (with the [`NPZ_MANIFEST`] member) a
+//! record per manifest entry under its own key; a `.safetensors` file one
+//! record `{tensor name: array}` plus its `"__metadata__"` map and, for
+//! raw-bit tensors (BF16, F8), `"safetensors_dtypes"`.
+
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+
+use indexmap::IndexMap;
+use lazyvault_schema::ArrayEntry;
+use serde_json::{Map, Value};
+
+use crate::error::{Error, Result};
+use crate::payload::source_error;
+use crate::{ArraySource, Stage, StagedRecord, Store};
+
+pub mod json;
+pub mod npy;
+pub mod npz;
+pub mod safetensors;
+pub mod zip;
+
+/// Largest `.npy` header read by default, in bytes (numpy's own
+/// `max_header_size` default, [`crate::npy::NUMPY_MAX_HEADER_LEN`]).
+pub const DEFAULT_MAX_HEADER_SIZE: usize = crate::npy::NUMPY_MAX_HEADER_LEN;
+
+/// Largest expansion accepted from a deflated member, uncompressed size
+/// over compressed size: deflate cannot expand more than about 1032:1, so a
+/// member declaring more lies (a decompression bomb).
+pub const DEFAULT_MAX_DEFLATE_RATIO: u64 = 1100;
+
+/// The `.npz` member holding lazyvault's record metadata.
+pub const NPZ_MANIFEST: &str = "__lazyvault__.json";
+
+/// The format of a file to import, from its first bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// `\x93NUMPY`: one `.npy` array.
+    Npy,
+    /// A zip without lazyvault's archive manifest: `np.savez` output (or
+    /// lazyvault's own `.npz` export).
+    Npz,
+    /// An 8-byte little-endian header length, then a JSON object.
+    Safetensors,
+    /// A zip holding [`crate::archive::MANIFEST_MEMBER`]: a lazyvault archive.
+    Lvz,
+}
+
+impl Format {
+    /// `"npy"`, `"npz"`, `"safetensors"` or `"lvz"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Npy => "npy",
+            Format::Npz => "npz",
+            Format::Safetensors => "safetensors",
+            Format::Lvz => "lvz",
+        }
+    }
+}
+
+const NPY_MAGIC: &[u8] = b"\x93NUMPY";
+/// A zip's first local header, or the end record of an empty zip.
+const ZIP_MAGICS: [&[u8; 4]; 2] = [b"PK\x03\x04", b"PK\x05\x06"];
+
+/// The format of the file at `path`, from its content (not its name).
+///
+/// # Errors
+/// [`Error::Io`] when it cannot be opened or read; [`Error::InvalidFile`]
+/// for a file that starts like a safetensors file but whose header length
+/// exceeds it; [`Error::UnknownFormat`] for anything else.
+pub fn detect_format(path: &Path) -> Result<Format> {
+    let mut file = File::open(path).map_err(Error::io(path))?;
+    let size = file.metadata().map_err(Error::io(path))?.len();
+    let mut head = Vec::with_capacity(9);
+    (&mut file)
+        .take(9)
+        .read_to_end(&mut head)
+        .map_err(Error::io(path))?;
+    if head.starts_with(NPY_MAGIC) {
+        return Ok(Format::Npy);
+    }
+    if head.len() >= 4 && ZIP_MAGICS.iter().any(|m| head[..4] == m[..]) {
+        let lvz = head[..4] == ZIP_MAGICS[0][..]
+            && zip::has_member(file, crate::archive::MANIFEST_MEMBER);
+        return Ok(if lvz { Format::Lvz } else { Format::Npz });
+    }
+    if head.len() == 9 && head[8] == b'{' {
+        let n = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
+        if n <= size - 8 {
+            return Ok(Format::Safetensors);
+        }
+        return Err(Error::invalid_file(
+            path.display().to_string(),
+            format!(
+                "starts like a safetensors file but its header length {n} exceeds the file \
+                 ({size} bytes): truncated or not safetensors"
+            ),
+        ));
+    }
+    Err(Error::UnknownFormat {
+        path: path.to_owned(),
+        detail: format!(
+            "not a .npy, .npz, .safetensors or .lvz file (starts with {})",
+            python_bytes(&head[..head.len().min(8)])
+        ),
+    })
+}
+
+/// `bytes` as Python's `repr(bytes)` shows them (`b'PK\x03\x04'`).
+fn python_bytes(bytes: &[u8]) -> String {
+    let mut out = String::from("b'");
+    for &b in bytes {
+        match b {
+            b'\\' => out.push_str("\\\\"),
+            b'\'' => out.push_str("\\'"),
+            b'\n' => out.push_str("\\n"),
+            b'\r' => out.push_str("\\r"),
+            b'\t' => out.push_str("\\t"),
+            0x20..=0x7e => out.push(b as char),
+            _ => out.push_str(&format!("\\x{b:02x}")),
+        }
+    }
+    out.push('\'');
+    out
+}
+
+/// An `object` array read from a file, re-encoded for the store by
+/// [`ImportHooks::repickle`] (what the Python layer's `payload_args` gives).
+#[derive(Debug, Clone)]
+pub struct PickledArray {
+    /// Python-literal descr (`"'|O'"`).
+    pub descr: String,
+    /// numpy's `dtype.name` (`"object"`).
+    pub dtype: String,
+    /// The array's shape.
+    pub shape: Vec<u64>,
+    /// Whether the array is in Fortran order.
+    pub fortran_order: bool,
+    /// The pickle of the array, as the store keeps it.
+    pub data: Vec<u8>,
+}
+
+/// How an import reads its file.
+#[derive(Debug, Clone, Copy)]
+pub struct ImportOptions {
+    /// Whether `object` arrays (pickles) may be imported.
+    pub allow_pickle: bool,
+    /// Largest `.npy` header text read, in bytes (numpy's
+    /// `max_header_size`): for a `.npy` file and every `.npz` member.
+    pub max_header_size: usize,
+    /// Largest uncompressed-over-compressed size ratio a deflated member may
+    /// declare ([`DEFAULT_MAX_DEFLATE_RATIO`]).
+    pub max_deflate_ratio: u64,
+}
+
+impl Default for ImportOptions {
+    fn default() -> Self {
+        ImportOptions {
+            allow_pickle: false,
+            max_header_size: DEFAULT_MAX_HEADER_SIZE,
+            max_deflate_ratio: DEFAULT_MAX_DEFLATE_RATIO,
+        }
+    }
+}
+
+/// Re-encodes the pickle of an object array read from a file (`what` names
+/// it) for the store; see [`ImportHooks::repickle`].
+pub type Repickle<'a> = dyn FnMut(&str, Vec<u8>) -> Result<PickledArray> + 'a;
+
+/// Called with `(records staged, records in the file)` after each record's
+/// payloads are written; returning `false` cancels the import.
+pub type Progress<'a> = dyn FnMut(u64, u64) -> bool + 'a;
+
+/// Callbacks of an import.
+#[derive(Default)]
+pub struct ImportHooks<'a> {
+    /// Progress, counted in records; it runs while the store's writer lock
+    /// is held, so it must not use the store.
+    pub progress: Option<&'a mut Progress<'a>>,
+    /// Turns the pickle stream of an `object` array, as numpy wrote it
+    /// (perhaps by Python 2), into the payload the store keeps (the Python
+    /// layer unpickles it with `encoding="latin1"` and pickles it again).
+    /// Without it the pickle is kept as it is. Called only when
+    /// [`ImportOptions::allow_pickle`] is set.
+    pub repickle: Option<&'a mut Repickle<'a>>,
+}
+
+/// Imports the file at `path` (a `.npy`, `.npz` or `.safetensors`, format
+/// from its content) into `store`; returns the keys written, in order.
+///
+/// A single-record file is written under `key`, or `default_key` when
+/// `key` is `None`; lazyvault's `.npz` brings back every record under its
+/// own key, or its only record under `key`.
+///
+/// # Errors
+/// [`Error::UnknownFormat`]; [`Error::InvalidFile`] for a malformed, truncated
+/// or hostile file (its message names the file and the member or tensor);
+/// [`Error::PickleNotAllowed`] for an `object` array without
+/// [`ImportOptions::allow_pickle`]; [`Error::Interop`] for `key` given with
+/// a file of several records or for a `.lvz` (imported through
+/// [`crate::archive`]); [`Error::Cancelled`]; and the errors of
+/// [`Store::put_staged`] (free space first). On any error the store is as
+/// it was.
+pub fn import_file(
+    store: &Store,
+    path: &Path,
+    key: Option<&str>,
+    default_key: &str,
+    options: &ImportOptions,
+    hooks: &mut ImportHooks<'_>,
+) -> Result<Vec<String>> {
+    match detect_format(path)? {
+        Format::Npy => npy::import(store, path, key.unwrap_or(default_key), options, hooks),
+        Format::Npz => npz::import(store, path, key, default_key, options, hooks),
+        Format::Safetensors => safetensors::import(store, path, key.unwrap_or(default_key), hooks),
+        Format::Lvz => Err(Error::Interop(format!(
+            "{}: a .lvz archive: import it with the archive reader",
+            path.display()
+        ))),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Plans: what phase 1 finds, phase 2 writes
+
+/// Where an array's bytes are in the source file.
+#[derive(Debug, Clone)]
+pub(crate) enum Source {
+    /// `nbytes` bytes at this offset of the file.
+    Range { offset: u64 },
+    /// A zip member (its `.npy` header included), by index in the zip.
+    Member(zip::MemberInfo),
+}
+
+/// One array of a planned record.
+#[derive(Debug, Clone)]
+pub(crate) struct PlannedArray {
+    /// The file and member or tensor, for messages.
+    pub what: String,
+    /// Python-literal descr, canonical.
+    pub descr: String,
+    /// numpy's dtype name.
+    pub dtype: String,
+    pub shape: Vec<u64>,
+    pub fortran_order: bool,
+    /// Data bytes (for a pickled array: the pickle's, to the source's end).
+    pub nbytes: u64,
+    /// Bytes of `.npy` header before the data in a member.
+    pub header_len: u64,
+    /// An `object` array: its data are a pickle.
+    pub pickled: bool,
+    pub source: Source,
+}
+
+/// A record to write: metadata, layout and its arrays by path.
+#[derive(Debug, Clone)]
+pub(crate) struct PlannedRecord {
+    pub key: String,
+    pub meta: Map<String, Value>,
+    pub layout: Value,
+    pub arrays: IndexMap<String, PlannedArray>,
+}
+
+/// A field of a flat dict to store: a JSON value or an array.
+pub(crate) enum Field {
+    Json(Value),
+    Array(PlannedArray),
+}
+
+/// The record the Python layer's splitting gives for the flat dict
+/// `fields` (`store[key] = {name: value}`): JSON values become metadata
+/// (containers laid out as `{"dict": ...}` / `{"list": ...}`), arrays
+/// payloads named by their field (`"data"` for an empty name, `~2`, `~3`...
+/// on a clash), all in dict order.
+pub(crate) fn flat_record(key: &str, fields: Vec<(String, Field)>) -> PlannedRecord {
+    let mut meta = Map::new();
+    let mut nodes = Map::new();
+    let mut arrays: IndexMap<String, PlannedArray> = IndexMap::new();
+    for (name, field) in fields {
+        match field {
+            Field::Json(value) => {
+                nodes.insert(name.clone(), layout_of(&value));
+                meta.insert(name, value);
+            }
+            Field::Array(array) => {
+                let base = if name.is_empty() { "data" } else { &name };
+                let mut path = base.to_owned();
+                let mut n = 2;
+                while arrays.contains_key(&path) {
+                    path = format!("{base}~{n}");
+                    n += 1;
+                }
+                nodes.insert(name, serde_json::json!({ "array": path }));
+                arrays.insert(path, array);
+            }
+        }
+    }
+    PlannedRecord {
+        key: key.to_owned(),
+        meta,
+        layout: serde_json::json!({ "dict": nodes }),
+        arrays,
+    }
+}
+
+/// The layout node of a JSON value (FORMAT.md, "Layout").
+fn layout_of(value: &Value) -> Value {
+    match value {
+        Value::Object(m) => serde_json::json!({
+            "dict": m.iter().map(|(k, v)| (k.clone(), layout_of(v))).collect::<Map<_, _>>()
+        }),
+        Value::Array(a) => {
+            serde_json::json!({ "list": a.iter().map(layout_of).collect::<Vec<_>>() })
+        }
+        leaf => leaf.clone(),
+    }
+}
+
+/// What the records of a plan will write: (payload files, data bytes).
+pub(crate) fn plan_size(records: &[PlannedRecord]) -> (usize, u64) {
+    let arrays = records.iter().flat_map(|r| r.arrays.values());
+    arrays.fold((0, 0), |(n, b), a| (n + 1, b.saturating_add(a.nbytes)))
+}
+
+/// Refuses the `object` arrays of `records` unless pickles are allowed.
+pub(crate) fn check_pickles(records: &[PlannedRecord], options: &ImportOptions) -> Result<()> {
+    if options.allow_pickle {
+        return Ok(());
+    }
+    let pickled = records
+        .iter()
+        .flat_map(|r| r.arrays.values())
+        .find(|a| a.pickled);
+    match pickled {
+        Some(a) => Err(Error::PickleNotAllowed {
+            what: a.what.clone(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Reports progress; `Err(Cancelled)` when the callback says stop.
+pub(crate) fn report(hooks: &mut ImportHooks<'_>, done: u64, total: u64) -> Result<()> {
+    if let Some(progress) = hooks.progress.as_mut() {
+        if !progress(done, total) {
+            return Err(Error::Cancelled);
+        }
+    }
+    Ok(())
+}
+
+/// The error of a file: `what` names it (and the member or tensor).
+pub(crate) fn invalid(what: &str, detail: impl ToString) -> Error {
+    Error::invalid_file(what, detail)
+}
+
+/// `path` as messages show it.
+pub(crate) fn shown(path: &Path) -> String {
+    path.display().to_string()
+}
+
+/// The [`Error`] an `io::Error` carries ([`io_wrap`]), or the `io::Error`.
+pub(crate) fn unwrap_io(e: std::io::Error) -> std::result::Result<Error, std::io::Error> {
+    if e.get_ref().is_some_and(|inner| inner.is::<Error>()) {
+        return Ok(source_error(e, Path::new("")));
+    }
+    Err(e)
+}
+
+/// An [`Error`] carried through an `io::Error` (by a reader feeding a
+/// payload; [`crate::Stage::write_from`] unwraps it).
+pub(crate) fn io_wrap(e: Error) -> std::io::Error {
+    std::io::Error::other(e)
+}
+
+// ---------------------------------------------------------------------------
+// Phase 2: streaming the planned arrays into payloads
+
+/// Gives the data bytes of a planned array, read from the source file.
+pub(crate) trait ArrayBytes {
+    /// A reader of `array`'s data (for a pickled array: its pickle, to the
+    /// end of its source), which checks the source on the way (a zip
+    /// member's CRC-32 and size) and carries such errors as
+    /// [`io_wrap`]ped [`Error`]s.
+    fn open(&mut self, array: &PlannedArray) -> Result<Box<dyn Read + '_>>;
+}
+
+/// Byte ranges of one open file (`.npy`, `.safetensors`).
+pub(crate) struct FileRanges(pub File);
+
+impl ArrayBytes for FileRanges {
+    fn open(&mut self, array: &PlannedArray) -> Result<Box<dyn Read + '_>> {
+        let Source::Range { offset } = array.source else {
+            unreachable!("file ranges hold ranges only");
+        };
+        use std::io::{Seek, SeekFrom};
+        let file = &mut self.0;
+        file.seek(SeekFrom::Start(offset))
+            .map_err(|e| Error::invalid_file(&array.what, format!("cannot seek: {e}")))?;
+        Ok(Box::new(file.take(array.nbytes)))
+    }
+}
+
+/// Phase 2: streams every array of `records` from `bytes` into payloads of
+/// one staged put and commits the records; returns their keys.
+pub(crate) fn write_records(
+    store: &Store,
+    records: Vec<PlannedRecord>,
+    bytes: &mut dyn ArrayBytes,
+    path: &Path,
+    hooks: &mut ImportHooks<'_>,
+) -> Result<Vec<String>> {
+    let (files, nbytes) = plan_size(&records);
+    let total = records.len() as u64;
+    let keys: Vec<String> = records.iter().map(|r| r.key.clone()).collect();
+    store.put_staged(files, nbytes, records.len(), |stage| {
+        let mut staged = Vec::with_capacity(records.len());
+        for (done, r) in records.into_iter().enumerate() {
+            let mut arrays = IndexMap::with_capacity(r.arrays.len());
+            for (name, array) in r.arrays {
+                let entry = stage_array(stage, &name, &array, bytes, path, hooks)?;
+                arrays.insert(name, entry);
+            }
+            staged.push(StagedRecord {
+                key: r.key,
+                meta: r.meta,
+                layout: r.layout,
+                arrays,
+                pickle: None,
+            });
+            report(hooks, done as u64 + 1, total)?;
+        }
+        Ok(staged)
+    })?;
+    Ok(keys)
+}
+
+/// Writes one planned array as a payload of `stage`.
+fn stage_array(
+    stage: &mut Stage<'_>,
+    name: &str,
+    array: &PlannedArray,
+    bytes: &mut dyn ArrayBytes,
+    path: &Path,
+    hooks: &mut ImportHooks<'_>,
+) -> Result<ArrayEntry> {
+    if array.pickled {
+        // Unpickled anyway when loaded: read whole (bounded by the source).
+        let mut data = Vec::new();
+        bytes
+            .open(array)?
+            .read_to_end(&mut data)
+            .map_err(|e| source_error(e, path))?;
+        let pickled = match hooks.repickle.as_mut() {
+            Some(repickle) => repickle(&array.what, data)?,
+            None => PickledArray {
+                descr: array.descr.clone(),
+                dtype: array.dtype.clone(),
+                shape: array.shape.clone(),
+                fortran_order: array.fortran_order,
+                data,
+            },
+        };
+        return stage.write(&ArraySource {
+            name: name.to_owned(),
+            descr: pickled.descr,
+            dtype: pickled.dtype,
+            shape: pickled.shape,
+            fortran_order: pickled.fortran_order,
+            data: &pickled.data,
+            pickled: true,
+        });
+    }
+    let src = ArraySource {
+        name: name.to_owned(),
+        descr: array.descr.clone(),
+        dtype: array.dtype.clone(),
+        shape: array.shape.clone(),
+        fortran_order: array.fortran_order,
+        data: &[],
+        pickled: false,
+    };
+    let mut reader = bytes.open(array)?;
+    stage
+        .write_from(&src, array.nbytes, &mut reader, path)
+        .map_err(|e| match e {
+            // the message of the core names the array, not the file
+            Error::InvalidArray { detail, .. } => invalid(&array.what, detail),
+            other => other,
+        })
+}

@@ -1,0 +1,458 @@
+//! `.npz` files (`np.savez`, `np.savez_compressed`, and lazyvault's own
+//! export): a zip of `.npy` members, read through one open file.
+//!
+//! Every member is checked before anything is written: its method (stored
+//! or deflated), encryption, that it lies inside the file, its `.npy`
+//! header (read from the first bytes only, inflating just those), and the
+//! size the zip declares against the size the header implies — and, for a
+//! deflated member, against [`ImportOptions::max_deflate_ratio`] times its
+//! compressed size. Then the bytes are streamed into payloads (see
+//! [`super`]) and the CRC-32 is checked on the way.
+//!
+//! lazyvault's own `.npz` carries [`NPZ_MANIFEST`], a JSON member mapping
+//! every record key to its metadata, its layout and `{array path: member
+//! name}`; every record then comes back under its own key.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::{self, BufReader, Read, Seek};
+use std::path::Path;
+
+use indexmap::IndexMap;
+use serde_json::{Map, Value};
+
+use super::json::parse_strict;
+use super::npy::{header_error, planned_array};
+use super::zip::{MemberInfo, ZipIn};
+use super::{
+    check_pickles, flat_record, invalid, shown, write_records, ArrayBytes, Field, ImportHooks,
+    ImportOptions, PlannedArray, PlannedRecord, Source, NPZ_MANIFEST,
+};
+use crate::error::{Error, Result};
+use crate::npy as core_npy;
+use crate::Store;
+
+/// The `format` of lazyvault's npz manifest.
+pub const NPZ_FORMAT: &str = "lazyvault-npz";
+/// The largest manifest read, in bytes.
+const MANIFEST_MAX: u64 = 1 << 30;
+
+/// One record of lazyvault's npz manifest, checked.
+#[derive(Debug, Clone)]
+pub struct ManifestRecord {
+    /// The record's key.
+    pub key: String,
+    /// Its metadata.
+    pub meta: Map<String, Value>,
+    /// Its layout; `None`: the flat dict `{**meta, **arrays}`.
+    pub layout: Option<Value>,
+    /// Array path → member name.
+    pub arrays: IndexMap<String, String>,
+}
+
+/// What phase 1 finds in an `.npz`.
+#[derive(Debug)]
+pub struct NpzContents {
+    /// The `.npy` members by name, in zip order, each with its array.
+    pub(crate) members: IndexMap<String, PlannedArray>,
+    /// lazyvault's manifest, if the file has one.
+    pub manifest: Option<Vec<ManifestRecord>>,
+}
+
+impl NpzContents {
+    /// The member names and the `(descr, shape)` their headers give.
+    pub fn arrays(&self) -> Vec<(String, String, Vec<u64>)> {
+        let members = self.members.iter();
+        members
+            .map(|(n, a)| (n.clone(), a.descr.clone(), a.shape.clone()))
+            .collect()
+    }
+}
+
+/// `name` quoted as Python's `repr` quotes a str, for messages.
+pub(crate) fn quoted(name: &str) -> String {
+    if name.contains('\'') && !name.contains('"') {
+        format!("\"{name}\"")
+    } else {
+        format!("'{}'", name.replace('\'', "\\'"))
+    }
+}
+
+/// Phase 1 of an `.npz` (the zip in `zip`, `path` for I/O errors): every
+/// member and the manifest checked, nothing written.
+///
+/// # Errors
+/// [`Error::InvalidFile`] naming the file and the member for every refusal
+/// (see the module docs).
+pub fn read_npz<R: Read + Seek>(
+    zip: &mut ZipIn<R>,
+    path: &Path,
+    options: &ImportOptions,
+) -> Result<NpzContents> {
+    let file = zip.what().to_owned();
+    let mut members = IndexMap::new();
+    let mut manifest_member = None;
+    for m in zip.members() {
+        let what = format!("{file} member {}", quoted(&m.name));
+        if m.name == NPZ_MANIFEST {
+            manifest_member = Some(m);
+            continue;
+        }
+        if m.name.ends_with('/') {
+            continue;
+        }
+        if m.encrypted {
+            return Err(invalid(&what, "encrypted members are not supported"));
+        }
+        if !m.is_stored() && !m.is_deflated() {
+            return Err(invalid(
+                &what,
+                format!(
+                    "compression method {} is not supported (np.savez writes stored or \
+                     deflated members)",
+                    m.method
+                ),
+            ));
+        }
+        if m.is_stored() && m.compressed_size != m.size {
+            return Err(invalid(&what, "stored member with two different sizes"));
+        }
+        let ratio = options.max_deflate_ratio;
+        if m.is_deflated() && m.size > ratio.saturating_mul(m.compressed_size.max(1)) {
+            return Err(invalid(
+                &what,
+                format!(
+                    "declares {} bytes from {} compressed, more than deflate can expand \
+                     (decompression bomb?; the cap is {ratio}:1)",
+                    m.size, m.compressed_size
+                ),
+            ));
+        }
+        let header = {
+            let mut r = zip.reader(&m, &what)?;
+            core_npy::read_header(&mut r, options.max_header_size)
+                .map_err(|e| header_error(&what, e, path))?
+        };
+        let rest = m.size.saturating_sub(header.data_offset);
+        let array = planned_array(&what, &header, rest, Source::Member(m.clone()))?;
+        if !array.pickled {
+            let implied = header.data_offset.checked_add(array.nbytes);
+            if implied != Some(m.size) {
+                return Err(invalid(
+                    &what,
+                    format!(
+                        "the zip declares {} bytes but its .npy header implies {} (shape {:?}, \
+                         {}): refusing to read it (decompression bomb or corrupt file)",
+                        m.size,
+                        implied.map_or("more than 2^64".to_owned(), |n| n.to_string()),
+                        header.shape,
+                        array.dtype
+                    ),
+                ));
+            }
+        }
+        members.insert(m.name.clone(), array);
+    }
+    let manifest = match manifest_member {
+        None => None,
+        Some(m) => Some(read_manifest(zip, &m, &members, options)?),
+    };
+    Ok(NpzContents { members, manifest })
+}
+
+/// Reads and checks lazyvault's manifest member `m`.
+fn read_manifest<R: Read + Seek>(
+    zip: &mut ZipIn<R>,
+    m: &MemberInfo,
+    members: &IndexMap<String, PlannedArray>,
+    options: &ImportOptions,
+) -> Result<Vec<ManifestRecord>> {
+    let what = format!("{} member {}", zip.what(), quoted(NPZ_MANIFEST));
+    let cap = options
+        .max_deflate_ratio
+        .saturating_mul(m.compressed_size.max(1))
+        .min(MANIFEST_MAX);
+    if m.size > cap || m.encrypted || !(m.is_stored() || m.is_deflated()) {
+        return Err(invalid(
+            &what,
+            format!("implausibly large ({} bytes) or unreadable", m.size),
+        ));
+    }
+    let mut text = Vec::new();
+    zip.reader(m, &what)?
+        .read_to_end(&mut text)
+        .map_err(|e| match super::unwrap_io(e) {
+            Ok(err) => err,
+            Err(e) => invalid(&what, format!("not valid JSON: {e}")),
+        })?;
+    let doc = parse_strict(&text).map_err(|e| invalid(&what, format!("not valid JSON: {e}")))?;
+    check_manifest(&doc, members, &what)
+}
+
+/// Whether a JSON value equals Python's `1` (as `==` compares: `1`, `1.0`
+/// and `true` do).
+fn is_one(v: Option<&Value>) -> bool {
+    match v {
+        Some(Value::Number(n)) => n.as_f64() == Some(1.0),
+        Some(Value::Bool(b)) => *b,
+        _ => false,
+    }
+}
+
+/// Checks the manifest document: every record well formed, naming only
+/// members that exist, every member named.
+fn check_manifest(
+    doc: &Value,
+    members: &IndexMap<String, PlannedArray>,
+    what: &str,
+) -> Result<Vec<ManifestRecord>> {
+    let Some(doc) = doc.as_object() else {
+        return Err(invalid(what, format!("not a {NPZ_FORMAT} manifest")));
+    };
+    if doc.get("format").and_then(Value::as_str) != Some(NPZ_FORMAT) {
+        return Err(invalid(what, format!("not a {NPZ_FORMAT} manifest")));
+    }
+    if !is_one(doc.get("version")) {
+        let v = doc
+            .get("version")
+            .map_or("None".to_owned(), Value::to_string);
+        return Err(invalid(what, format!("unknown version {v}")));
+    }
+    let Some(records) = doc.get("records").and_then(Value::as_array) else {
+        return Err(invalid(what, "'records' is not a list"));
+    };
+    let mut used: HashSet<String> = HashSet::new();
+    let mut keys: HashSet<&str> = HashSet::new();
+    let mut out = Vec::with_capacity(records.len());
+    for rec in records {
+        let Some(rec) = rec.as_object() else {
+            return Err(invalid(what, "a record is not an object"));
+        };
+        let key = match rec.get("key").and_then(Value::as_str) {
+            Some(k) if !k.is_empty() && keys.insert(k) => k,
+            other => {
+                let shown = other.map_or_else(
+                    || rec.get("key").map_or("None".to_owned(), Value::to_string),
+                    quoted,
+                );
+                return Err(invalid(what, format!("bad or duplicate key {shown}")));
+            }
+        };
+        let Some(meta) = rec.get("meta").and_then(Value::as_object) else {
+            return Err(invalid(
+                what,
+                format!("record {}: bad metadata", quoted(key)),
+            ));
+        };
+        let arrays = rec.get("arrays").and_then(Value::as_object);
+        let arrays: Option<IndexMap<String, String>> = arrays.and_then(|a| {
+            a.iter()
+                .map(|(p, m)| {
+                    let m = m.as_str().filter(|m| members.contains_key(*m))?;
+                    Some((p.clone(), m.to_owned()))
+                })
+                .collect()
+        });
+        let Some(arrays) = arrays else {
+            return Err(invalid(
+                what,
+                format!("record {}: arrays name missing members", quoted(key)),
+            ));
+        };
+        used.extend(arrays.values().cloned());
+        let layout = match rec.get("layout") {
+            None | Some(Value::Null) => None,
+            Some(layout) => {
+                let paths: HashSet<&str> = arrays.keys().map(String::as_str).collect();
+                if !layout_ok(layout, &paths) {
+                    return Err(invalid(what, format!("record {}: bad layout", quoted(key))));
+                }
+                Some(layout.clone())
+            }
+        };
+        out.push(ManifestRecord {
+            key: key.to_owned(),
+            meta: meta.clone(),
+            layout,
+            arrays,
+        });
+    }
+    let mut unlisted: Vec<&str> = members
+        .keys()
+        .map(String::as_str)
+        .filter(|n| !used.contains(*n))
+        .collect();
+    if !unlisted.is_empty() {
+        unlisted.sort_unstable();
+        let shown: Vec<String> = unlisted.iter().take(5).map(|n| quoted(n)).collect();
+        return Err(invalid(
+            what,
+            format!("members not listed in it: [{}]", shown.join(", ")),
+        ));
+    }
+    Ok(out)
+}
+
+/// The layout kinds FORMAT.md defines (a pickled remainder cannot come
+/// from an npz).
+const LAYOUT_KINDS: [&str; 7] = [
+    "dict", "list", "tuple", "array", "float", "scalar", "object",
+];
+
+/// Whether `layout` is a tree of known nodes (FORMAT.md, "Layout") naming
+/// only `paths` as arrays. `object` nodes are allowed: loading them is
+/// gated by `allow_pickle` as for any record.
+fn layout_ok(layout: &Value, paths: &HashSet<&str>) -> bool {
+    let mut stack = vec![layout];
+    while let Some(node) = stack.pop() {
+        let node = match node {
+            Value::Array(_) => return false,
+            Value::Object(m) => m,
+            _ => continue,
+        };
+        let mut entries = node.iter();
+        let (Some((kind, body)), None) = (entries.next(), entries.next()) else {
+            return false;
+        };
+        if !LAYOUT_KINDS.contains(&kind.as_str()) {
+            return false;
+        }
+        let ok = match (kind.as_str(), body) {
+            ("dict", Value::Object(m)) => {
+                stack.extend(m.values());
+                true
+            }
+            ("list" | "tuple", Value::Array(items)) => {
+                stack.extend(items);
+                true
+            }
+            ("array", Value::String(p)) => paths.contains(p.as_str()),
+            ("float", Value::String(f)) => matches!(f.as_str(), "nan" | "inf" | "-inf"),
+            ("scalar", Value::Array(pair)) => pair.len() == 2 && pair[0].is_string(),
+            ("object", Value::Object(o)) => match (o.get("class"), o.get("state")) {
+                (Some(Value::String(_)), Some(Value::Object(state))) => {
+                    stack.extend(state.values());
+                    true
+                }
+                _ => false,
+            },
+            _ => false,
+        };
+        if !ok {
+            return false;
+        }
+    }
+    true
+}
+
+/// The records an `.npz` becomes (see [`super`]): one `{short name: array}`
+/// for a foreign file, the manifest's otherwise.
+fn plan_records(
+    contents: NpzContents,
+    what: &str,
+    key: Option<&str>,
+    default_key: &str,
+) -> Result<Vec<PlannedRecord>> {
+    let NpzContents { members, manifest } = contents;
+    let Some(mut manifest) = manifest else {
+        let mut fields: Vec<(String, Field)> = Vec::with_capacity(members.len());
+        let mut shorts = HashSet::new();
+        for (name, array) in members {
+            let short = name.strip_suffix(".npy").unwrap_or(&name).to_owned();
+            if !shorts.insert(short.clone()) {
+                return Err(invalid(
+                    what,
+                    format!("members {} and {} collide", quoted(&short), quoted(&name)),
+                ));
+            }
+            fields.push((short, Field::Array(array)));
+        }
+        return Ok(vec![flat_record(key.unwrap_or(default_key), fields)]);
+    };
+    if let Some(key) = key {
+        if manifest.len() != 1 {
+            return Err(Error::Interop(format!(
+                "{what} holds {} records; key= renames a single record only",
+                manifest.len()
+            )));
+        }
+        manifest[0].key = key.to_owned();
+    }
+    let records = manifest.into_iter().map(|rec| {
+        let arrays = rec
+            .arrays
+            .iter()
+            .map(|(p, m)| (p.clone(), members[m].clone()));
+        match rec.layout {
+            Some(layout) => PlannedRecord {
+                key: rec.key,
+                meta: rec.meta,
+                layout,
+                arrays: arrays.collect(),
+            },
+            None => {
+                // the flat dict {**meta, **arrays}: an array replaces a
+                // field of its name, in the field's place
+                let mut arrays: IndexMap<String, PlannedArray> = arrays.collect();
+                let mut fields = Vec::with_capacity(rec.meta.len() + arrays.len());
+                for (k, v) in rec.meta {
+                    let field = match arrays.shift_remove(&k) {
+                        Some(a) => Field::Array(a),
+                        None => Field::Json(v),
+                    };
+                    fields.push((k, field));
+                }
+                fields.extend(arrays.into_iter().map(|(p, a)| (p, Field::Array(a))));
+                flat_record(&rec.key, fields)
+            }
+        }
+    });
+    Ok(records.collect())
+}
+
+/// Member bytes of an open zip.
+struct Members<R: Read + Seek>(ZipIn<R>);
+
+impl<R: Read + Seek> ArrayBytes for Members<R> {
+    fn open(&mut self, array: &PlannedArray) -> Result<Box<dyn Read + '_>> {
+        let Source::Member(m) = &array.source else {
+            unreachable!("an npz plan holds members only");
+        };
+        let mut r = self.0.reader(m, &array.what)?;
+        // the .npy header is part of the member (and of its CRC)
+        io::copy(&mut (&mut r).take(array.header_len), &mut io::sink())
+            .map_err(|e| super::unwrap_io(e).unwrap_or_else(|e| invalid(&array.what, e)))?;
+        Ok(Box::new(r))
+    }
+}
+
+/// Opens the `.npz` at `path` with one descriptor.
+fn open(path: &Path) -> Result<ZipIn<BufReader<File>>> {
+    let file = File::open(path).map_err(Error::io(path))?;
+    ZipIn::new(BufReader::with_capacity(64 << 10, file), &shown(path))
+}
+
+/// Whether the zip at `path` holds lazyvault's npz manifest.
+///
+/// # Errors
+/// [`Error::Io`] when it cannot be opened; [`Error::InvalidFile`] when it
+/// is not a readable zip.
+pub fn has_manifest(path: &Path) -> Result<bool> {
+    Ok(open(path)?.contains(NPZ_MANIFEST))
+}
+
+/// Imports the `.npz` at `path`; see [`super::import_file`].
+pub(crate) fn import(
+    store: &Store,
+    path: &Path,
+    key: Option<&str>,
+    default_key: &str,
+    options: &ImportOptions,
+    hooks: &mut ImportHooks<'_>,
+) -> Result<Vec<String>> {
+    let mut zip = open(path)?;
+    let contents = read_npz(&mut zip, path, options)?;
+    let records = plan_records(contents, &shown(path), key, default_key)?;
+    check_pickles(&records, options)?;
+    write_records(store, records, &mut Members(zip), path, hooks)
+}

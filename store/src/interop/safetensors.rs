@@ -1,0 +1,404 @@
+//! `.safetensors` files: an 8-byte little-endian header length `N`, `N`
+//! bytes of JSON (`{name: {"dtype", "shape", "data_offsets"},
+//! "__metadata__": {str: str}}`), then the data section; every tensor
+//! little-endian, C order, at `data_offsets` relative to the data section.
+//!
+//! The header is checked whole before anything is allocated from it or
+//! written: its length against the file and [`SAFETENSORS_MAX_HEADER`] (as
+//! the reference reader), strict JSON (no duplicate names), every tensor's
+//! dtype, shape and offsets (in range, of the size shape and dtype imply,
+//! non-overlapping).
+//!
+//! BF16 and F8 tensors have no numpy dtype: they are kept as raw bits
+//! (`uint16`, `uint8`), never converted, and their tags are kept in the
+//! record's metadata under `"safetensors_dtypes"`. A `"lazyvault"` entry in
+//! `__metadata__` (written by our export) says which values are JSON we
+//! encoded and which were top-level metadata fields.
+
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+
+use indexmap::IndexMap;
+use serde_json::{Map, Value};
+
+use super::json::parse_strict;
+use super::{
+    flat_record, invalid, shown, write_records, Field, FileRanges, ImportHooks, PlannedArray,
+    Source,
+};
+use crate::error::{Error, Result};
+use crate::Store;
+
+/// Largest header read, in bytes (the reference reader's cap, 100 MB).
+pub const SAFETENSORS_MAX_HEADER: u64 = 100_000_000;
+/// The key of the string map in the header.
+pub const METADATA_KEY: &str = "__metadata__";
+/// The metadata field that keeps raw-bit tensors' tags.
+pub const TAGS_FIELD: &str = "safetensors_dtypes";
+/// Our export's entry in `__metadata__`.
+pub const MARKER: &str = "lazyvault";
+
+/// A tag's `(descr, numpy dtype name, raw bits kept)`, or `None` when
+/// unknown. Sub-byte tags are refused separately.
+fn dtype_of(tag: &str) -> Option<(&'static str, &'static str, bool)> {
+    Some(match tag {
+        "BOOL" => ("'|b1'", "bool", false),
+        "U8" => ("'|u1'", "uint8", false),
+        "I8" => ("'|i1'", "int8", false),
+        "U16" => ("'<u2'", "uint16", false),
+        "I16" => ("'<i2'", "int16", false),
+        "F16" => ("'<f2'", "float16", false),
+        "U32" => ("'<u4'", "uint32", false),
+        "I32" => ("'<i4'", "int32", false),
+        "F32" => ("'<f4'", "float32", false),
+        "F64" => ("'<f8'", "float64", false),
+        "U64" => ("'<u8'", "uint64", false),
+        "I64" => ("'<i8'", "int64", false),
+        "BF16" => ("'<u2'", "uint16", true),
+        "F8_E4M3" | "F8_E5M2" | "F8_E8M0" => ("'|u1'", "uint8", true),
+        _ => return None,
+    })
+}
+
+/// Tags of kinds smaller than a byte, which lazyvault cannot hold.
+const SUB_BYTE: [&str; 3] = ["F4", "F6_E2M3", "F6_E3M2"];
+
+/// One tensor of a checked header.
+#[derive(Debug, Clone)]
+pub struct Tensor {
+    /// Its name.
+    pub name: String,
+    /// The safetensors dtype tag (`"F32"`, `"BF16"`).
+    pub tag: String,
+    /// The Python-literal descr it is stored as.
+    pub descr: &'static str,
+    /// numpy's name of that dtype.
+    pub dtype: &'static str,
+    /// Whether the tag is a raw-bit kind numpy lacks.
+    pub raw: bool,
+    /// Its shape.
+    pub shape: Vec<u64>,
+    /// Byte offsets in the data section, `begin..end`.
+    pub begin: u64,
+    /// End offset (exclusive).
+    pub end: u64,
+}
+
+/// A checked header.
+#[derive(Debug, Clone)]
+pub struct Header {
+    /// The `__metadata__` string map, when present and not `null`.
+    pub metadata: Option<IndexMap<String, String>>,
+    /// Every tensor, in header order.
+    pub tensors: Vec<Tensor>,
+    /// Where the data section starts in the file (8 + header length).
+    pub data_start: u64,
+}
+
+/// Reads and checks the header of the safetensors file in `r` (positioned
+/// at its start; `file_len` bytes long; `what` names it).
+///
+/// # Errors
+/// [`Error::InvalidFile`] for every refusal (see the module docs);
+/// [`Error::Io`] naming `what` when reading fails.
+pub fn read_header(r: &mut dyn Read, file_len: u64, what: &str) -> Result<Header> {
+    let mut head = [0u8; 8];
+    let got = r.take(8).read(&mut head).map_err(Error::io(what))?;
+    if got < 8 || file_len < 8 {
+        return Err(invalid(what, "too short for a safetensors file"));
+    }
+    let n = u64::from_le_bytes(head);
+    if n > file_len - 8 {
+        return Err(invalid(
+            what,
+            format!("safetensors header length {n} exceeds the file ({file_len} bytes)"),
+        ));
+    }
+    if n > SAFETENSORS_MAX_HEADER {
+        return Err(invalid(
+            what,
+            format!("safetensors header length {n} exceeds {SAFETENSORS_MAX_HEADER}"),
+        ));
+    }
+    let mut text = Vec::with_capacity(n as usize);
+    r.take(n).read_to_end(&mut text).map_err(Error::io(what))?;
+    if text.len() as u64 != n {
+        return Err(invalid(what, "truncated safetensors header"));
+    }
+    let (metadata, tensors) = parse_header(&text, file_len - 8 - n, what)?;
+    Ok(Header {
+        metadata,
+        tensors,
+        data_start: 8 + n,
+    })
+}
+
+/// The metadata and tensors of a header's JSON `text`, every entry checked
+/// against a data section of `data_len` bytes.
+///
+/// # Errors
+/// [`Error::InvalidFile`] (see the module docs).
+#[allow(clippy::type_complexity)]
+pub fn parse_header(
+    text: &[u8],
+    data_len: u64,
+    what: &str,
+) -> Result<(Option<IndexMap<String, String>>, Vec<Tensor>)> {
+    if !text.starts_with(b"{") {
+        return Err(invalid(what, "safetensors header does not start with '{'"));
+    }
+    let doc = parse_strict(text)
+        .map_err(|e| invalid(what, format!("safetensors header is not valid JSON: {e}")))?;
+    let Value::Object(mut doc) = doc else {
+        return Err(invalid(what, "safetensors header is not a JSON object"));
+    };
+    let metadata = match doc.shift_remove(METADATA_KEY) {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(m)) => {
+            let strings: Option<IndexMap<String, String>> = m
+                .into_iter()
+                .map(|(k, v)| match v {
+                    Value::String(s) => Some((k, s)),
+                    _ => None,
+                })
+                .collect();
+            Some(strings.ok_or_else(|| invalid(what, "__metadata__ must map strings to strings"))?)
+        }
+        Some(_) => return Err(invalid(what, "__metadata__ must map strings to strings")),
+    };
+    let tensors = doc
+        .iter()
+        .map(|(name, entry)| check_tensor(what, name, entry, data_len))
+        .collect::<Result<Vec<_>>>()?;
+    let mut spans: Vec<&Tensor> = tensors.iter().filter(|t| t.end > t.begin).collect();
+    spans.sort_by_key(|t| t.begin);
+    for pair in spans.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        if b.begin < a.end {
+            return Err(invalid(
+                what,
+                format!(
+                    "tensors {} and {} overlap ({}-{} and {}-{})",
+                    super::npz::quoted(&a.name),
+                    super::npz::quoted(&b.name),
+                    a.begin,
+                    a.end,
+                    b.begin,
+                    b.end
+                ),
+            ));
+        }
+    }
+    Ok((metadata, tensors))
+}
+
+/// Checks one tensor entry.
+fn check_tensor(file: &str, name: &str, entry: &Value, data_len: u64) -> Result<Tensor> {
+    let what = format!("{file} tensor {}", super::npz::quoted(name));
+    let Some(entry) = entry.as_object() else {
+        return Err(invalid(&what, "entry is not an object"));
+    };
+    let Some(tag) = entry.get("dtype").and_then(Value::as_str) else {
+        return Err(invalid(&what, "missing dtype"));
+    };
+    if SUB_BYTE.contains(&tag) {
+        return Err(invalid(
+            &what,
+            format!("sub-byte dtype {tag} is not supported by lazyvault"),
+        ));
+    }
+    let Some((descr, dtype, raw)) = dtype_of(tag) else {
+        return Err(invalid(
+            &what,
+            format!("unknown dtype {}", super::npz::quoted(tag)),
+        ));
+    };
+    let shape_value = entry.get("shape").unwrap_or(&Value::Null);
+    let shape: Option<Vec<u64>> = shape_value
+        .as_array()
+        .and_then(|dims| dims.iter().map(Value::as_u64).collect());
+    let Some(shape) = shape else {
+        return Err(invalid(&what, format!("bad shape {shape_value}")));
+    };
+    let offsets_value = entry.get("data_offsets").unwrap_or(&Value::Null);
+    let offsets: Option<Vec<i128>> = offsets_value.as_array().and_then(|o| {
+        o.iter()
+            .map(|v| v.as_i64().map(i128::from).or(v.as_u64().map(i128::from)))
+            .collect()
+    });
+    let (begin, end) = match offsets.as_deref() {
+        Some(&[b, e]) => (b, e),
+        _ => return Err(invalid(&what, format!("bad data_offsets {offsets_value}"))),
+    };
+    if !(0 <= begin && begin <= end && end <= i128::from(data_len)) {
+        return Err(invalid(
+            &what,
+            format!("data_offsets {offsets_value} outside the data section (0-{data_len})"),
+        ));
+    }
+    let (begin, end) = (begin as u64, end as u64);
+    let itemsize = descr_size(descr);
+    let want = if shape.contains(&0) {
+        Some(0)
+    } else {
+        shape
+            .iter()
+            .try_fold(itemsize, |acc: u64, &d| acc.checked_mul(d))
+    };
+    if want != Some(end - begin) {
+        return Err(invalid(
+            &what,
+            format!(
+                "data_offsets span {} bytes, shape {shape:?} of {tag} needs {}",
+                end - begin,
+                want.map_or("more than 2^64".to_owned(), |n| n.to_string())
+            ),
+        ));
+    }
+    Ok(Tensor {
+        name: name.to_owned(),
+        tag: tag.to_owned(),
+        descr,
+        dtype,
+        raw,
+        shape,
+        begin,
+        end,
+    })
+}
+
+/// Bytes per item of one of [`dtype_of`]'s descrs (`'<f8'` → 8).
+fn descr_size(descr: &str) -> u64 {
+    let digits: String = descr.chars().filter(char::is_ascii_digit).collect();
+    digits.parse().unwrap_or(1)
+}
+
+/// `(top-level fields, the rest for "__metadata__")` of a file's
+/// `__metadata__`: values our export JSON-encoded are decoded, fields it
+/// lifted from the record go back to the top. Without a valid marker
+/// everything stays text in the rest.
+fn decode_metadata(
+    metadata: &IndexMap<String, String>,
+) -> (Map<String, Value>, Map<String, Value>) {
+    let Some((encoded, fields)) = metadata.get(MARKER).and_then(|m| parse_marker(m)) else {
+        let rest = metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+            .collect();
+        return (Map::new(), rest);
+    };
+    let mut top = Map::new();
+    let mut rest = Map::new();
+    for (k, v) in metadata.iter().filter(|(k, _)| *k != MARKER) {
+        let value = if encoded.contains(k) {
+            // not ours after all: keep the text
+            parse_strict(v.as_bytes()).unwrap_or_else(|_| Value::String(v.clone()))
+        } else {
+            Value::String(v.clone())
+        };
+        if fields.contains(k) {
+            top.insert(k.clone(), value);
+        } else {
+            rest.insert(k.clone(), value);
+        }
+    }
+    (top, rest)
+}
+
+/// Our marker `{"version": 1, "json": [...], "fields": [...]}`, or `None`.
+fn parse_marker(text: &str) -> Option<(Vec<String>, Vec<String>)> {
+    let doc: Value = serde_json::from_str(text).ok()?;
+    let version_one = match doc.get("version") {
+        Some(Value::Number(n)) => n.as_f64() == Some(1.0),
+        Some(Value::Bool(b)) => *b,
+        _ => false,
+    };
+    let strings = |key: &str| -> Option<Vec<String>> {
+        doc.get(key)?
+            .as_array()?
+            .iter()
+            .map(|s| s.as_str().map(str::to_owned))
+            .collect()
+    };
+    version_one.then_some(())?;
+    Some((strings("json")?, strings("fields")?))
+}
+
+/// The record a checked header gives (see [`super`]): its metadata fields,
+/// then `"__metadata__"`, `"safetensors_dtypes"`, then the tensors.
+fn plan_record(header: &Header, key: &str, what: &str) -> Result<super::PlannedRecord> {
+    let mut obj = Map::new();
+    if let Some(metadata) = &header.metadata {
+        let (top, rest) = decode_metadata(metadata);
+        obj.extend(top);
+        if !rest.is_empty() || !metadata.contains_key(MARKER) {
+            obj.insert(METADATA_KEY.to_owned(), Value::Object(rest));
+        }
+    }
+    let tags: Map<String, Value> = header
+        .tensors
+        .iter()
+        .filter(|t| t.raw)
+        .map(|t| (t.name.clone(), Value::String(t.tag.clone())))
+        .collect();
+    if !tags.is_empty() {
+        obj.insert(TAGS_FIELD.to_owned(), Value::Object(tags));
+    }
+    let mut fields: Vec<(String, Field)> =
+        obj.into_iter().map(|(k, v)| (k, Field::Json(v))).collect();
+    let mut names: std::collections::HashSet<String> =
+        fields.iter().map(|(k, _)| k.clone()).collect();
+    for t in &header.tensors {
+        if !names.insert(t.name.clone()) {
+            return Err(invalid(
+                what,
+                format!(
+                    "tensor {} collides with a metadata field",
+                    super::npz::quoted(&t.name)
+                ),
+            ));
+        }
+        let array = PlannedArray {
+            what: format!("{what} tensor {}", super::npz::quoted(&t.name)),
+            descr: t.descr.to_owned(),
+            dtype: t.dtype.to_owned(),
+            shape: t.shape.clone(),
+            fortran_order: false,
+            nbytes: t.end - t.begin,
+            header_len: 0,
+            pickled: false,
+            source: Source::Range {
+                offset: header.data_start + t.begin,
+            },
+        };
+        fields.push((t.name.clone(), Field::Array(array)));
+    }
+    Ok(flat_record(key, fields))
+}
+
+/// Reads and checks the header of the safetensors file at `path`.
+///
+/// # Errors
+/// As [`read_header`]; [`Error::Io`] when the file cannot be opened.
+pub fn read_file_header(path: &Path) -> Result<Header> {
+    let mut file = File::open(path).map_err(Error::io(path))?;
+    let len = file.metadata().map_err(Error::io(path))?.len();
+    read_header(&mut file, len, &shown(path))
+}
+
+/// Imports the safetensors file at `path` as one record under `key`; see
+/// [`super::import_file`].
+pub(crate) fn import(
+    store: &Store,
+    path: &Path,
+    key: &str,
+    hooks: &mut ImportHooks<'_>,
+) -> Result<Vec<String>> {
+    let what = shown(path);
+    let mut file = File::open(path).map_err(Error::io(path))?;
+    let len = file.metadata().map_err(Error::io(path))?.len();
+    let header = read_header(&mut file, len, &what)?;
+    let record = plan_record(&header, key, &what)?;
+    write_records(store, vec![record], &mut FileRanges(file), path, hooks)
+}

@@ -1,0 +1,300 @@
+//! Staged puts: payload files streamed from readers (an import copying or
+//! inflating a file's members), then committed as records in one step.
+//!
+//! [`Store::put`] takes every array's bytes in memory; an import of a
+//! deflated `.npz` member of a gigabyte must not hold it there. A staged put
+//! writes each payload from a [`Read`] through one bounded buffer (the
+//! checksum computed on the way), then commits the records that reference
+//! those payloads exactly as [`Store::put_many`] does: payloads durable
+//! first (one barrier), then the journal, then the index, all or nothing.
+//! Until the commit nothing references the staged files; on any error, or
+//! if the filling closure panics, they are removed.
+
+use std::collections::HashSet;
+use std::io::Read;
+use std::path::Path;
+
+use indexmap::IndexMap;
+use lazyvault_schema::ArrayEntry;
+use serde_json::{Map, Value};
+
+use super::{check_key, NewRecord, Store};
+use crate::error::{Error, Result};
+use crate::fsio;
+use crate::payload::{ArraySource, PayloadWriter};
+
+/// The payload files of one staged put, being written (see
+/// [`Store::put_staged`]).
+pub struct Stage<'s> {
+    /// `None` once committed or aborted.
+    payloads: Option<PayloadWriter<'s>>,
+    /// The copy buffer every streamed payload goes through.
+    buf: Vec<u8>,
+    /// Ids of the payloads written here, not yet claimed by a record.
+    ids: HashSet<String>,
+}
+
+/// One record of a staged put: its arrays are payloads written by the
+/// same [`Stage`] (each referenced once).
+#[derive(Debug, Clone)]
+pub struct StagedRecord {
+    /// The key (any non-empty string).
+    pub key: String,
+    /// The JSON-able metadata (FORMAT.md, "Meta").
+    pub meta: Map<String, Value>,
+    /// How to rebuild the object (FORMAT.md, "Layout").
+    pub layout: Value,
+    /// Array path → the entry [`Stage::write_from`] or [`Stage::write`]
+    /// returned.
+    pub arrays: IndexMap<String, ArrayEntry>,
+    /// The pickled remainder, if the object has one.
+    pub pickle: Option<Vec<u8>>,
+}
+
+/// Size of the buffer streamed payloads are copied through: one
+/// [`fsio::WRITE_CHUNK`] (4 MiB), so that pieces end on its multiples in
+/// the file as for in-memory puts.
+const STAGE_BUFFER: usize = fsio::WRITE_CHUNK;
+
+impl<'s> Stage<'s> {
+    fn writer(&mut self) -> &mut PayloadWriter<'s> {
+        // Some until commit_or_abort, which consumes the stage.
+        match self.payloads.as_mut() {
+            Some(w) => w,
+            None => unreachable!("a stage is used only before its commit"),
+        }
+    }
+
+    /// Writes a payload whose data are in `src.data`; returns its entry,
+    /// for a [`StagedRecord`].
+    ///
+    /// # Errors
+    /// As [`Store::put`] for one array ([`Error::InvalidArray`], I/O).
+    pub fn write(&mut self, src: &ArraySource<'_>) -> Result<ArrayEntry> {
+        let entry = self.writer().write(src)?;
+        self.ids.insert(entry.id.clone());
+        Ok(entry)
+    }
+
+    /// Writes a payload of `nbytes` data bytes read from `data` (`src.data`
+    /// is ignored; `src.shape` and `src.descr` must need exactly `nbytes`
+    /// unless `src.pickled`), through one 4 MiB buffer whatever `nbytes`;
+    /// returns its entry, checksum included.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArray`] when `nbytes` disagrees with the dtype and
+    /// shape, or `data` gives fewer or more than `nbytes` bytes; an error
+    /// `data` returns, as it is when it wraps an [`Error`]
+    /// (`io::Error::other(Error::InvalidFile {..})`), else as [`Error::Io`]
+    /// naming `source`; I/O errors writing the payload. The partial file is
+    /// removed.
+    pub fn write_from(
+        &mut self,
+        src: &ArraySource<'_>,
+        nbytes: u64,
+        data: &mut dyn Read,
+        source: &Path,
+    ) -> Result<ArrayEntry> {
+        let mut buf = std::mem::take(&mut self.buf);
+        if buf.is_empty() {
+            buf = vec![0u8; STAGE_BUFFER];
+        }
+        let written = self
+            .writer()
+            .write_from(src, nbytes, data, source, &mut buf);
+        self.buf = buf;
+        let entry = written?;
+        self.ids.insert(entry.id.clone());
+        Ok(entry)
+    }
+
+    /// Removes every file written (see `PayloadWriter::abort`).
+    fn abort(&mut self) {
+        if let Some(w) = self.payloads.take() {
+            w.abort();
+        }
+    }
+}
+
+impl Drop for Stage<'_> {
+    fn drop(&mut self) {
+        // An error or a panic before the commit: nothing references them.
+        self.abort();
+    }
+}
+
+impl Store {
+    /// A put whose payloads are streamed: `fill` writes them with
+    /// [`Stage::write_from`] (or [`Stage::write`]) and returns the records
+    /// that reference them; those records are then committed together as
+    /// [`Store::put_many`] commits (payloads durable first, one barrier for
+    /// many files; then the journal and the index, all or nothing).
+    ///
+    /// `files`, `bytes` and `records` announce what `fill` will write (for
+    /// the durability mode and the free-space check, which refuses the put
+    /// before anything is written when `bytes` plus a margin do not fit).
+    /// The writer lock is held throughout: `fill` must not use this store.
+    ///
+    /// # Errors
+    /// As [`Store::put_many`]; any error `fill` returns; and
+    /// [`Error::InvalidArray`] for a record naming an entry this stage did
+    /// not write, or one entry twice. On error no record is set and every
+    /// staged file is removed.
+    pub fn put_staged(
+        &self,
+        files: usize,
+        bytes: u64,
+        records: usize,
+        fill: impl FnOnce(&mut Stage<'_>) -> Result<Vec<StagedRecord>>,
+    ) -> Result<()> {
+        let (_view, w) = self.writer()?;
+        let index = w.index();
+        if index.io_failed() {
+            return Err(index.stuck_error());
+        }
+        let payload = bytes.saturating_add(files as u64 * 4096);
+        w.check_space_for(records, payload)?;
+        let mut state = w.lock();
+        let mut stage = Stage {
+            payloads: Some(PayloadWriter::new(&self.root, files)?),
+            buf: Vec::new(),
+            ids: HashSet::new(),
+        };
+        let staged = fill(&mut stage)?;
+        for r in &staged {
+            check_key(&r.key)?;
+            for (name, entry) in &r.arrays {
+                if !stage.ids.remove(&entry.id) {
+                    return Err(Error::InvalidArray {
+                        name: name.clone(),
+                        detail: "a staged record names a payload its stage did not write, \
+                                 or one payload twice"
+                            .into(),
+                    });
+                }
+            }
+        }
+        let payloads = stage.writer();
+        payloads.finish()?;
+        if payloads.dirs_durable {
+            let dirs = payloads.dirs.clone();
+            state.durable_dirs.extend(dirs);
+        } else {
+            let dirs = payloads.dirs.clone();
+            Self::sync_payload_dirs(&self.root, &mut state, &dirs)?;
+        }
+        // Keys and pickles stay here (the batch borrows them); metadata,
+        // layouts and entries move into it.
+        let mut owned = Vec::with_capacity(staged.len());
+        let mut parts = Vec::with_capacity(staged.len());
+        for r in staged {
+            owned.push((r.key, r.pickle));
+            parts.push((r.meta, r.layout, r.arrays));
+        }
+        let batch: Vec<(NewRecord<'_>, IndexMap<String, ArrayEntry>)> = owned
+            .iter()
+            .zip(parts)
+            .map(|((key, pickle), (meta, layout, arrays))| {
+                let record = NewRecord {
+                    key,
+                    meta,
+                    layout,
+                    arrays: &[],
+                    pickle: pickle.as_deref(),
+                };
+                (record, arrays)
+            })
+            .collect();
+        self.put_locked(index, &mut state, batch)?;
+        // Committed: the records own their payloads now. Files written but
+        // named by no record are removed (best effort: gc() would).
+        stage.payloads = None;
+        for id in &stage.ids {
+            let _ = fsio::remove_file(&self.root.join(lazyvault_schema::payload_relpath(id)));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{map_payload, Mode};
+
+    fn src(name: &str) -> ArraySource<'static> {
+        ArraySource {
+            name: name.into(),
+            descr: "'|u1'".into(),
+            dtype: "uint8".into(),
+            shape: vec![10],
+            fortran_order: false,
+            data: &[],
+            pickled: false,
+        }
+    }
+
+    fn files(store: &Store) -> usize {
+        let arrays = store.root().join(lazyvault_schema::PAYLOAD_DIR);
+        let dirs = std::fs::read_dir(arrays).into_iter().flatten().flatten();
+        dirs.flat_map(|d| std::fs::read_dir(d.path()).into_iter().flatten().flatten())
+            .count()
+    }
+
+    fn record(key: &str, name: &str, entry: ArrayEntry) -> StagedRecord {
+        StagedRecord {
+            key: key.into(),
+            meta: Map::new(),
+            layout: Value::Null,
+            arrays: [(name.to_owned(), entry)].into_iter().collect(),
+            pickle: None,
+        }
+    }
+
+    #[test]
+    fn streamed_payloads_are_committed_or_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("s.lv"), Mode::Append).unwrap();
+        let data: Vec<u8> = (0..10).collect();
+        let source = Path::new("source");
+        // short and long streams are refused, nothing is left
+        for bytes in [&data[..9], &[0u8; 11][..]] {
+            let err = store
+                .put_staged(1, 10, 1, |stage| {
+                    let e = stage.write_from(&src("a"), 10, &mut &bytes[..], source)?;
+                    Ok(vec![record("k", "a", e)])
+                })
+                .unwrap_err();
+            assert!(matches!(err, Error::InvalidArray { .. }), "{err}");
+        }
+        // an entry this stage did not write
+        let err = store
+            .put_staged(1, 10, 1, |stage| {
+                let mut e = stage.write_from(&src("a"), 10, &mut &data[..], source)?;
+                e.id = "0".repeat(32);
+                Ok(vec![record("k", "a", e)])
+            })
+            .unwrap_err();
+        assert!(err.to_string().contains("did not write"), "{err}");
+        assert_eq!(files(&store), 0);
+        assert!(store.keys().unwrap().is_empty());
+        // committed; a payload no record names is removed
+        store
+            .put_staged(2, 20, 1, |stage| {
+                let e = stage.write_from(&src("a"), 10, &mut &data[..], source)?;
+                stage.write_from(&src("b"), 10, &mut &data[..], source)?;
+                Ok(vec![record("k", "a", e)])
+            })
+            .unwrap();
+        assert_eq!(files(&store), 1);
+        let got = store.get("k").unwrap().unwrap();
+        let entry = &got.arrays["a"];
+        assert_eq!(
+            entry.checksum.as_deref(),
+            Some(&*crate::payload::checksum(&data))
+        );
+        assert_eq!(
+            map_payload(store.root(), entry).unwrap().as_bytes(),
+            &data[..]
+        );
+    }
+}
