@@ -23,6 +23,7 @@ mod checkpoint;
 mod error;
 mod fsio;
 mod index;
+pub mod interop;
 pub mod journal;
 mod metascan;
 pub mod npy;

@@ -1,0 +1,2 @@
+//! Interop with the array files users already have: `.npz` and `.safetensors`.
+pub mod export;
