@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 
 import lazyvault as lv
-from lazyvault import _interop
+from lazyvault import _export, _interop
 from lazyvault._interop import InvalidFileError, UnknownFormatError
 
 from conftest import payload_files
@@ -461,8 +461,8 @@ def test_npz_member_names_are_sanitised(store: lv.Store, tmp_path: Path) -> None
         zf.extractall(tmp_path / "x")  # stays inside
     for p in (tmp_path / "x").rglob("*"):
         assert (tmp_path / "x") in p.resolve().parents
-    assert _interop.member_name("../etc", "a/../b") == "__/etc/a/__/b"
-    assert _interop.member_name("/abs", "") == "_/abs/_"
+    assert _export.member_name("../etc", "a/../b") == "__/etc/a/__/b"
+    assert _export.member_name("/abs", "") == "_/abs/_"
     with np.load(path) as npz:
         assert len(npz.files) == len(names)
     with lv.Store.open(tmp_path / "back.lv") as back:

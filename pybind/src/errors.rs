@@ -93,6 +93,7 @@ pub fn to_pyerr(err: Error) -> PyErr {
             Error::InvalidArray { .. } => raise(py, "InvalidArrayError", (msg,), &[]),
             Error::InvalidField(_) => raise(py, "InvalidFieldError", (msg,), &[]),
             Error::TooLarge(_) => raise(py, "InvalidArrayError", (msg,), &[]),
+            Error::Unsupported(_) => raise(py, "InteropError", (msg,), &[]),
             Error::Query(q) => raise(
                 py,
                 "QueryError",

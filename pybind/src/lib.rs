@@ -8,6 +8,7 @@ mod archive;
 mod array;
 mod convert;
 mod errors;
+mod export;
 mod store;
 
 #[pymodule]
@@ -22,6 +23,9 @@ fn _lazyvault(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(array::read_array_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(array::npy_header, m)?)?;
     m.add_function(wrap_pyfunction!(store::check_query, m)?)?;
+    m.add_function(wrap_pyfunction!(export::export_npz, m)?)?;
+    m.add_function(wrap_pyfunction!(export::export_safetensors, m)?)?;
+    m.add_function(wrap_pyfunction!(export::npz_member_name, m)?)?;
     m.add(
         "FORMAT_VERSION",
         lazyvault_store::schema::FORMAT_VERSION.to_string(),

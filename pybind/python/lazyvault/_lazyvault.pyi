@@ -19,8 +19,11 @@ __all__ = [
     "__version__",
     "check_query",
     "dumps_archive",
+    "export_npz",
+    "export_safetensors",
     "map_array",
     "npy_header",
+    "npz_member_name",
     "read_array_bytes",
     "write_store_archive",
 ]
@@ -258,3 +261,38 @@ def npy_header(descr: str, fortran_order: bool, shape: Sequence[int]) -> bytes:
     newline, a multiple of 64 bytes (version 1.0, or 3.0 for non-latin-1
     descrs; NEP 1). ``ValueError`` for a bad descr or a header over 10,000
     bytes."""
+
+def export_npz(
+    store: StoreCore,
+    path: str | PathLike[str],
+    keys: Sequence[str],
+    progress: Callable[[int, int], Any] | None = None,
+    zip64_limits: tuple[int, int] | None = None,
+) -> None:
+    """Writes the records ``keys`` of ``store`` (in that order) to a new
+    ``.npz`` at ``path``: a manifest member and one 64-byte aligned ``.npy``
+    member per array, payloads streamed one file at a time; temporary file,
+    fsync, rename (nothing left on error). ``progress(done, total)`` counts
+    arrays; an exception it raises stops the export. ``zip64_limits=(size,
+    count)`` lowers the sizes (bytes) and member count past which zip64
+    fields are written (default ``(2**31 - 1, 65535)``, as ``zipfile``).
+    ``InteropError`` for a record with a pickled remainder,
+    ``StorageError``/``CorruptError`` naming the file, record and array."""
+
+def export_safetensors(
+    store: StoreCore,
+    path: str | PathLike[str],
+    keys: Sequence[str],
+    progress: Callable[[int, int], Any] | None = None,
+) -> None:
+    """Writes the records ``keys`` of ``store`` (in that order) to a new
+    ``.safetensors`` file at ``path`` (little-endian, C order, tensors by
+    item size then name); temporary file, fsync, rename. ``progress(done,
+    total)`` counts tensors. ``InvalidArrayError`` for a dtype safetensors
+    cannot hold or a name occurring twice, ``InteropError`` for a record
+    with a pickled remainder."""
+
+def npz_member_name(key: str, array_path: str) -> str:
+    """The ``.npz`` member name (without ``.npy``) of ``array_path`` of
+    record ``key``: split on ``/``, control characters, ``\\`` and ``:``
+    as ``_``, empty and ``.`` segments as ``_``, ``..`` as ``__``."""
