@@ -164,21 +164,39 @@ pub(crate) fn in_array(target: &Path, key: &str, array: &str) -> impl Fn(Error) 
 /// The data bytes of one payload file, read in order (the file is open
 /// only while this lives).
 pub(crate) struct PayloadData {
-    file: File,
-    path: PathBuf,
+    source: Source,
     remaining: u64,
+}
+
+enum Source {
+    /// A small payload, read whole by one `read` with its header.
+    Loaded {
+        data: payload::MappedPayload,
+        at: usize,
+    },
+    /// A large payload's file, positioned in its data.
+    File { file: File, path: PathBuf },
 }
 
 impl PayloadData {
     /// Opens the payload of `entry` after [`payload::open_payload`]'s checks
-    /// (header agrees with the record, file long enough) at its data.
+    /// (header agrees with the record, file long enough) at its data. Small
+    /// payloads are read at once ([`payload::load_payload`]: one `read` for
+    /// header and data; tens of thousands of tiny arrays are common).
     pub(crate) fn open(root: &Path, entry: &ArrayEntry) -> Result<PayloadData> {
-        let (mut file, path) = payload::open_payload(root, entry)?;
-        file.seek(SeekFrom::Start(entry.data_offset))
-            .map_err(Error::io(&path))?;
+        let source = if entry.nbytes <= payload::READ_MAX_BYTES {
+            Source::Loaded {
+                data: payload::load_payload(root, entry)?,
+                at: 0,
+            }
+        } else {
+            let (mut file, path) = payload::open_payload(root, entry)?;
+            file.seek(SeekFrom::Start(entry.data_offset))
+                .map_err(Error::io(&path))?;
+            Source::File { file, path }
+        };
         Ok(PayloadData {
-            file,
-            path,
+            source,
             remaining: entry.nbytes,
         })
     }
@@ -195,16 +213,22 @@ impl PayloadData {
         let n = buf
             .len()
             .min(usize::try_from(self.remaining).unwrap_or(usize::MAX));
-        self.file.read_exact(&mut buf[..n]).map_err(|e| {
-            if e.kind() == io::ErrorKind::UnexpectedEof {
-                Error::corrupt(
-                    format!("payload {}", self.path.display()),
-                    "file shrank while it was read",
-                )
-            } else {
-                Error::io(&self.path)(e)
+        match &mut self.source {
+            Source::Loaded { data, at } => {
+                buf[..n].copy_from_slice(&data.as_bytes()[*at..*at + n]);
+                *at += n;
             }
-        })?;
+            Source::File { file, path } => file.read_exact(&mut buf[..n]).map_err(|e| {
+                if e.kind() == io::ErrorKind::UnexpectedEof {
+                    Error::corrupt(
+                        format!("payload {}", path.display()),
+                        "file shrank while it was read",
+                    )
+                } else {
+                    Error::io(&*path)(e)
+                }
+            })?,
+        }
         self.remaining -= n as u64;
         Ok(n)
     }

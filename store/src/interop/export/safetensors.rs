@@ -320,7 +320,7 @@ pub fn write_safetensors<W: Write>(
                 out.write_all(&buf[..n]).map_err(out_err)?;
             }
         } else {
-            let mapped = payload::map_payload(root, t.entry).map_err(&context)?;
+            let mapped = payload::load_payload(root, t.entry).map_err(&context)?;
             reorder(
                 mapped.as_bytes(),
                 &t.entry.shape,
