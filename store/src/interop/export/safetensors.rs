@@ -336,9 +336,9 @@ pub fn write_safetensors<W: Write>(
     Ok(out)
 }
 
-/// Streams `data` (elements of `itemsize` bytes, in Fortran order when
-/// `fortran`, else C order, of `shape`) to `sink` in C order, byte-swapping
-/// each element when `swap`, through `buf` (at least one element long).
+/// Streams `data` (elements of `itemsize` bytes, 1, 2, 4 or 8, in Fortran
+/// order when `fortran`, else C order, of `shape`) to `sink` in C order,
+/// byte-swapping each element when `swap`, through `buf` (at least 8 bytes).
 fn reorder(
     data: &[u8],
     shape: &[u64],
@@ -348,37 +348,113 @@ fn reorder(
     buf: &mut [u8],
     sink: &mut dyn FnMut(&[u8]) -> Result<()>,
 ) -> Result<()> {
-    let per_chunk = buf.len() / itemsize * itemsize;
-    let put = |dst: &mut [u8], src: &[u8]| {
-        dst.copy_from_slice(src);
-        if swap {
-            dst.reverse();
-        }
-    };
+    // one copy of the loops per element size: fixed-size copies and swaps
+    match itemsize {
+        1 => reorder_n::<1>(data, shape, fortran, swap, buf, sink),
+        2 => reorder_n::<2>(data, shape, fortran, swap, buf, sink),
+        4 => reorder_n::<4>(data, shape, fortran, swap, buf, sink),
+        8 => reorder_n::<8>(data, shape, fortran, swap, buf, sink),
+        _ => Err(Error::InvalidArray {
+            name: "tensor".into(),
+            detail: format!("item size {itemsize} is not 1, 2, 4 or 8"),
+        }),
+    }
+}
+
+/// Copies element `from` of `src` to element `to` of `dst` (elements of
+/// `N` bytes), reversing its bytes when `swap`.
+#[inline(always)]
+fn put<const N: usize>(dst: &mut [u8], to: usize, src: &[u8], from: usize, swap: bool) {
+    let mut e: [u8; N] = src[from * N..from * N + N].try_into().expect("N bytes");
+    if swap {
+        e.reverse();
+    }
+    dst[to * N..to * N + N].copy_from_slice(&e);
+}
+
+fn reorder_n<const N: usize>(
+    data: &[u8],
+    shape: &[u64],
+    fortran: bool,
+    swap: bool,
+    buf: &mut [u8],
+    sink: &mut dyn FnMut(&[u8]) -> Result<()>,
+) -> Result<()> {
+    let per_chunk = buf.len() / N;
     if !fortran {
-        for src in data.chunks(per_chunk) {
-            let dst = &mut buf[..src.len()];
-            for (d, s) in dst
-                .chunks_exact_mut(itemsize)
-                .zip(src.chunks_exact(itemsize))
-            {
-                put(d, s);
+        for src in data.chunks(per_chunk * N) {
+            let n = src.len() / N;
+            for i in 0..n {
+                put::<N>(buf, i, src, i, swap);
             }
-            sink(dst)?;
+            sink(&buf[..n * N])?;
         }
         return Ok(());
     }
-    // Fortran to C order: the axes longer than 1 (others do not move
-    // bytes), their strides in the Fortran-ordered input, and an odometer
-    // over the output's C order whose last axis is gathered with its stride.
+    // Fortran to C order. Axes of length 1 move no bytes: drop them. The
+    // output's slowest axis is the input's fastest, so output rows are
+    // made `rows` at a time: for each position in the other axes (visited
+    // in input order, so the input is read sequentially), the `rows`
+    // consecutive input elements go to the same column of each row.
     let dims: Vec<usize> = shape
         .iter()
         .map(|&d| d as usize)
         .filter(|&d| d != 1)
         .collect();
+    let (d0, rest) = (dims[0], &dims[1..]);
+    let row: usize = rest.iter().product();
+    if row > per_chunk {
+        return gather_n::<N>(data, &dims, swap, buf, sink);
+    }
+    // C strides (in elements) of the other axes within an output row
+    let mut cstrides = vec![0; rest.len()];
+    let mut stride = 1;
+    for (k, &d) in rest.iter().enumerate().rev() {
+        cstrides[k] = stride;
+        stride *= d;
+    }
+    let rows = (per_chunk / row).min(d0);
+    let mut index = vec![0usize; rest.len()];
+    let mut first = 0;
+    while first < d0 {
+        let r = rows.min(d0 - first);
+        let mut col = 0;
+        for f in 0..row {
+            let from = first + d0 * f;
+            for i in 0..r {
+                put::<N>(buf, i * row + col, data, from + i, swap);
+            }
+            // next position in Fortran order (first of the other axes fastest)
+            for k in 0..rest.len() {
+                index[k] += 1;
+                col += cstrides[k];
+                if index[k] < rest[k] {
+                    break;
+                }
+                col -= cstrides[k] * rest[k];
+                index[k] = 0;
+            }
+        }
+        sink(&buf[..r * row * N])?;
+        first += r;
+    }
+    Ok(())
+}
+
+/// Fortran to C order element by element, for arrays whose output rows do
+/// not fit the buffer: an odometer over the output's C order whose last
+/// axis is gathered with its input stride.
+fn gather_n<const N: usize>(
+    data: &[u8],
+    dims: &[usize],
+    swap: bool,
+    buf: &mut [u8],
+    sink: &mut dyn FnMut(&[u8]) -> Result<()>,
+) -> Result<()> {
+    let per_chunk = buf.len() / N;
     let mut strides = Vec::with_capacity(dims.len());
-    let mut stride = itemsize;
-    for &d in &dims {
+    let mut stride = 1;
+    for &d in dims {
         strides.push(stride);
         stride *= d;
     }
@@ -389,14 +465,10 @@ fn reorder(
     loop {
         let base: usize = index.iter().zip(&strides).map(|(i, s)| i * s).sum();
         for j in 0..inner_len {
-            let at = base + j * inner_stride;
-            put(
-                &mut buf[filled..filled + itemsize],
-                &data[at..at + itemsize],
-            );
-            filled += itemsize;
+            put::<N>(buf, filled, data, base + j * inner_stride, swap);
+            filled += 1;
             if filled == per_chunk {
-                sink(&buf[..filled])?;
+                sink(&buf[..filled * N])?;
                 filled = 0;
             }
         }
@@ -405,7 +477,7 @@ fn reorder(
         loop {
             if axis == 0 {
                 if filled > 0 {
-                    sink(&buf[..filled])?;
+                    sink(&buf[..filled * N])?;
                 }
                 return Ok(());
             }
@@ -443,6 +515,7 @@ pub fn export_safetensors(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::interop::export::c_order_too;
 
     #[test]
     fn tensor_kinds() {
@@ -484,7 +557,9 @@ mod tests {
     fn fortran_to_c_order() {
         // a (2, 3) array [[0, 1, 2], [3, 4, 5]] in Fortran order: 0 3 1 4 2 5
         let f = [0u8, 3, 1, 4, 2, 5];
-        assert_eq!(c_order(&f, &[2, 3], 1, false, 4), [0, 1, 2, 3, 4, 5]);
+        for chunk in [8, 3, 4] {
+            assert_eq!(c_order(&f, &[2, 3], 1, false, chunk), [0, 1, 2, 3, 4, 5]);
+        }
         // (2, 1, 3, 2) of u16, swapped: element k of C order has value k
         let shape = [2u64, 1, 3, 2];
         let mut f = vec![0u8; 24];
@@ -498,8 +573,56 @@ mod tests {
             }
         }
         let want: Vec<u8> = (0..12u16).flat_map(u16::to_le_bytes).collect();
-        for chunk in [2, 6, 64] {
+        // 8 bytes: rows (of 6 elements) longer than the buffer, gathered
+        for chunk in [8, 12, 14, 64] {
             assert_eq!(c_order(&f, &shape, 2, true, chunk), want, "{chunk}");
+        }
+        // C order, swapped
+        let mut out = Vec::new();
+        let be: Vec<u8> = (0..12u16).flat_map(u16::to_be_bytes).collect();
+        reorder(&be, &[12], false, 2, true, &mut [0; 10], &mut |c| {
+            out.extend_from_slice(c);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(out, want);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn reorder_matches_a_naive_transpose(
+            shape in proptest::collection::vec(1u64..6, 1..5),
+            size_pow in 0u32..4,
+            swap: bool,
+            chunk in 8usize..300,
+        ) {
+            let itemsize = 1usize << size_pow;
+            let len: usize = shape.iter().product::<u64>() as usize;
+            let data: Vec<u8> = (0..len * itemsize).map(|i| (i * 7 % 251) as u8).collect();
+            // naive: the C-order element (i0..in) is the Fortran element at
+            // i0 + d0 * (i1 + d1 * (...))
+            let mut want = Vec::with_capacity(data.len());
+            for c in 0..len {
+                let mut rem = c;
+                let mut index = vec![0usize; shape.len()];
+                for (k, &d) in shape.iter().enumerate().rev() {
+                    index[k] = rem % d as usize;
+                    rem /= d as usize;
+                }
+                let mut f = 0;
+                for (k, &d) in shape.iter().enumerate().rev() {
+                    f = f * d as usize + index[k];
+                }
+                let mut e = data[f * itemsize..(f + 1) * itemsize].to_vec();
+                if swap {
+                    e.reverse();
+                }
+                want.extend_from_slice(&e);
+            }
+            let fortran = !c_order_too(&shape);
+            if fortran {
+                proptest::prop_assert_eq!(c_order(&data, &shape, itemsize, swap, chunk), want);
+            }
         }
     }
 }
