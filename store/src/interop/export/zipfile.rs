@@ -242,58 +242,10 @@ impl<W: Write + Seek> StoredZipWriter<W> {
         if self.open.is_some() {
             return Err(misuse("a member is still open"));
         }
-        let limit = self.limits.size;
         let cd_start = self.pos;
         let mut cd = Vec::with_capacity(1 << 16);
         for e in &self.entries {
-            let mut zip64 = Vec::new();
-            let size32 = if e.size > limit {
-                zip64.extend([e.size, e.size]);
-                u32::MAX
-            } else {
-                e.size as u32
-            };
-            let offset32 = if e.header_offset > limit {
-                zip64.push(e.header_offset);
-                u32::MAX
-            } else {
-                e.header_offset as u32
-            };
-            let mut extra = Vec::new();
-            if !zip64.is_empty() {
-                extra.extend_from_slice(&ZIP64_EXTRA_ID.to_le_bytes());
-                extra.extend_from_slice(&(8 * zip64.len() as u16).to_le_bytes());
-                for v in &zip64 {
-                    extra.extend_from_slice(&v.to_le_bytes());
-                }
-            }
-            extra.extend_from_slice(&e.extra);
-            let version = if zip64.is_empty() {
-                e.version
-            } else {
-                ZIP64_VERSION
-            };
-            cd.extend_from_slice(CENTRAL_SIG);
-            cd.push(version); // version made by
-            cd.push(CREATE_SYSTEM_UNIX);
-            cd.push(version); // version needed to extract
-            cd.push(0); // reserved
-            cd.extend_from_slice(&flags(e.ascii).to_le_bytes());
-            cd.extend_from_slice(&0u16.to_le_bytes()); // stored
-            cd.extend_from_slice(&0u16.to_le_bytes()); // time
-            cd.extend_from_slice(&DOS_DATE_1980.to_le_bytes());
-            cd.extend_from_slice(&e.crc.to_le_bytes());
-            cd.extend_from_slice(&size32.to_le_bytes());
-            cd.extend_from_slice(&size32.to_le_bytes());
-            cd.extend_from_slice(&(e.name.len() as u16).to_le_bytes());
-            cd.extend_from_slice(&(extra.len() as u16).to_le_bytes());
-            cd.extend_from_slice(&0u16.to_le_bytes()); // comment length
-            cd.extend_from_slice(&0u16.to_le_bytes()); // disk number
-            cd.extend_from_slice(&0u16.to_le_bytes()); // internal attributes
-            cd.extend_from_slice(&EXTERNAL_ATTR.to_le_bytes());
-            cd.extend_from_slice(&offset32.to_le_bytes());
-            cd.extend_from_slice(&e.name);
-            cd.extend_from_slice(&extra);
+            central_entry(&mut cd, e, self.limits.size);
             if cd.len() >= 1 << 16 {
                 self.out.write_all(&cd)?;
                 self.pos += cd.len() as u64;
@@ -302,38 +254,97 @@ impl<W: Write + Seek> StoredZipWriter<W> {
         }
         self.out.write_all(&cd)?;
         self.pos += cd.len() as u64;
-        let cd_end = self.pos;
-        let count = self.entries.len() as u64;
-        let cd_size = cd_end - cd_start;
-        let mut end = Vec::with_capacity(98);
-        if count > self.limits.count || cd_start > limit || cd_size > limit {
-            end.extend_from_slice(END64_SIG);
-            end.extend_from_slice(&44u64.to_le_bytes()); // size of the rest
-            end.extend_from_slice(&u16::from(ZIP64_VERSION).to_le_bytes());
-            end.extend_from_slice(&u16::from(ZIP64_VERSION).to_le_bytes());
-            end.extend_from_slice(&0u32.to_le_bytes()); // this disk
-            end.extend_from_slice(&0u32.to_le_bytes()); // disk of the directory
-            end.extend_from_slice(&count.to_le_bytes());
-            end.extend_from_slice(&count.to_le_bytes());
-            end.extend_from_slice(&cd_size.to_le_bytes());
-            end.extend_from_slice(&cd_start.to_le_bytes());
-            end.extend_from_slice(END64_LOCATOR_SIG);
-            end.extend_from_slice(&0u32.to_le_bytes());
-            end.extend_from_slice(&cd_end.to_le_bytes());
-            end.extend_from_slice(&1u32.to_le_bytes()); // disks
-        }
-        let count16 = count.min(0xFFFF) as u16;
-        end.extend_from_slice(END_SIG);
-        end.extend_from_slice(&0u16.to_le_bytes());
-        end.extend_from_slice(&0u16.to_le_bytes());
-        end.extend_from_slice(&count16.to_le_bytes());
-        end.extend_from_slice(&count16.to_le_bytes());
-        end.extend_from_slice(&(cd_size.min(0xFFFF_FFFF) as u32).to_le_bytes());
-        end.extend_from_slice(&(cd_start.min(0xFFFF_FFFF) as u32).to_le_bytes());
-        end.extend_from_slice(&0u16.to_le_bytes()); // comment length
+        let end = end_records(self.entries.len() as u64, cd_start, self.pos, self.limits);
         self.out.write_all(&end)?;
         Ok(self.out)
     }
+}
+
+/// Appends the central directory entry of `e` to `cd`: zip64 fields (sizes,
+/// offset) only for the values past `limit`, before the alignment padding.
+fn central_entry(cd: &mut Vec<u8>, e: &Entry, limit: u64) {
+    let mut zip64 = Vec::new();
+    let size32 = if e.size > limit {
+        zip64.extend([e.size, e.size]);
+        u32::MAX
+    } else {
+        e.size as u32
+    };
+    let offset32 = if e.header_offset > limit {
+        zip64.push(e.header_offset);
+        u32::MAX
+    } else {
+        e.header_offset as u32
+    };
+    let mut extra = Vec::new();
+    if !zip64.is_empty() {
+        extra.extend_from_slice(&ZIP64_EXTRA_ID.to_le_bytes());
+        extra.extend_from_slice(&(8 * zip64.len() as u16).to_le_bytes());
+        for v in &zip64 {
+            extra.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    extra.extend_from_slice(&e.extra);
+    let version = if zip64.is_empty() {
+        e.version
+    } else {
+        ZIP64_VERSION
+    };
+    cd.extend_from_slice(CENTRAL_SIG);
+    cd.push(version); // version made by
+    cd.push(CREATE_SYSTEM_UNIX);
+    cd.push(version); // version needed to extract
+    cd.push(0); // reserved
+    cd.extend_from_slice(&flags(e.ascii).to_le_bytes());
+    cd.extend_from_slice(&0u16.to_le_bytes()); // stored
+    cd.extend_from_slice(&0u16.to_le_bytes()); // time
+    cd.extend_from_slice(&DOS_DATE_1980.to_le_bytes());
+    cd.extend_from_slice(&e.crc.to_le_bytes());
+    cd.extend_from_slice(&size32.to_le_bytes());
+    cd.extend_from_slice(&size32.to_le_bytes());
+    cd.extend_from_slice(&(e.name.len() as u16).to_le_bytes());
+    cd.extend_from_slice(&(extra.len() as u16).to_le_bytes());
+    cd.extend_from_slice(&0u16.to_le_bytes()); // comment length
+    cd.extend_from_slice(&0u16.to_le_bytes()); // disk number
+    cd.extend_from_slice(&0u16.to_le_bytes()); // internal attributes
+    cd.extend_from_slice(&EXTERNAL_ATTR.to_le_bytes());
+    cd.extend_from_slice(&offset32.to_le_bytes());
+    cd.extend_from_slice(&e.name);
+    cd.extend_from_slice(&extra);
+}
+
+/// The end of central directory record of `count` members whose directory
+/// spans `cd_start..cd_end`, preceded by the zip64 end record and locator
+/// when a value is past `limits`.
+fn end_records(count: u64, cd_start: u64, cd_end: u64, limits: ZipLimits) -> Vec<u8> {
+    let cd_size = cd_end - cd_start;
+    let mut end = Vec::with_capacity(98);
+    if count > limits.count || cd_start > limits.size || cd_size > limits.size {
+        end.extend_from_slice(END64_SIG);
+        end.extend_from_slice(&44u64.to_le_bytes()); // size of the rest
+        end.extend_from_slice(&u16::from(ZIP64_VERSION).to_le_bytes());
+        end.extend_from_slice(&u16::from(ZIP64_VERSION).to_le_bytes());
+        end.extend_from_slice(&0u32.to_le_bytes()); // this disk
+        end.extend_from_slice(&0u32.to_le_bytes()); // disk of the directory
+        end.extend_from_slice(&count.to_le_bytes());
+        end.extend_from_slice(&count.to_le_bytes());
+        end.extend_from_slice(&cd_size.to_le_bytes());
+        end.extend_from_slice(&cd_start.to_le_bytes());
+        end.extend_from_slice(END64_LOCATOR_SIG);
+        end.extend_from_slice(&0u32.to_le_bytes());
+        end.extend_from_slice(&cd_end.to_le_bytes());
+        end.extend_from_slice(&1u32.to_le_bytes()); // disks
+    }
+    let count16 = count.min(0xFFFF) as u16;
+    end.extend_from_slice(END_SIG);
+    end.extend_from_slice(&0u16.to_le_bytes());
+    end.extend_from_slice(&0u16.to_le_bytes());
+    end.extend_from_slice(&count16.to_le_bytes());
+    end.extend_from_slice(&count16.to_le_bytes());
+    end.extend_from_slice(&(cd_size.min(0xFFFF_FFFF) as u32).to_le_bytes());
+    end.extend_from_slice(&(cd_start.min(0xFFFF_FFFF) as u32).to_le_bytes());
+    end.extend_from_slice(&0u16.to_le_bytes()); // comment length
+    end
 }
 
 fn flags(ascii: bool) -> u16 {
