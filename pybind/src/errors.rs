@@ -97,6 +97,7 @@ pub fn to_pyerr(err: Error) -> PyErr {
             Error::InvalidFile { .. } => raise(py, "InvalidFileError", (msg,), &[]),
             Error::PickleNotAllowed { .. } => raise(py, "PickleNotAllowedError", (msg,), &[]),
             Error::Interop(_) => raise(py, "InteropError", (msg,), &[]),
+            Error::Unsupported(_) => raise(py, "InteropError", (msg,), &[]),
             Error::Query(q) => raise(
                 py,
                 "QueryError",

@@ -9,6 +9,7 @@ mod array;
 mod convert;
 mod errors;
 mod interop;
+mod export;
 mod store;
 
 #[pymodule]
@@ -40,6 +41,9 @@ fn _lazyvault(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "NPY_MAX_HEADER_SIZE",
         lazyvault_store::interop::DEFAULT_MAX_HEADER_SIZE,
     )?;
+    m.add_function(wrap_pyfunction!(export::export_npz, m)?)?;
+    m.add_function(wrap_pyfunction!(export::export_safetensors, m)?)?;
+    m.add_function(wrap_pyfunction!(export::npz_member_name, m)?)?;
     m.add(
         "FORMAT_VERSION",
         lazyvault_store::schema::FORMAT_VERSION.to_string(),

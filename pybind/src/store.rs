@@ -42,6 +42,13 @@ pub struct StoreCore {
     pub(crate) inner: Store,
 }
 
+impl StoreCore {
+    /// The engine's store, for the other binding modules (export).
+    pub(crate) fn store(&self) -> &Store {
+        &self.inner
+    }
+}
+
 #[pymethods]
 impl StoreCore {
     /// Opens the store at `path` with `mode` "r", "a" or "w"; with

@@ -71,6 +71,10 @@ pub enum Error {
     /// A field name that cannot have a secondary index.
     #[error("index field: {0}")]
     InvalidField(String),
+    /// Data that a file format cannot carry (an export to `.npz` of a record
+    /// with a pickled remainder...): the message says what and what to use.
+    #[error("{0}")]
+    Unsupported(String),
     /// A long operation stopped because its progress callback asked to.
     #[error("cancelled")]
     Cancelled,

@@ -1,5 +1,5 @@
 """Interop with the array files users already have: ``store.import_file``
-and ``store.export`` (DESIGN.md, "Pickle and archives", Interop).
+and, for what each format carries, ``store.export`` (``_export``).
 
 Formats, and where their byte layouts are specified:
 
@@ -47,10 +47,10 @@ becomes one record ``{tensor name: array}`` whose metadata also holds
 ``"__metadata__"`` (the file's string map) and, when the file has tensors of
 kinds numpy lacks, ``"safetensors_dtypes"`` (see below).
 
-Our ``.npz`` export (:func:`export`, uncompressed, members 64-byte aligned):
+Our ``.npz`` export (``_export.export``, uncompressed, members 64-byte aligned):
 
 - one member per array, named ``<key>/<array path>.npy`` after
-  sanitising (:func:`member_name`): the text is split on ``/``; an empty
+  sanitising (``_export.member_name``): the text is split on ``/``; an empty
   segment becomes ``_``, ``.`` becomes ``_`` and ``..`` becomes ``__``;
   backslashes, ``:`` and control characters become ``_``. So no member name
   is absolute, has a drive letter or a ``..`` segment, whatever the key.
@@ -83,16 +83,11 @@ that tag back.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 import os
 import pickle
-import struct
-import uuid
-import zipfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -103,12 +98,8 @@ from . import _arrays, _lazyvault
 from ._progress import ProgressArg, Report, progress_callback
 from .errors import (
     InteropError,
-    InvalidArrayError,
     InvalidFileError,
     KeyTypeError,
-    LazyvaultError,
-    MissingKeyError,
-    StorageError,
     UnknownFormatError,
 )
 
@@ -123,9 +114,7 @@ __all__ = [
     "UnknownFormatError",
     "copy_record",
     "detect_format",
-    "export",
     "import_file",
-    "member_name",
 ]
 
 
@@ -140,41 +129,11 @@ SAFETENSORS_MAX_HEADER: int = _lazyvault.SAFETENSORS_MAX_HEADER
 #: may declare unless ``max_ratio=`` says otherwise: deflate cannot expand
 #: more than about 1032:1, so a member declaring more is lying.
 DEFAULT_MAX_DEFLATE_RATIO: int = _lazyvault.DEFAULT_MAX_DEFLATE_RATIO
-#: The npz member holding lazyvault's record metadata.
-NPZ_MANIFEST = "__lazyvault__.json"
-NPZ_FORMAT = "lazyvault-npz"
 
 # Python 2 pickles of object arrays need it (numpy's advice for np.load);
 # Python 3 pickles ignore it.
 _PICKLE_ENCODING = "latin1"
 _NPY_MAGIC = b"\x93NUMPY"
-_ALIGN = 64
-_ZIP_ALIGN_EXTRA_ID = 0xD935  # the id Android's zipalign uses for padding
-_FIXED_DATE = (1980, 1, 1, 0, 0, 0)  # reproducible exports
-_CHUNK = 16 << 20
-
-# safetensors dtype tags -> numpy dtypes (the export's; import reads them in
-# the core); raw-bit kinds numpy lacks are kept as unsigned integers of the
-# same width and their tag is remembered.
-_ST_DTYPES = {
-    "BOOL": "|b1",
-    "U8": "|u1",
-    "I8": "|i1",
-    "U16": "<u2",
-    "I16": "<i2",
-    "F16": "<f2",
-    "U32": "<u4",
-    "I32": "<i4",
-    "F32": "<f4",
-    "F64": "<f8",
-    "U64": "<u8",
-    "I64": "<i8",
-}
-_ST_RAW = {"BF16": "<u2", "F8_E4M3": "|u1", "F8_E5M2": "|u1", "F8_E8M0": "|u1"}
-_ST_FROM_NUMPY = {np.dtype(v).newbyteorder("<").str: k for k, v in _ST_DTYPES.items()}
-_ST_META_KEY = "__metadata__"
-_ST_TAGS_FIELD = "safetensors_dtypes"
-_ST_MARKER = "lazyvault"
 
 
 # -- detection ----------------------------------------------------------------
@@ -497,327 +456,3 @@ def copy_record(store: Store, key: str, rec: Record) -> None:
         arrays,
         pickled,
     )
-
-
-# -- export -----------------------------------------------------------------
-
-
-def _resolve_keys(store: Store, keys: Iterable[str] | None, query: str | None) -> list[str]:
-    if keys is not None and query is not None:
-        raise InteropError("export() takes keys= or query=, not both")
-    if query is not None:
-        return list(store.keys(query))
-    if keys is None:
-        return list(store)
-    if isinstance(keys, str):
-        raise TypeError("keys= takes an iterable of keys, not one str (wrap it: [key])")
-    out = list(dict.fromkeys(keys))
-    for k in out:
-        if k not in store:  # before anything is written
-            raise MissingKeyError(f"no record with key {k!r} to export")
-    return out
-
-
-def export(
-    store: Store,
-    path: str | os.PathLike[str],
-    keys: Iterable[str] | None = None,
-    query: str | None = None,
-    progress: ProgressArg = None,
-) -> None:
-    """Writes the selected records (all; ``keys``; or those matching
-    ``query``) to ``path``, format by extension: ``.lvz``, ``.npz`` or
-    ``.safetensors`` (see the module docstring). ``.npz`` and
-    ``.safetensors`` are written to a temporary file and renamed into
-    place, so a failed export leaves no partial file.
-
-    ``progress`` (see :mod:`lazyvault._progress`) counts arrays written;
-    the core writes a ``.lvz`` in one step, reported as ``(0, n)`` and
-    ``(n, n)``.
-
-    Raises :class:`UnknownFormatError` for another extension,
-    :class:`InvalidArrayError` for an array the format cannot hold.
-    """
-    path = os.fspath(path)
-    selected = _resolve_keys(store, keys, query)
-    ext = Path(path).suffix.lower()
-    if ext == ".lvz":
-        from . import _archive
-
-        with progress_callback(progress, "export", "array") as report:
-            if report is None:
-                _archive.export_lvz(store, path, selected)
-                return
-            n = sum(len(store[k]._record["arrays"]) for k in dict.fromkeys(selected))
-            report(0, n)
-            _archive.export_lvz(store, path, selected)
-            report(n, n)
-        return
-    if ext == ".npz":
-        writer = _write_npz
-    elif ext == ".safetensors":
-        writer = _write_safetensors
-    else:
-        raise UnknownFormatError(
-            f"{path}: export writes .lvz, .npz or .safetensors, not {ext or 'no extension'!r}"
-        )
-    records = [store[k] for k in selected]
-    for rec in records:
-        if rec._record.get("pickle"):
-            # npz and safetensors carry metadata and arrays only: refuse
-            # rather than drop the fields kept in the pickled remainder
-            raise InteropError(
-                f"record {rec.key!r} has values that only pickle can hold (sets, "
-                f"complex numbers, custom objects...); {ext} cannot carry them: export "
-                "it to .lvz instead"
-            )
-    with progress_callback(progress, "export", "array") as report, _atomic_output(path) as f:
-        writer(f, records, report)
-
-
-@contextlib.contextmanager
-def _atomic_output(path: str) -> Iterator[IO[bytes]]:
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException as e:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        if isinstance(e, OSError) and not isinstance(e, LazyvaultError):
-            # a full disk or an I/O error: the same class as the store's own
-            raise StorageError(e.errno, e.strerror, e.filename or str(target)) from e
-        raise
-
-
-# .npz writer -----------------------------------------------------------------
-
-_BAD_CHARS = {c: "_" for c in (*range(0x20), 0x7F, ord("\\"), ord(":"))}
-
-
-def member_name(key: str, array_path: str) -> str:
-    """The npz member name (without ``.npy``) of ``array_path`` of record
-    ``key``: ``<key>/<array path>`` split on ``/``, each segment made safe
-    (see the module docstring). Never absolute, never with a ``..`` segment."""
-    segments = []
-    for seg in f"{key}/{array_path}".split("/"):
-        seg = seg.translate(_BAD_CHARS)
-        if seg in ("", "."):
-            seg = "_"
-        elif seg == "..":
-            seg = "__"
-        segments.append(seg)
-    return "/".join(segments)
-
-
-def _aligned_zipinfo(zf: zipfile.ZipFile, name: str, size: int) -> zipfile.ZipInfo:
-    """A stored ZipInfo whose data will start 64-byte aligned: the local
-    header's extra field is padded (a record with zipalign's id)."""
-    info = zipfile.ZipInfo(name, date_time=_FIXED_DATE)
-    info.compress_type = zipfile.ZIP_STORED
-    info.external_attr = 0o644 << 16
-    info.file_size = size
-    # zipfile (3.11-3.13) writes the local header at start_dir and appends a
-    # 20-byte zip64 extra when size * 1.05 > ZIP64_LIMIT.
-    zip64 = size * 1.05 > zipfile.ZIP64_LIMIT
-    fixed = zf.start_dir + 30 + len(name.encode("utf-8")) + (20 if zip64 else 0)
-    pad = -fixed % _ALIGN
-    if pad:
-        if pad < 6:
-            pad += _ALIGN
-        info.extra = struct.pack("<HHH", _ZIP_ALIGN_EXTRA_ID, pad - 4, _ALIGN) + bytes(pad - 6)
-    return info
-
-
-def _npy_member_bytes(rec: Record, name: str, entry: dict[str, Any]) -> tuple[bytes, Any]:
-    """``(.npy header, data buffer)`` of one array of ``rec``."""
-    if entry.get("pickled"):
-        data = _raw_pickled_array(rec, name, entry)
-        if data is None:
-            array = rec.array(name)  # unpickles: allow_pickle applies
-            bio = io.BytesIO()
-            np.lib.format.write_array(bio, array, allow_pickle=True)
-            return b"", bio.getvalue()
-        d = {
-            "descr": "|O",
-            "fortran_order": bool(entry["fortran_order"]),
-            "shape": tuple(entry["shape"]),
-        }
-    else:
-        array = rec.array(name)
-        _, _, _, shape, fortran, data, _ = _arrays.payload_args(name, array)
-        d = {
-            "descr": np.lib.format.dtype_to_descr(array.dtype),
-            "fortran_order": fortran,
-            "shape": shape,
-        }
-    bio = io.BytesIO()
-    _write_npy_header(bio, d)
-    return bio.getvalue(), data
-
-
-def _write_npy_header(fp: IO[bytes], d: dict[str, Any]) -> None:
-    """The header lazyvault's core writes: numpy's layout (v1.0, or 3.0 for
-    non-latin-1 names), data at a multiple of 64."""
-    fp.write(_lazyvault.npy_header(repr(d["descr"]), bool(d["fortran_order"]), list(d["shape"])))
-
-
-def _write_npz(f: IO[bytes], records: list[Record], report: Report | None = None) -> None:
-    manifest: list[dict[str, Any]] = []
-    names: set[str] = set()
-    plan: list[tuple[Record, str, dict[str, Any], str]] = []
-    for rec in records:
-        arrays: dict[str, str] = {}
-        for path, entry in rec._record["arrays"].items():
-            base = member_name(rec.key, path)
-            name, n = base, 1
-            while f"{name}.npy" in names:
-                n += 1
-                head, sep, last = base.rpartition("/")
-                name = f"{head}{sep}{last}~{n}"
-            names.add(f"{name}.npy")
-            arrays[path] = f"{name}.npy"
-            plan.append((rec, path, entry, f"{name}.npy"))
-        doc: dict[str, Any] = {"key": rec.key, "meta": rec.meta, "arrays": arrays}
-        if not rec._record.get("pickle"):
-            doc["layout"] = rec._record["layout"]
-        manifest.append(doc)
-    manifest_bytes = json.dumps(
-        {"format": NPZ_FORMAT, "version": 1, "records": manifest},
-        ensure_ascii=False,
-        allow_nan=False,
-        indent=1,
-    ).encode("utf-8")
-    with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
-        info = zipfile.ZipInfo(NPZ_MANIFEST, date_time=_FIXED_DATE)
-        info.external_attr = 0o644 << 16
-        zf.writestr(info, manifest_bytes)
-        if report is not None:
-            report(0, len(plan))
-        for done, (rec, path, entry, name) in enumerate(plan, 1):
-            header, data = _npy_member_bytes(rec, path, entry)
-            data = memoryview(data).cast("B")
-            info = _aligned_zipinfo(zf, name, len(header) + len(data))
-            with zf.open(info, "w") as w:
-                w.write(header)
-                for i in range(0, len(data), _CHUNK):
-                    w.write(data[i : i + _CHUNK])
-            if report is not None:
-                report(done, len(plan))
-
-
-# .safetensors writer ----------------------------------------------------------
-
-
-def _st_tag(name: str, array_dtype: np.dtype, kept: str | None) -> tuple[str, np.dtype]:
-    """``(safetensors dtype tag, little-endian numpy dtype to write)``."""
-    if kept is not None:
-        raw = _ST_RAW.get(kept)
-        if raw is not None and array_dtype.newbyteorder("<") == np.dtype(raw).newbyteorder("<"):
-            return kept, np.dtype(raw)
-    le = array_dtype.newbyteorder("<") if array_dtype.byteorder != "|" else array_dtype
-    tag = _ST_FROM_NUMPY.get(le.str)
-    if tag is None or array_dtype.fields is not None:
-        raise InvalidArrayError(
-            f"array {name!r}: dtype {array_dtype} has no safetensors equivalent "
-            "(safetensors holds bool, (u)int8-64, float16/32/64, and BF16/F8 raw bits)"
-        )
-    return tag, le
-
-
-def _write_safetensors(f: IO[bytes], records: list[Record], report: Report | None = None) -> None:
-    single = len(records) == 1
-    tensors: list[tuple[str, str, np.dtype, Record, str]] = []
-    seen: set[str] = set()
-    for rec in records:
-        meta = rec.meta
-        kept = meta.get(_ST_TAGS_FIELD)
-        kept = kept if isinstance(kept, dict) else {}
-        for path, entry in rec._record["arrays"].items():
-            name = path if single else f"{rec.key}/{path}"
-            if name in seen:
-                raise InvalidArrayError(
-                    f"tensor name {name!r} occurs twice (keys and paths joined by '/')"
-                )
-            seen.add(name)
-            if entry.get("pickled"):
-                raise InvalidArrayError(
-                    f"record {rec.key!r} array {path!r}: object arrays have no safetensors form"
-                )
-            dtype = _arrays.dtype_from_descr(entry["descr"])
-            tag, out = _st_tag(name, dtype, kept.get(path))
-            tensors.append((name, tag, out, rec, path))
-    metadata = _st_metadata(records)
-    # largest items first, then by name (as the reference writer): every
-    # tensor starts at a multiple of its item size.
-    tensors.sort(key=lambda t: (-t[2].itemsize, t[0]))
-    header: dict[str, Any] = {}
-    if metadata is not None:
-        header[_ST_META_KEY] = metadata
-    offset = 0
-    for name, tag, out, rec, path in tensors:
-        shape = list(rec._record["arrays"][path]["shape"])
-        nbytes = math.prod(shape) * out.itemsize
-        header[name] = {"dtype": tag, "shape": shape, "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    text = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    text += b" " * (-len(text) % 8)
-    f.write(struct.pack("<Q", len(text)))
-    f.write(text)
-    if report is not None:
-        report(0, len(tensors))
-    for done, (_name, _tag, out, rec, path) in enumerate(tensors, 1):
-        array = rec.array(path)
-        if array.dtype != out:
-            array = array.astype(out)  # byte order (and raw-bit views)
-        array = np.ascontiguousarray(array)
-        if array.nbytes:
-            data = memoryview(array.reshape(-1).view(np.uint8))
-            for i in range(0, len(data), _CHUNK):
-                f.write(data[i : i + _CHUNK])
-        if report is not None:
-            report(done, len(tensors))
-
-
-def _st_metadata(records: list[Record]) -> dict[str, str] | None:
-    encoded: list[str] = []
-    fields: list[str] = []
-    out: dict[str, str] = {}
-
-    def put(k: str, v: Any, field: bool) -> None:
-        if k in out or k == _ST_MARKER:
-            raise InvalidArrayError(
-                f"metadata key {k!r} occurs twice in the safetensors __metadata__"
-            )
-        if isinstance(v, str):
-            out[k] = v
-        else:
-            out[k] = json.dumps(v, ensure_ascii=False, allow_nan=False)
-            encoded.append(k)
-        if field:
-            fields.append(k)
-
-    if len(records) == 1:
-        meta = records[0].meta
-        foreign = meta.get(_ST_META_KEY)
-        if isinstance(foreign, dict):
-            for k, v in foreign.items():
-                put(k, v, False)
-        for k, v in meta.items():
-            if (k == _ST_META_KEY and isinstance(v, dict)) or (
-                k == _ST_TAGS_FIELD and isinstance(v, dict)
-            ):
-                continue
-            put(k, v, True)
-        if not out and not isinstance(foreign, dict):
-            return None
-    else:
-        for rec in records:
-            put(rec.key, rec.meta, False)
-    if encoded or fields:
-        out[_ST_MARKER] = json.dumps({"version": 1, "json": encoded, "fields": fields})
-    return out

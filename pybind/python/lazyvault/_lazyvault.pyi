@@ -23,10 +23,13 @@ __all__ = [
     "check_query",
     "detect_format",
     "dumps_archive",
+    "export_npz",
+    "export_safetensors",
     "import_file",
     "map_array",
     "npy_header",
     "npz_has_manifest",
+    "npz_member_name",
     "parse_npy_header",
     "read_array_bytes",
     "read_safetensors_header",
@@ -319,3 +322,38 @@ def import_file(
     either raises propagates, the store unchanged. Raises
     ``InvalidFileError``, ``UnknownFormatError``, ``PickleNotAllowedError``,
     ``InteropError``, ``StorageError`` (``ENOSPC`` before writing)."""
+
+def export_npz(
+    store: StoreCore,
+    path: str | PathLike[str],
+    keys: Sequence[str],
+    progress: Callable[[int, int], Any] | None = None,
+    zip64_limits: tuple[int, int] | None = None,
+) -> None:
+    """Writes the records ``keys`` of ``store`` (in that order) to a new
+    ``.npz`` at ``path``: a manifest member and one 64-byte aligned ``.npy``
+    member per array, payloads streamed one file at a time; temporary file,
+    fsync, rename (nothing left on error). ``progress(done, total)`` counts
+    arrays; an exception it raises stops the export. ``zip64_limits=(size,
+    count)`` lowers the sizes (bytes) and member count past which zip64
+    fields are written (default ``(2**31 - 1, 65535)``, as ``zipfile``).
+    ``InteropError`` for a record with a pickled remainder,
+    ``StorageError``/``CorruptError`` naming the file, record and array."""
+
+def export_safetensors(
+    store: StoreCore,
+    path: str | PathLike[str],
+    keys: Sequence[str],
+    progress: Callable[[int, int], Any] | None = None,
+) -> None:
+    """Writes the records ``keys`` of ``store`` (in that order) to a new
+    ``.safetensors`` file at ``path`` (little-endian, C order, tensors by
+    item size then name); temporary file, fsync, rename. ``progress(done,
+    total)`` counts tensors. ``InvalidArrayError`` for a dtype safetensors
+    cannot hold or a name occurring twice, ``InteropError`` for a record
+    with a pickled remainder."""
+
+def npz_member_name(key: str, array_path: str) -> str:
+    """The ``.npz`` member name (without ``.npy``) of ``array_path`` of
+    record ``key``: split on ``/``, control characters, ``\\`` and ``:``
+    as ``_``, empty and ``.`` segments as ``_``, ``..`` as ``__``."""

@@ -629,9 +629,9 @@ class Store(MutableMapping[str, Record]):
         ``progress`` as in :meth:`verify`, counting arrays written (a
         ``.lvz`` is written by the core in one step: ``(0, n)`` then
         ``(n, n)``)."""
-        from . import _interop
+        from . import _export
 
-        _interop.export(self, path, keys=keys, query=query, progress=progress)
+        _export.export(self, path, keys=keys, query=query, progress=progress)
 
     def import_file(
         self,

@@ -1,0 +1,95 @@
+"""``Store.export``: which records, and progress; the files are written by
+the core (``store/src/interop/export``: ``.npz`` and ``.safetensors``,
+streamed payload by payload; ``store/src/archive``: ``.lvz``). What each
+file contains is specified there and in the docstring of ``_interop``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from . import _lazyvault
+from ._progress import ProgressArg, progress_callback
+from .errors import InteropError, MissingKeyError, UnknownFormatError
+
+if TYPE_CHECKING:
+    from .store import Store
+
+__all__ = ["export", "member_name"]
+
+
+def member_name(key: str, array_path: str) -> str:
+    """The npz member name (without ``.npy``) of ``array_path`` of record
+    ``key``: ``<key>/<array path>`` split on ``/``, each segment made safe
+    (see ``_interop``'s docstring). Never absolute, never with a ``..``
+    segment."""
+    return _lazyvault.npz_member_name(key, array_path)
+
+
+def _resolve_keys(store: Store, keys: Iterable[str] | None, query: str | None) -> list[str]:
+    if keys is not None and query is not None:
+        raise InteropError("export() takes keys= or query=, not both")
+    if query is not None:
+        return list(store.keys(query))
+    if keys is None:
+        return list(store)
+    if isinstance(keys, str):
+        raise TypeError("keys= takes an iterable of keys, not one str (wrap it: [key])")
+    out = list(dict.fromkeys(keys))
+    for k in out:
+        if k not in store:  # before anything is written
+            raise MissingKeyError(f"no record with key {k!r} to export")
+    return out
+
+
+def export(
+    store: Store,
+    path: str | os.PathLike[str],
+    keys: Iterable[str] | None = None,
+    query: str | None = None,
+    progress: ProgressArg = None,
+) -> None:
+    """Writes the selected records (all; ``keys``; or those matching
+    ``query``) to ``path``, format by extension: ``.lvz``, ``.npz`` or
+    ``.safetensors``. The file is written to a temporary file beside it and
+    renamed into place, so a failed export leaves no partial file (and an
+    existing file as it was).
+
+    ``progress`` (see :mod:`lazyvault._progress`) counts arrays written;
+    the core writes a ``.lvz`` in one step, reported as ``(0, n)`` and
+    ``(n, n)``.
+
+    Raises :class:`UnknownFormatError` for another extension,
+    :class:`InteropError` for a record with fields only pickle can hold
+    (``.npz``, ``.safetensors``), :class:`InvalidArrayError` for an array
+    the format cannot hold, :class:`StorageError` naming the file when
+    writing (or reading a payload) fails, :class:`CorruptError` naming the
+    record and array whose payload is damaged or gone.
+    """
+    path = os.fspath(path)
+    selected = _resolve_keys(store, keys, query)
+    ext = Path(path).suffix.lower()
+    if ext == ".lvz":
+        from . import _archive
+
+        with progress_callback(progress, "export", "array") as report:
+            if report is None:
+                _archive.export_lvz(store, path, selected)
+                return
+            n = sum(len(store[k]._record["arrays"]) for k in dict.fromkeys(selected))
+            report(0, n)
+            _archive.export_lvz(store, path, selected)
+            report(n, n)
+        return
+    if ext not in (".npz", ".safetensors"):
+        raise UnknownFormatError(
+            f"{path}: export writes .lvz, .npz or .safetensors, not {ext or 'no extension'!r}"
+        )
+    with progress_callback(progress, "export", "array") as report:
+        if ext == ".npz":
+            _lazyvault.export_npz(store._core, path, selected, report)
+        else:
+            _lazyvault.export_safetensors(store._core, path, selected, report)
