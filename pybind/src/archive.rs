@@ -271,7 +271,9 @@ impl ArchiveBuffer {
     ) -> PyResult<()> {
         let this = slf.get();
         let bytes = &this.owner.get().bytes()[this.start..this.start + this.len];
-        crate::array::export_read_only(slf.as_any(), bytes, view, flags)
+        // SAFETY: `view` is the interpreter's; `bytes` lie in the archive
+        // that `slf` keeps alive (`owner`), and the view references `slf`.
+        unsafe { crate::array::export_read_only(slf.as_any(), bytes, view, flags) }
     }
 
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
