@@ -6,7 +6,7 @@ import functools
 import keyword
 import math
 import weakref
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, SupportsIndex
 
 import numpy as np
 
@@ -173,12 +173,12 @@ class Record:
 
         return _pickling.record_ref(self)
 
-    def __reduce_ex__(self, protocol: int) -> Any:
+    def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
         # By value (PEP 574: arrays out-of-band with protocol 5); across
         # multiprocessing, by reference (see _pickling).
         from . import _pickling
 
-        return _pickling.reduce_record(self, protocol)
+        return _pickling.reduce_record(self, int(protocol))
 
     def _remainder(self) -> bytes | None:
         """The pickled remainder of this record (read with it when it came
