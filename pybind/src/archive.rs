@@ -18,6 +18,7 @@ use pyo3::types::{PyBytes, PyDict};
 use crate::convert::{self, ArrayArg};
 use crate::errors::IntoPy;
 
+/// Where an archive's bytes live.
 enum Backing {
     /// A file, memory-mapped read-only.
     File(Archive),
@@ -137,10 +138,12 @@ impl ArchiveCore {
         self.index().keys()
     }
 
+    /// Number of records.
     fn __len__(&self) -> usize {
         self.index().len()
     }
 
+    /// Whether the archive has a record under `key`.
     fn contains(&self, key: &str) -> bool {
         self.record(key).is_some()
     }
@@ -260,6 +263,7 @@ pub struct ArchiveBuffer {
 
 #[pymethods]
 impl ArchiveBuffer {
+    /// Number of data bytes.
     fn __len__(&self) -> usize {
         self.len
     }

@@ -29,6 +29,7 @@ pub struct MappedBuffer {
 
 #[pymethods]
 impl MappedBuffer {
+    /// Number of data bytes.
     fn __len__(&self) -> usize {
         self.payload.as_bytes().len()
     }
