@@ -282,7 +282,8 @@ def test_npy_v3_header_from_non_latin1_names(store: lv.Store, tmp_path: Path) ->
 def test_npy_import_maps_without_reading(store: lv.Store, tmp_path: Path) -> None:
     path = tmp_path / "big.npy"
     np.save(path, np.arange(1000.0))
-    header = _interop.read_npy_header(open(path, "rb"), str(path))
+    with open(path, "rb") as f:
+        header = _interop.read_npy_header(f, str(path))
     array = _interop._read_npy(str(path), allow_pickle=False)
     assert isinstance(array.base, np.memmap)
     assert Path(array.base.filename) == path
