@@ -48,6 +48,15 @@ def read_line(proc: subprocess.Popen[str], timeout: float = 60) -> str:
     return line.strip()
 
 
+def stop(proc: subprocess.Popen[str]) -> None:
+    """Kills the child if it still runs, closes its pipes (an unclosed pipe
+    is a ResourceWarning, an error in this suite) and waits for it."""
+    if proc.poll() is None:
+        proc.kill()
+    with proc:  # Popen.__exit__ closes the pipes, then waits
+        pass
+
+
 def python(code: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-c", code, *args],
@@ -167,8 +176,7 @@ def test_holder_in_another_process_is_named_and_hands_over_on_close(tmp_path: Pa
         proc.stdin.flush()
         assert proc.wait(timeout=60) == 0
     finally:
-        proc.kill()
-        proc.wait()
+        stop(proc)
     with lv.Store.open(path, "r") as s:
         assert sorted(s) == ["held", "mine"] and s.verify()["ok"]
 
@@ -185,6 +193,7 @@ def test_a_killed_holder_leaves_no_stale_lock(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)
+        stop(proc)
     try:
         t0 = time.monotonic()
         s["mine"] = {"v": 2}  # the lock died with its holder: no wait
@@ -285,8 +294,7 @@ def test_two_processes_alternate_200_hand_offs(store_path: Path) -> None:
         proc.stdin.close()
         assert proc.wait(timeout=60) == 0
     finally:
-        proc.kill()
-        proc.wait()
+        stop(proc)
     with lv.Store.open(store_path) as s:
         assert len(s) == 200
         assert s.verify() == {
@@ -876,5 +884,4 @@ def test_exporting_over_an_archive_a_reader_has_mapped(store: lv.Store, tmp_path
         assert read_line(proc) == f"2 {2.0**17}"
         assert proc.wait(timeout=60) == 0
     finally:
-        proc.kill()
-        proc.wait()
+        stop(proc)

@@ -293,7 +293,8 @@ def test_npy_import_maps_without_reading(store: lv.Store, tmp_path: Path) -> Non
     # header is read by the core's parser.
     path = tmp_path / "big.npy"
     np.save(path, np.arange(1000.0))
-    header = _interop.read_npy_header(open(path, "rb"), str(path))
+    with open(path, "rb") as f:
+        header = _interop.read_npy_header(f, str(path))
     assert header.length == 128 and header.shape == (1000,)
     store.import_file(path)
     assert_same_array(store["big"].data, np.arange(1000.0))

@@ -69,7 +69,8 @@ def test_a_live_reader_keeps_its_payloads_and_a_killed_one_keeps_nothing(path: P
     finally:
         if reader.poll() is None:
             reader.kill()
-            reader.wait()
+        with reader:  # closes its pipe (else a ResourceWarning) and waits
+            pass
     with lv.Store.open(path, mode="r") as store:
         assert store["k"].a.tolist() == list(range(1, 1001))
 

@@ -384,6 +384,8 @@ def test_subclasses_of_builtins_keep_their_contents(store_path: Path) -> None:
     assert type(back["i"]) is MyInt and back["i"] == 42
 
 
+# np.matrix is what this test stores; numpy warns whenever one is made
+@pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
 def test_numpy_subclasses_keep_their_type(store_path: Path) -> None:
     # found by a fresh-user trial: masks and matrix semantics were dropped
     masked = np.ma.masked_array([1.0, 2.0, 3.0], mask=[0, 1, 0])

@@ -18,6 +18,7 @@ use pyo3::types::{PyBytes, PyDict};
 use crate::convert::{self, ArrayArg};
 use crate::errors::IntoPy;
 
+/// Where an archive's bytes live.
 enum Backing {
     /// A file, memory-mapped read-only.
     File(Archive),
@@ -137,10 +138,12 @@ impl ArchiveCore {
         self.index().keys()
     }
 
+    /// Number of records.
     fn __len__(&self) -> usize {
         self.index().len()
     }
 
+    /// Whether the archive has a record under `key`.
     fn contains(&self, key: &str) -> bool {
         self.record(key).is_some()
     }
@@ -260,6 +263,7 @@ pub struct ArchiveBuffer {
 
 #[pymethods]
 impl ArchiveBuffer {
+    /// Number of data bytes.
     fn __len__(&self) -> usize {
         self.len
     }
@@ -271,7 +275,9 @@ impl ArchiveBuffer {
     ) -> PyResult<()> {
         let this = slf.get();
         let bytes = &this.owner.get().bytes()[this.start..this.start + this.len];
-        crate::array::export_read_only(slf.as_any(), bytes, view, flags)
+        // SAFETY: `view` is the interpreter's; `bytes` lie in the archive
+        // that `slf` keeps alive (`owner`), and the view references `slf`.
+        unsafe { crate::array::export_read_only(slf.as_any(), bytes, view, flags) }
     }
 
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}

@@ -29,6 +29,7 @@ pub struct MappedBuffer {
 
 #[pymethods]
 impl MappedBuffer {
+    /// Number of data bytes.
     fn __len__(&self) -> usize {
         self.payload.as_bytes().len()
     }
@@ -46,7 +47,9 @@ impl MappedBuffer {
         flags: c_int,
     ) -> PyResult<()> {
         let bytes = slf.get().payload.as_bytes();
-        export_read_only(slf.as_any(), bytes, view, flags)
+        // SAFETY: `view` is the interpreter's; `bytes` is owned by the
+        // payload of `slf`, which the view references (`obj`) until released.
+        unsafe { export_read_only(slf.as_any(), bytes, view, flags) }
     }
 
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
@@ -75,14 +78,19 @@ pub unsafe fn export_read_only(
     }
     // PyBuffer_FillInfo sets obj (with a new reference), len, readonly,
     // format "B" and the 1-d shape/strides as the flags ask.
-    let rc = ffi::PyBuffer_FillInfo(
-        view,
-        owner.as_ptr(),
-        bytes.as_ptr() as *mut c_void,
-        bytes.len() as ffi::Py_ssize_t,
-        1,
-        flags,
-    );
+    // SAFETY: `view` is non-null and the caller's contract keeps `bytes`
+    // alive while `owner` lives; readonly = 1, so nothing writes through the
+    // `*mut` pointer the C signature asks for.
+    let rc = unsafe {
+        ffi::PyBuffer_FillInfo(
+            view,
+            owner.as_ptr(),
+            bytes.as_ptr() as *mut c_void,
+            bytes.len() as ffi::Py_ssize_t,
+            1,
+            flags,
+        )
+    };
     if rc == -1 {
         return Err(PyErr::fetch(owner.py()));
     }

@@ -146,6 +146,7 @@ mod libc_errno {
 
 /// `Result` of the engine into `PyResult`.
 pub trait IntoPy<T> {
+    /// The value, or the engine's error as its Python exception.
     fn py_err(self) -> PyResult<T>;
 }
 

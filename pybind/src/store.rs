@@ -103,6 +103,7 @@ impl StoreCore {
         self.inner.retention().as_secs_f64()
     }
 
+    /// Sets the retention, in seconds (finite, >= 0; else `ValueError`).
     #[setter]
     fn set_retention(&self, seconds: f64) -> PyResult<()> {
         let d = std::time::Duration::try_from_secs_f64(seconds).map_err(|_| {
@@ -130,6 +131,7 @@ impl StoreCore {
         }
     }
 
+    /// Whether `close()` was called.
     #[getter]
     fn closed(&self) -> bool {
         self.inner.is_closed()
@@ -211,14 +213,18 @@ impl StoreCore {
         Ok(p.map(|p| PyBytes::new(py, &p)))
     }
 
+    /// Whether a record is stored under `key`.
     fn contains(&self, key: &str) -> PyResult<bool> {
         self.inner.contains(key).py_err()
     }
 
+    /// Removes the record of `key` (its payloads go as those of a replaced
+    /// record); whether there was one.
     fn delete(&self, key: &str) -> PyResult<bool> {
         self.inner.delete(key).py_err()
     }
 
+    /// Number of records.
     fn __len__(&self) -> PyResult<usize> {
         Ok(self.inner.len().py_err()? as usize)
     }
@@ -267,14 +273,21 @@ impl StoreCore {
         self.inner.explain(&query).py_err()
     }
 
+    /// Makes every change so far durable and commits it (`Store::flush`).
     fn flush(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| self.inner.flush()).py_err()
     }
 
+    /// Flushes, publishes a checkpoint, and releases the snapshot or the
+    /// writer role; idempotent, any other call afterwards raises
+    /// `ClosedError` (`Store::close`).
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| self.inner.close()).py_err()
     }
 
+    /// Compacts the journal and removes what no reader may still see
+    /// (`Store::gc`): `{"removed_files", "removed_bytes",
+    /// "journal_bytes_freed"}` (bytes).
     fn gc<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let report = py.detach(|| self.inner.gc()).py_err()?;
         convert::gc_report(py, &report)

@@ -18,19 +18,32 @@ pub use record::{payload_relpath, ArrayEntry, Record, PAYLOAD_DIR, PAYLOAD_ID_LE
 pub enum SchemaError {
     /// The manifest names another format (this directory is not a lazyvault store).
     #[error("not a lazyvault store: manifest format is {found:?}, expected {FORMAT_NAME:?}")]
-    WrongFormat { found: String },
+    WrongFormat {
+        /// The manifest's `format` value.
+        found: String,
+    },
     /// The store was written by a newer, incompatible major version.
     #[error(
         "store format version {found} is newer than this lazyvault supports ({supported}); \
          upgrade lazyvault to open it"
     )]
-    UnsupportedVersion { found: String, supported: String },
+    UnsupportedVersion {
+        /// The store's `MAJOR.MINOR` format version.
+        found: String,
+        /// The newest format version this build reads (`FORMAT_VERSION`).
+        supported: String,
+    },
     /// A version string that is not `MAJOR.MINOR`.
     #[error("malformed format version {0:?} (expected MAJOR.MINOR)")]
     MalformedVersion(String),
     /// JSON that does not decode as the expected document.
     #[error("malformed {what}: {detail}")]
-    Malformed { what: &'static str, detail: String },
+    Malformed {
+        /// The document: `"manifest"` or `"record"`.
+        what: &'static str,
+        /// The JSON decoder's message.
+        detail: String,
+    },
     /// A record that decodes but breaks a rule of the format.
     #[error("invalid record: {0}")]
     InvalidRecord(String),

@@ -19,7 +19,9 @@ pub const FORMAT_VERSION: FormatVersion = FormatVersion { major: 1, minor: 2 };
 /// numpy's `.npy` format).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct FormatVersion {
+    /// Incompatible changes: a reader refuses a store of a newer major.
     pub major: u32,
+    /// Compatible additions (optional fields) within a major.
     pub minor: u32,
 }
 

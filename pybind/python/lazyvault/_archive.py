@@ -96,7 +96,7 @@ class ArchiveSource:
         return self.core.get_pickle(key)
 
     @staticmethod
-    def _args(entry: dict[str, Any]) -> tuple[Any, ...]:
+    def _args(entry: dict[str, Any]) -> tuple[str, str, list[int], bool, int, int]:
         return (
             entry["id"],
             entry["descr"],

@@ -7,7 +7,7 @@ import ast
 import functools
 import math
 import pickle
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -45,7 +45,7 @@ def payload_args(name: str, array: np.ndarray) -> tuple[Any, ...]:
     shape = tuple(int(d) for d in array.shape)
     if dtype.hasobject:
         fortran = bool(array.flags.f_contiguous and not array.flags.c_contiguous)
-        data = pickle.dumps(array, protocol=_OBJECT_PICKLE_PROTOCOL)
+        data: bytes | np.ndarray = pickle.dumps(array, protocol=_OBJECT_PICKLE_PROTOCOL)
         return (name, descr_of(dtype), dtype.name, shape, fortran, data, True)
     if dtype.itemsize == 0 and dtype.kind in "SUV":
         raise InvalidArrayError(f"array {name!r}: dtype {dtype} has no bytes per item")
@@ -71,7 +71,7 @@ def array_from_buffer(
     ``buffer`` is ``None`` for a zero-size array (nothing is read).
     """
     dtype = dtype_from_descr(descr)
-    order = "F" if fortran_order else "C"
+    order: Literal["C", "F"] = "F" if fortran_order else "C"
     if buffer is None:
         array = np.empty(shape, dtype=dtype, order=order)
         array.flags.writeable = False

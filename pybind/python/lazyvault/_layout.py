@@ -467,7 +467,7 @@ def join(
         if kind == "pickle":
             return leftover(body)
         if kind == "object":
-            cls = _find_class(body["class"])
+            cls: Any = _find_class(body["class"])
             obj = cls.__new__(cls)
             obj.__dict__.update(build({"dict": body["state"]}))
             return obj

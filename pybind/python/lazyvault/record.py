@@ -7,7 +7,7 @@ import keyword
 import math
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, SupportsIndex
 
 import numpy as np
 
@@ -174,10 +174,10 @@ class Record:
         the index. See :class:`lazyvault.RecordRef`."""
         return _plugged_pickling().ref(self)
 
-    def __reduce_ex__(self, protocol: int) -> Any:
+    def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
         # By value (PEP 574: arrays out-of-band with protocol 5); across
         # multiprocessing, by reference (see _pickling).
-        return _plugged_pickling().reduce(self, protocol)
+        return _plugged_pickling().reduce(self, int(protocol))
 
     def _remainder(self) -> bytes | None:
         """The pickled remainder of this record (read with it when it came

@@ -18,7 +18,7 @@ from collections.abc import (
     MutableMapping,
     Sequence,
 )
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 import numpy as np
 
@@ -150,7 +150,7 @@ class Store(MutableMapping[str, Record]):
         # its lock released) at once, not when the cycle collector runs
         this = weakref.ref(self)
         self._source = DirectorySource(
-            self._path, self._allow_pickle, lambda key: this()._core.get_pickle(key)
+            self._path, self._allow_pickle, lambda key: cast(Store, this())._core.get_pickle(key)
         )
         _open_stores.add(self)
 
