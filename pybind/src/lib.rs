@@ -8,8 +8,8 @@ mod archive;
 mod array;
 mod convert;
 mod errors;
-mod interop;
 mod export;
+mod interop;
 mod store;
 
 #[pymodule]

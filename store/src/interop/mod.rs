@@ -23,7 +23,7 @@
 //! plus the zip directory and the records' metadata.
 //!
 //! What each format becomes (the record the Python layer's splitting of the
-//! same dict would give, see [`flat_record`]): a `.npy` is one record
+//! same dict would give, see `flat_record`): a `.npy` is one record
 //! `{"data": array}`; a foreign `.npz` one record `{member name without
 //! ".npy": array}`; lazyvault's `.npz` (with the [`NPZ_MANIFEST`] member) a
 //! record per manifest entry under its own key; a `.safetensors` file one
@@ -42,6 +42,7 @@ use crate::error::{Error, Result};
 use crate::payload::source_error;
 use crate::{ArraySource, Stage, StagedRecord, Store};
 
+pub mod export;
 pub mod json;
 pub mod npy;
 pub mod npz;

@@ -116,7 +116,7 @@ impl<R: Read + Seek> ZipIn<R> {
     /// [`crate::Error::InvalidFile`] for a bad local header or a member that
     /// runs past the end of the file; the reader's errors are
     /// [`crate::Error::InvalidFile`]s carried in `io::Error`s (see
-    /// [`super::io_wrap`]): truncated, CRC mismatch, inflates past its
+    /// `io_wrap` in the parent module): truncated, CRC mismatch, inflates past its
     /// declared size, corrupt deflate data.
     pub fn reader(&mut self, m: &MemberInfo, what: &str) -> Result<MemberReader<'_>> {
         let len = self.len;
