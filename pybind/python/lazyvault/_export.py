@@ -11,9 +11,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import _lazyvault
+from . import _archive, _lazyvault
 from ._progress import ProgressArg, progress_callback
 from .errors import InteropError, MissingKeyError, UnknownFormatError
+from .record import array_entries
+from .store import core_of
 
 if TYPE_CHECKING:
     from .store import Store
@@ -73,13 +75,11 @@ def export(
     selected = _resolve_keys(store, keys, query)
     ext = Path(path).suffix.lower()
     if ext == ".lvz":
-        from . import _archive
-
         with progress_callback(progress, "export", "array") as report:
             if report is None:
                 _archive.export_lvz(store, path, selected)
                 return
-            n = sum(len(store[k]._record["arrays"]) for k in dict.fromkeys(selected))
+            n = sum(len(array_entries(store[k])) for k in dict.fromkeys(selected))
             report(0, n)
             _archive.export_lvz(store, path, selected)
             report(n, n)
@@ -90,6 +90,6 @@ def export(
         )
     with progress_callback(progress, "export", "array") as report:
         if ext == ".npz":
-            _lazyvault.export_npz(store._core, path, selected, report)
+            _lazyvault.export_npz(core_of(store), path, selected, report)
         else:
-            _lazyvault.export_safetensors(store._core, path, selected, report)
+            _lazyvault.export_safetensors(core_of(store), path, selected, report)

@@ -736,6 +736,12 @@ def open_deferred(path: str, mode: str, allow_pickle: bool, version: int | None 
     return store
 
 
+def core_of(store: Store) -> _lazyvault.StoreCore:
+    """The compiled core of ``store``, for the modules above that hand it to
+    the core's file writers and readers (export, import)."""
+    return store._core
+
+
 def raw_record(store: Store, key: str) -> tuple[bytes, bytes | None] | None:
     """``(record JSON, pickled remainder or None)`` of ``key`` as the index
     holds them (read together), or ``None``."""
