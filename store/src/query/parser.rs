@@ -207,12 +207,16 @@ impl<'s> Parser<'s> {
         operand: fn(&mut Self) -> Result<Node, QueryError>,
         combine: fn(Vec<Node>) -> Node,
     ) -> Result<Node, QueryError> {
-        let mut items = vec![operand(self)?];
+        let first = operand(self)?;
+        if !self.is_word(word) {
+            return Ok(first);
+        }
+        let mut items = vec![first];
         while self.is_word(word) {
             self.advance()?;
             items.push(operand(self)?);
         }
-        Ok(one_or(items, combine))
+        Ok(combine(items))
     }
 
     fn parse_not(&mut self) -> Result<Node, QueryError> {
@@ -243,40 +247,44 @@ impl<'s> Parser<'s> {
     }
 
     /// The comparison operators after `lhs` (`first` is its first token); a chain
-    /// `a < b < c` means `a < b and b < c`.
+    /// `a < b < c` means `a < b and b < c`. A single comparison, the common
+    /// case, moves its operands into the node without a copy.
     fn parse_comparison(&mut self, lhs: Operand, first: &Token) -> Result<Node, QueryError> {
-        let mut operands = vec![lhs];
-        let mut ops = Vec::new();
-        while let Some(op) = self.parse_operator()? {
-            let rhs_tok = self.cur.clone();
-            let rhs = match self
-                .parse_term("a value (number, string, list, true, false, null or field path)")?
-            {
-                Term::Value(rhs) => rhs,
-                Term::Cond(_) => {
-                    return Err(self.error(
-                        rhs_tok.col,
-                        "a function or method call is a condition, not a value; \
-                         combine conditions with 'and' or 'or'",
-                    ))
+        let Some(mut op) = self.parse_operator()? else {
+            return Err(self.bare_operand(&lhs, first));
+        };
+        let mut lhs = lhs;
+        let mut chain = Vec::new();
+        loop {
+            let rhs = self.parse_rhs()?;
+            let Some(next) = self.parse_operator()? else {
+                let last = Node::Compare { lhs, op, rhs };
+                if chain.is_empty() {
+                    return Ok(last);
                 }
+                chain.push(last);
+                return Ok(Node::And(chain));
             };
-            ops.push(op);
-            operands.push(rhs);
+            chain.push(Node::Compare {
+                lhs,
+                op,
+                rhs: rhs.clone(),
+            });
+            (lhs, op) = (rhs, next);
         }
-        if ops.is_empty() {
-            return Err(self.bare_operand(&operands[0], first));
+    }
+
+    /// The value on the right of a comparison operator.
+    fn parse_rhs(&mut self) -> Result<Operand, QueryError> {
+        let col = self.cur.col;
+        match self.parse_term("a value (number, string, list, true, false, null or field path)")? {
+            Term::Value(rhs) => Ok(rhs),
+            Term::Cond(_) => Err(self.error(
+                col,
+                "a function or method call is a condition, not a value; \
+                 combine conditions with 'and' or 'or'",
+            )),
         }
-        let compares = ops
-            .iter()
-            .zip(operands.windows(2))
-            .map(|(op, pair)| Node::Compare {
-                lhs: pair[0].clone(),
-                op: *op,
-                rhs: pair[1].clone(),
-            })
-            .collect();
-        Ok(one_or(compares, Node::And))
     }
 
     /// Consumes a comparison operator (`not in` is two tokens), if one comes.
@@ -588,14 +596,6 @@ impl Delimiters {
 /// `-n` for an integer literal `n`, when it fits in i64.
 fn negated(n: u64) -> Option<i64> {
     (n <= 1 << 63).then(|| (-i128::from(n)) as i64)
-}
-
-/// The only node of `nodes`, or `combine(nodes)` when there are several.
-fn one_or(nodes: Vec<Node>, combine: fn(Vec<Node>) -> Node) -> Node {
-    match <[Node; 1]>::try_from(nodes) {
-        Ok([node]) => node,
-        Err(nodes) => combine(nodes),
-    }
 }
 
 #[cfg(test)]
