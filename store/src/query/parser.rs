@@ -239,19 +239,25 @@ impl<'s> Parser<'s> {
             self.leave();
             return Ok(inner);
         }
-        let first = self.cur.clone();
+        let (col, start) = (self.cur.col, self.cur.start);
         match self.parse_term("a condition")? {
             Term::Cond(node) => Ok(node),
-            Term::Value(lhs) => self.parse_comparison(lhs, &first),
+            Term::Value(lhs) => self.parse_comparison(lhs, col, start),
         }
     }
 
-    /// The comparison operators after `lhs` (`first` is its first token); a chain
-    /// `a < b < c` means `a < b and b < c`. A single comparison, the common
-    /// case, moves its operands into the node without a copy.
-    fn parse_comparison(&mut self, lhs: Operand, first: &Token) -> Result<Node, QueryError> {
+    /// The comparison operators after `lhs`, which began at column `col`,
+    /// byte `start`; a chain `a < b < c` means `a < b and b < c`. A single
+    /// comparison, the common case, moves its operands into the node without
+    /// a copy.
+    fn parse_comparison(
+        &mut self,
+        lhs: Operand,
+        col: usize,
+        start: usize,
+    ) -> Result<Node, QueryError> {
         let Some(mut op) = self.parse_operator()? else {
-            return Err(self.bare_operand(&lhs, first));
+            return Err(self.bare_operand(&lhs, col, start));
         };
         let mut lhs = lhs;
         let mut chain = Vec::new();
@@ -305,8 +311,9 @@ impl<'s> Parser<'s> {
         Ok(Some(op))
     }
 
-    /// The error for an operand that is not followed by a comparison operator.
-    fn bare_operand(&self, operand: &Operand, first: &Token) -> QueryError {
+    /// The error for an operand (begun at column `col`, byte `start`) that is
+    /// not followed by a comparison operator.
+    fn bare_operand(&self, operand: &Operand, col: usize, start: usize) -> QueryError {
         let ends_condition = matches!(self.cur.tok, Tok::End | Tok::RParen)
             || self.is_word("and")
             || self.is_word("or");
@@ -315,7 +322,7 @@ impl<'s> Parser<'s> {
         }
         let message = match operand {
             Operand::Path(_) => {
-                let text = shorten(self.src()[first.start..self.last_end()].trim_end());
+                let text = shorten(self.src()[start..self.last_end()].trim_end());
                 format!(
                     "'{text}' alone is not a condition: write exists({text}) to test whether \
                      it is present, or {text} == true to test a boolean field"
@@ -325,7 +332,7 @@ impl<'s> Parser<'s> {
                                     ==, !=, <, <=, >, >=, in or not in"
                 .to_owned(),
         };
-        self.error(first.col, message)
+        self.error(col, message)
     }
 
     /// Byte offset where the previous token ended (start of the current token, less
