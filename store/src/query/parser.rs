@@ -207,12 +207,16 @@ impl<'s> Parser<'s> {
         operand: fn(&mut Self) -> Result<Node, QueryError>,
         combine: fn(Vec<Node>) -> Node,
     ) -> Result<Node, QueryError> {
-        let mut items = vec![operand(self)?];
+        let first = operand(self)?;
+        if !self.is_word(word) {
+            return Ok(first);
+        }
+        let mut items = vec![first];
         while self.is_word(word) {
             self.advance()?;
             items.push(operand(self)?);
         }
-        Ok(one_or(items, combine))
+        Ok(combine(items))
     }
 
     fn parse_not(&mut self) -> Result<Node, QueryError> {
@@ -235,48 +239,58 @@ impl<'s> Parser<'s> {
             self.leave();
             return Ok(inner);
         }
-        let first = self.cur.clone();
+        let (col, start) = (self.cur.col, self.cur.start);
         match self.parse_term("a condition")? {
             Term::Cond(node) => Ok(node),
-            Term::Value(lhs) => self.parse_comparison(lhs, &first),
+            Term::Value(lhs) => self.parse_comparison(lhs, col, start),
         }
     }
 
-    /// The comparison operators after `lhs` (`first` is its first token); a chain
-    /// `a < b < c` means `a < b and b < c`.
-    fn parse_comparison(&mut self, lhs: Operand, first: &Token) -> Result<Node, QueryError> {
-        let mut operands = vec![lhs];
-        let mut ops = Vec::new();
-        while let Some(op) = self.parse_operator()? {
-            let rhs_tok = self.cur.clone();
-            let rhs = match self
-                .parse_term("a value (number, string, list, true, false, null or field path)")?
-            {
-                Term::Value(rhs) => rhs,
-                Term::Cond(_) => {
-                    return Err(self.error(
-                        rhs_tok.col,
-                        "a function or method call is a condition, not a value; \
-                         combine conditions with 'and' or 'or'",
-                    ))
+    /// The comparison operators after `lhs`, which began at column `col`,
+    /// byte `start`; a chain `a < b < c` means `a < b and b < c`. A single
+    /// comparison, the common case, moves its operands into the node without
+    /// a copy.
+    fn parse_comparison(
+        &mut self,
+        lhs: Operand,
+        col: usize,
+        start: usize,
+    ) -> Result<Node, QueryError> {
+        let Some(mut op) = self.parse_operator()? else {
+            return Err(self.bare_operand(&lhs, col, start));
+        };
+        let mut lhs = lhs;
+        let mut chain = Vec::new();
+        loop {
+            let rhs = self.parse_rhs()?;
+            let Some(next) = self.parse_operator()? else {
+                let last = Node::Compare { lhs, op, rhs };
+                if chain.is_empty() {
+                    return Ok(last);
                 }
+                chain.push(last);
+                return Ok(Node::And(chain));
             };
-            ops.push(op);
-            operands.push(rhs);
+            chain.push(Node::Compare {
+                lhs,
+                op,
+                rhs: rhs.clone(),
+            });
+            (lhs, op) = (rhs, next);
         }
-        if ops.is_empty() {
-            return Err(self.bare_operand(&operands[0], first));
+    }
+
+    /// The value on the right of a comparison operator.
+    fn parse_rhs(&mut self) -> Result<Operand, QueryError> {
+        let col = self.cur.col;
+        match self.parse_term("a value (number, string, list, true, false, null or field path)")? {
+            Term::Value(rhs) => Ok(rhs),
+            Term::Cond(_) => Err(self.error(
+                col,
+                "a function or method call is a condition, not a value; \
+                 combine conditions with 'and' or 'or'",
+            )),
         }
-        let compares = ops
-            .iter()
-            .zip(operands.windows(2))
-            .map(|(op, pair)| Node::Compare {
-                lhs: pair[0].clone(),
-                op: *op,
-                rhs: pair[1].clone(),
-            })
-            .collect();
-        Ok(one_or(compares, Node::And))
     }
 
     /// Consumes a comparison operator (`not in` is two tokens), if one comes.
@@ -297,8 +311,9 @@ impl<'s> Parser<'s> {
         Ok(Some(op))
     }
 
-    /// The error for an operand that is not followed by a comparison operator.
-    fn bare_operand(&self, operand: &Operand, first: &Token) -> QueryError {
+    /// The error for an operand (begun at column `col`, byte `start`) that is
+    /// not followed by a comparison operator.
+    fn bare_operand(&self, operand: &Operand, col: usize, start: usize) -> QueryError {
         let ends_condition = matches!(self.cur.tok, Tok::End | Tok::RParen)
             || self.is_word("and")
             || self.is_word("or");
@@ -307,7 +322,7 @@ impl<'s> Parser<'s> {
         }
         let message = match operand {
             Operand::Path(_) => {
-                let text = shorten(self.src()[first.start..self.last_end()].trim_end());
+                let text = shorten(self.src()[start..self.last_end()].trim_end());
                 format!(
                     "'{text}' alone is not a condition: write exists({text}) to test whether \
                      it is present, or {text} == true to test a boolean field"
@@ -317,7 +332,7 @@ impl<'s> Parser<'s> {
                                     ==, !=, <, <=, >, >=, in or not in"
                 .to_owned(),
         };
-        self.error(first.col, message)
+        self.error(col, message)
     }
 
     /// Byte offset where the previous token ended (start of the current token, less
@@ -588,14 +603,6 @@ impl Delimiters {
 /// `-n` for an integer literal `n`, when it fits in i64.
 fn negated(n: u64) -> Option<i64> {
     (n <= 1 << 63).then(|| (-i128::from(n)) as i64)
-}
-
-/// The only node of `nodes`, or `combine(nodes)` when there are several.
-fn one_or(nodes: Vec<Node>, combine: fn(Vec<Node>) -> Node) -> Node {
-    match <[Node; 1]>::try_from(nodes) {
-        Ok([node]) => node,
-        Err(nodes) => combine(nodes),
-    }
 }
 
 #[cfg(test)]
