@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import zipfile
 from collections.abc import Callable, Iterable, Iterator, KeysView, Mapping
 from typing import TYPE_CHECKING, Any, overload
 
@@ -51,9 +50,6 @@ __all__ = [
 #: The first bytes of every ``.lvz`` file (a zip local file header).
 ZIP_MAGIC = b"PK\x03\x04"
 
-#: The member that makes a zip a lazyvault archive.
-MANIFEST_NAME = "lazyvault/manifest.json"
-
 #: The key of the one record of a :func:`dumps` archive.
 DUMPS_KEY = "obj"
 
@@ -73,13 +69,12 @@ def is_archive_file(path: str | os.PathLike[str]) -> bool:
 def is_archive(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is a zip holding a lazyvault archive manifest (an
     ``.lvz`` archive rather than, say, an ``.npz``). Reads only the zip's
-    central directory."""
+    central directory (the core's ``detect_format``)."""
     if not is_archive_file(path):
         return False
     try:
-        with zipfile.ZipFile(path) as zf:
-            return MANIFEST_NAME in zf.namelist()
-    except (zipfile.BadZipFile, OSError, ValueError):
+        return _lazyvault.detect_format(path) == "lvz"
+    except (LazyvaultError, OSError):
         return False
 
 

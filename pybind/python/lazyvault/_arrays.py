@@ -27,7 +27,8 @@ def dtype_from_descr(descr: str) -> np.dtype:
     """The dtype that a ``.npy`` descr text describes (no payload needed).
     Raises :class:`CorruptError` for text that describes no dtype."""
     try:
-        return np.lib.format.descr_to_dtype(_lazyvault.parse_descr(descr))
+        value: Any = _lazyvault.parse_descr(descr)  # numpy's stubs omit str and titles
+        return np.lib.format.descr_to_dtype(value)
     except (ValueError, TypeError) as e:
         raise CorruptError(f"bad dtype description {descr!r}: {e}") from None
 
