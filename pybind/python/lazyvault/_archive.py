@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, overload
 import numpy as np
 
 from . import _arrays, _display, _frame, _layout, _lazyvault
-from ._source import refuse_pickled_array
+from ._source import entry_args, refuse_pickled_array
 from .errors import (
     ClosedError,
     CorruptError,
@@ -90,27 +90,16 @@ class ArchiveSource:
     def get_pickle(self, key: str) -> bytes | None:
         return self.core.get_pickle(key)
 
-    @staticmethod
-    def _args(entry: dict[str, Any]) -> tuple[str, str, list[int], bool, int, int]:
-        return (
-            entry["id"],
-            entry["descr"],
-            entry["shape"],
-            entry["fortran_order"],
-            entry["nbytes"],
-            entry["data_offset"],
-        )
-
     def read_array_bytes(self, key: str, name: str, entry: dict[str, Any]) -> bytes:
         """The raw data bytes of an array (for an ``object`` array: its
         pickle, not unpickled), checked against the record."""
         try:
-            return self.core.read_array_bytes(*self._args(entry), bool(entry.get("pickled")))
+            return self.core.read_array_bytes(*entry_args(entry), bool(entry.get("pickled")))
         except CorruptError as e:
             raise CorruptError(f"record {key!r} array {name!r}: {e}") from e
 
     def map_array(self, key: str, name: str, entry: dict[str, Any]) -> np.ndarray:
-        args = self._args(entry)
+        args = entry_args(entry)
         try:
             if entry.get("pickled"):
                 if not self.allow_pickle:

@@ -23,6 +23,7 @@ import numpy as np
 
 from . import _arrays, _lazyvault
 from ._progress import ProgressArg, Report, progress_callback
+from ._source import entry_args
 from .errors import (
     InteropError,
     InvalidFileError,
@@ -286,15 +287,7 @@ def _raw_pickled_array(rec: Record, name: str, entry: dict[str, Any]) -> bytes |
         return raw(rec.key, name, entry)
     root = getattr(source, "root", None)
     if root is not None and "id" in entry:
-        return _lazyvault.read_array_bytes(
-            root,
-            entry["id"],
-            entry["descr"],
-            entry["shape"],
-            entry["fortran_order"],
-            entry["nbytes"],
-            entry["data_offset"],
-        )
+        return _lazyvault.read_array_bytes(root, *entry_args(entry))
     return None
 
 
