@@ -40,6 +40,8 @@ IMPORTS_IN_FUNCTIONS = {
     ("_interop", "_archive"): "until the _interop rewrite lands",
     ("_interop", "store"): "until the _interop rewrite lands",
     ("store", "_interop"): "until the _interop rewrite lands",
+    ("_export", "_archive"): "until _export moves to the layered API, as _interop",
+    ("store", "_export"): "until _export moves to the layered API, as _interop",
 }
 
 #: Private names of other modules a module still uses:
@@ -50,6 +52,8 @@ PRIVATE_REACH_INS = {
     ("_interop", "_remainder"): "until the _interop rewrite lands (record.remainder_of)",
     ("_interop", "_source"): "until the _interop rewrite lands (record.source_of)",
     ("_interop", "_core"): "until the _interop rewrite lands",
+    ("_export", "_core"): "until _export moves to the layered API, as _interop",
+    ("_export", "_record"): "until _export moves to the layered API, as _interop",
 }
 
 

@@ -186,7 +186,6 @@ def test_property_any_array_round_trips(store: lv.Store, data: st.DataObject) ->
 # descr texts that appear in the tests, beyond those of DTYPES
 DESCR_TEXTS = [
     "'<i8'",
-    "'<h2'",
     "'|O'",
     "'<f8'",
     "'>i2'",
@@ -225,7 +224,8 @@ def test_property_descr_parser_agrees_with_literal_eval(dtype: np.dtype) -> None
 
 
 @pytest.mark.parametrize(
-    "text", ["", "'<f8", "3", "('<f8', 3)", "[('x',)]", "[('x', '<i4', (-1,))]", "'<q3'", "{}"]
+    "text",
+    ["", "'<f8", "3", "('<f8', 3)", "[('x',)]", "[('x', '<i4', (-1,))]", "'<q3'", "'<h2'", "{}"],
 )
 def test_bad_descr_is_corrupt(text: str) -> None:
     from lazyvault import _arrays
