@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 import lazyvault as lv
-from lazyvault import _export, _interop
+from lazyvault import _export, _interop, _lazyvault
 from lazyvault._interop import InvalidFileError, UnknownFormatError
 
 from conftest import payload_files
@@ -293,9 +293,8 @@ def test_npy_import_maps_without_reading(store: lv.Store, tmp_path: Path) -> Non
     # header is read by the core's parser.
     path = tmp_path / "big.npy"
     np.save(path, np.arange(1000.0))
-    with open(path, "rb") as f:
-        header = _interop.read_npy_header(f, str(path))
-    assert header.length == 128 and header.shape == (1000,)
+    _, _, _, shape, data_offset = _lazyvault.parse_npy_header(path.read_bytes(), str(path))
+    assert data_offset == 128 and shape == [1000]
     store.import_file(path)
     assert_same_array(store["big"].data, np.arange(1000.0))
 
@@ -451,9 +450,8 @@ def test_npz_export_is_stored_and_64_byte_aligned(store: lv.Store, tmp_path: Pat
                 continue
             assert starts[info.filename] % 64 == 0, info.filename
             # and so is the array data: numpy pads its header to 64
-            with zf.open(info) as member:
-                header = _interop.read_npy_header(member, info.filename)
-            assert (starts[info.filename] + header.length) % 64 == 0
+            header = _lazyvault.parse_npy_header(zf.read(info), info.filename)
+            assert (starts[info.filename] + header[4]) % 64 == 0
     assert zipfile.ZipFile(path).testzip() is None
 
 
@@ -859,10 +857,10 @@ def test_safetensors_header_checked_before_allocation(tmp_path: Path) -> None:
     # file is that long (sparse)
     path = tmp_path / "big.safetensors"
     with open(path, "wb") as f:
-        f.write(struct.pack("<Q", _interop.SAFETENSORS_MAX_HEADER + 1) + b"{")
-        f.truncate(_interop.SAFETENSORS_MAX_HEADER + 100)
+        f.write(struct.pack("<Q", _lazyvault.SAFETENSORS_MAX_HEADER + 1) + b"{")
+        f.truncate(_lazyvault.SAFETENSORS_MAX_HEADER + 100)
     with pytest.raises(InvalidFileError, match="exceeds 100000000"):
-        _interop.read_safetensors_header(str(path))
+        _lazyvault.read_safetensors_header(str(path))
 
 
 def test_safetensors_zero_tensors_and_empty_tensor(store: lv.Store, tmp_path: Path) -> None:

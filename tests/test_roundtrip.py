@@ -3,6 +3,7 @@ the object splitting of FORMAT.md, "Layout" (arrays anywhere become payloads).""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import math
 from fractions import Fraction
@@ -178,6 +179,59 @@ def test_property_any_array_round_trips(store: lv.Store, data: st.DataObject) ->
         arr = np.asfortranarray(arr)
     store["p"] = {"a": arr}
     assert_same_array(store["p"].a, arr)
+
+
+# -- descr text: the core's parser agrees with ast.literal_eval ------------------------
+
+# descr texts that appear in the tests, beyond those of DTYPES
+DESCR_TEXTS = [
+    "'<i8'",
+    "'|O'",
+    "'<f8'",
+    "'>i2'",
+    " '<f8' ",
+    '"<f8"',
+    "[]",
+    "[('x', '<i4', 3)]",
+    "[('x', '<i4', ())]",
+    "[(('a title', 'x'), '<i4'), (('t', 'y'), '|S5', (2,))]",
+    "[('x', '<i4'), ('', '|V4'), ('y', '<f8')]",
+    "[('s', [('a', '<M8[ns]'), ('b', '|S5')], (3,)), ('u', '<U3')]",
+    "[ (\"x\",\"<i4\") , ((u'T', 'y'), '>f8', (2,3,),), ('z', [('a', '|b1', 4)]) ,]",
+]
+
+
+def _assert_parsers_agree(text: str) -> None:
+    from lazyvault import _arrays, _lazyvault
+
+    want = ast.literal_eval(text)
+    got = _lazyvault.parse_descr(text)
+    assert got == want and type(got) is type(want), text
+    assert _arrays.dtype_from_descr(text) == np.lib.format.descr_to_dtype(want)
+
+
+@pytest.mark.parametrize(
+    "text", DESCR_TEXTS + [repr(np.lib.format.dtype_to_descr(np.dtype(d))) for d in DTYPES]
+)
+def test_descr_parser_agrees_with_literal_eval(text: str) -> None:
+    _assert_parsers_agree(text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(dtype=hnp.nested_dtypes(subtype_strategy=_dtypes()))
+def test_property_descr_parser_agrees_with_literal_eval(dtype: np.dtype) -> None:
+    _assert_parsers_agree(repr(np.lib.format.dtype_to_descr(dtype)))
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "'<f8", "3", "('<f8', 3)", "[('x',)]", "[('x', '<i4', (-1,))]", "'<q3'", "'<h2'", "{}"],
+)
+def test_bad_descr_is_corrupt(text: str) -> None:
+    from lazyvault import _arrays
+
+    with pytest.raises(lv.CorruptError):
+        _arrays.dtype_from_descr(text)
 
 
 # -- splitting objects ----------------------------------------------------------------

@@ -15,7 +15,7 @@ use lazyvault_store::MappedPayload;
 use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 
 use crate::convert;
 use crate::errors::IntoPy;
@@ -160,4 +160,46 @@ pub fn npy_header<'py>(
     let header = lazyvault_store::npy::write_header(descr, fortran_order, &shape)
         .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
     Ok(PyBytes::new(py, &header))
+}
+
+/// The value of `.npy` descr text (`lazyvault_store::npy::parse_descr`), as
+/// `ast.literal_eval` would make it and `numpy.lib.format.descr_to_dtype`
+/// takes it: a type string, or a list of `(name, descr)` or
+/// `(name, descr, shape)` tuples, a name a string or a `(title, name)`
+/// tuple, a shape an int or a tuple of ints. Raises `ValueError` for text
+/// that is not a descr.
+#[pyfunction]
+pub fn parse_descr<'py>(py: Python<'py>, descr: &str) -> PyResult<Bound<'py, PyAny>> {
+    let value = lazyvault_store::npy::parse_descr(descr)
+        .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+    descr_object(py, &value)
+}
+
+/// The Python object of a parsed descr (see [`parse_descr`]).
+fn descr_object<'py>(
+    py: Python<'py>,
+    descr: &lazyvault_store::npy::Descr,
+) -> PyResult<Bound<'py, PyAny>> {
+    use lazyvault_store::npy::{Descr, SubarrayShape};
+    let fields = match descr {
+        Descr::Type(s) => return Ok(PyString::new(py, s).into_any()),
+        Descr::Fields(fields) => fields,
+    };
+    let list = PyList::empty(py);
+    for field in fields {
+        let name = match &field.title {
+            Some(title) => (title, &field.name).into_pyobject(py)?.into_any(),
+            None => PyString::new(py, &field.name).into_any(),
+        };
+        let mut items = vec![name, descr_object(py, &field.descr)?];
+        match &field.shape {
+            None => {}
+            Some(SubarrayShape::Int(n)) => items.push(n.into_pyobject(py)?.into_any()),
+            Some(SubarrayShape::Tuple(dims)) => {
+                items.push(PyTuple::new(py, dims)?.into_any());
+            }
+        }
+        list.append(PyTuple::new(py, items)?)?;
+    }
+    Ok(list.into_any())
 }

@@ -23,6 +23,7 @@ fn _lazyvault(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(array::map_array, m)?)?;
     m.add_function(wrap_pyfunction!(array::read_array_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(array::npy_header, m)?)?;
+    m.add_function(wrap_pyfunction!(array::parse_descr, m)?)?;
     m.add_function(wrap_pyfunction!(store::check_query, m)?)?;
     m.add_function(wrap_pyfunction!(interop::import_file, m)?)?;
     m.add_function(wrap_pyfunction!(interop::detect_format, m)?)?;

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import json
 import os
-import zipfile
 from collections.abc import Callable, Iterable, Iterator, KeysView, Mapping
 from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
 from . import _arrays, _display, _frame, _layout, _lazyvault
-from ._source import refuse_pickled_array
+from ._source import entry_args, refuse_pickled_array
 from .errors import (
     ClosedError,
     CorruptError,
@@ -51,9 +50,6 @@ __all__ = [
 #: The first bytes of every ``.lvz`` file (a zip local file header).
 ZIP_MAGIC = b"PK\x03\x04"
 
-#: The member that makes a zip a lazyvault archive.
-MANIFEST_NAME = "lazyvault/manifest.json"
-
 #: The key of the one record of a :func:`dumps` archive.
 DUMPS_KEY = "obj"
 
@@ -73,13 +69,12 @@ def is_archive_file(path: str | os.PathLike[str]) -> bool:
 def is_archive(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is a zip holding a lazyvault archive manifest (an
     ``.lvz`` archive rather than, say, an ``.npz``). Reads only the zip's
-    central directory."""
+    central directory (the core's ``detect_format``)."""
     if not is_archive_file(path):
         return False
     try:
-        with zipfile.ZipFile(path) as zf:
-            return MANIFEST_NAME in zf.namelist()
-    except (zipfile.BadZipFile, OSError, ValueError):
+        return _lazyvault.detect_format(path) == "lvz"
+    except (LazyvaultError, OSError):
         return False
 
 
@@ -95,27 +90,16 @@ class ArchiveSource:
     def get_pickle(self, key: str) -> bytes | None:
         return self.core.get_pickle(key)
 
-    @staticmethod
-    def _args(entry: dict[str, Any]) -> tuple[str, str, list[int], bool, int, int]:
-        return (
-            entry["id"],
-            entry["descr"],
-            entry["shape"],
-            entry["fortran_order"],
-            entry["nbytes"],
-            entry["data_offset"],
-        )
-
     def read_array_bytes(self, key: str, name: str, entry: dict[str, Any]) -> bytes:
         """The raw data bytes of an array (for an ``object`` array: its
         pickle, not unpickled), checked against the record."""
         try:
-            return self.core.read_array_bytes(*self._args(entry), bool(entry.get("pickled")))
+            return self.core.read_array_bytes(*entry_args(entry), bool(entry.get("pickled")))
         except CorruptError as e:
             raise CorruptError(f"record {key!r} array {name!r}: {e}") from e
 
     def map_array(self, key: str, name: str, entry: dict[str, Any]) -> np.ndarray:
-        args = self._args(entry)
+        args = entry_args(entry)
         try:
             if entry.get("pickled"):
                 if not self.allow_pickle:

@@ -3,7 +3,6 @@ how an ndarray is laid out for the Rust core."""
 
 from __future__ import annotations
 
-import ast
 import functools
 import math
 import pickle
@@ -11,6 +10,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from . import _lazyvault
 from .errors import CorruptError, InvalidArrayError
 
 # What numpy's own writer uses for object arrays (numpy/lib/format.py).
@@ -27,8 +27,9 @@ def dtype_from_descr(descr: str) -> np.dtype:
     """The dtype that a ``.npy`` descr text describes (no payload needed).
     Raises :class:`CorruptError` for text that describes no dtype."""
     try:
-        return np.lib.format.descr_to_dtype(ast.literal_eval(descr))
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as e:
+        value: Any = _lazyvault.parse_descr(descr)  # numpy's stubs omit str and titles
+        return np.lib.format.descr_to_dtype(value)
+    except (ValueError, TypeError) as e:
         raise CorruptError(f"bad dtype description {descr!r}: {e}") from None
 
 

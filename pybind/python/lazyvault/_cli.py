@@ -1,15 +1,9 @@
 """The ``lazyvault`` command line (also ``python -m lazyvault``).
 
-Subcommands: ``demo`` (ingest real camera frames, query them, print figures),
-``ls`` (keys, optionally those matching a query), ``find`` (matching records
-with a compact metadata line), ``show`` (one record's metadata and array
-descriptions), ``stats`` (records, arrays, bytes per dtype), ``export`` and
-``import`` (``.lvz``, ``.npz``, ``.safetensors``, ``.npy`` files),
-``verify`` (integrity report), ``gc`` (remove orphan files) and ``repair``
-(rebuild the index). ``ls``, ``find``, ``show``, ``stats``, ``export`` and
-``verify`` open the store read-only; ``ls``, ``find``, ``show`` and
-``stats`` read the index only, never a payload. Every command that prints
-data takes ``--json``.
+Subcommands and examples: ``lazyvault --help`` (``_EPILOG`` below).
+``ls``, ``find``, ``show``, ``stats``, ``export`` and ``verify`` open the
+store read-only; ``ls``, ``find``, ``show`` and ``stats`` read the index
+only, never a payload. Every command that prints data takes ``--json``.
 
 Exit codes: 0 success; 1 a lazyvault error or an OS error (message on stderr as
 ``lazyvault: <message>``, no traceback) or problems found by ``verify``;

@@ -1,101 +1,29 @@
 """Interop with the array files users already have: ``store.import_file``
-and, for what each format carries, ``store.export`` (``_export``).
+(``.npy``, ``.npz``, ``.safetensors``, ``.lvz``; ``store.export`` is in
+``_export``).
 
-Formats, and where their byte layouts are specified:
-
-- ``.npy``: NEP 1 / the docstring of ``numpy/lib/format.py``. Versions 1.0
-  (2-byte header length, latin-1), 2.0 (4-byte length, latin-1) and 3.0
-  (4-byte length, utf-8), nothing else; headers of the Python 2 era
-  (``(2L,)`` shapes) are read too. The header text is at most
-  ``max_header_size`` bytes (numpy's knob and default, 10,000).
-- ``.npz``: a zip of ``.npy`` members (``np.savez``), stored or deflated.
-  The zip's declared size of each member is checked against the size its
-  ``.npy`` header implies and, for a deflated member, against
-  :data:`DEFAULT_MAX_DEFLATE_RATIO` (or ``max_ratio=``) times its
-  compressed size; inflating stops as soon as a member goes past its
-  declared size (decompression bombs), and every member's CRC-32 is
-  checked.
-- ``.safetensors``: 8-byte little-endian header length ``N``, ``N`` bytes of
-  JSON (``{name: {"dtype", "shape", "data_offsets"}, "__metadata__":
-  {str: str}}``), then the data section; every tensor little-endian, C
-  order, at ``data_offsets`` relative to the data section. The header is
-  checked whole (length against the file and a 100 MB cap, as the reference
-  reader does, before anything is allocated from it; every tensor's offsets
-  in range, non-overlapping, of the size its shape and dtype imply) before
-  the file is mapped.
-- ``.lvz``: lazyvault's own archive (``_archive``); records are copied at
-  record level (metadata, layout, arrays, pickled remainder as bytes), so
-  importing never unpickles.
-
-Import detects the format from the content (magic bytes), not the name.
-The Rust core reads every format (``lazyvault_store::interop``): the file
-is opened once and checked whole (headers, zip directory, declared sizes,
-manifest) before anything is written; then each array is streamed from
-that one open file into its payload file (copied, or inflated), through a
-buffer of a few MiB whatever its size, and the records are committed
-together. So memory stays bounded, any number of members needs one file
-descriptor, free space is checked first, and a rejected file leaves the
-store as it was (no record, no payload file, no temporary file). This
-module keeps the glue: directories, keys, progress bars.
-
-What each format carries back
------------------------------
-
-``.npy`` becomes one record ``{"data": array}``. A foreign ``.npz`` becomes
-one record ``{member name without ".npy": array}``. A ``.safetensors`` file
-becomes one record ``{tensor name: array}`` whose metadata also holds
-``"__metadata__"`` (the file's string map) and, when the file has tensors of
-kinds numpy lacks, ``"safetensors_dtypes"`` (see below).
-
-Our ``.npz`` export (``_export.export``, uncompressed, members 64-byte aligned):
-
-- one member per array, named ``<key>/<array path>.npy`` after
-  sanitising (``_export.member_name``): the text is split on ``/``; an empty
-  segment becomes ``_``, ``.`` becomes ``_`` and ``..`` becomes ``__``;
-  backslashes, ``:`` and control characters become ``_``. So no member name
-  is absolute, has a drive letter or a ``..`` segment, whatever the key.
-  Names that collide after sanitising get ``~2``, ``~3``... on the last
-  segment.
-- one member ``__lazyvault__.json`` (not a ``.npy``; ``np.load`` lists it
-  and returns its bytes, and ignores it otherwise) mapping every record key
-  to its metadata, its layout (when the record needs no pickled remainder,
-  which npz cannot carry) and ``{array path: member name}``: the exact
-  inverse of the sanitising. Importing such a file brings every record back
-  under its own key.
-
-Our ``.safetensors`` export: tensor names are the array paths for a single
-record, ``<key>/<array path>`` for several. ``__metadata__`` (a
-string-to-string map by the format) holds, for a single record, its
-metadata fields (strings as they are, anything else JSON-encoded) merged
-with the ``"__metadata__"`` map it was imported with; for several records,
-``{key: JSON of the record's metadata}``. A ``"lazyvault"`` entry, JSON
-``{"version": 1, "json": [keys JSON-encoded by us], "fields": [keys that
-were top-level metadata fields]}``, lets import decode exactly what we
-encoded; it is written only when needed, so a foreign file exported back
-keeps its ``__metadata__`` unchanged.
-
-Raw-bit dtypes: safetensors' ``BF16`` and ``F8_*`` kinds have no numpy
-dtype. They are kept as raw bits (``uint16`` for BF16, ``uint8`` for F8),
-never converted to another float, with the original tag in the record's
-metadata: ``"safetensors_dtypes": {tensor name: "BF16"}``; export writes
-that tag back.
+The Rust core detects, checks and reads every format except ``.lvz``
+(``lazyvault_store::interop``, whose module docs specify the byte formats
+and what each becomes; README.md, "Sharing records", for users). This module
+keeps the glue: directories, keys, progress, object-array pickles, and
+record-level copies out of ``.lvz`` archives.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import pickle
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import _arrays, _lazyvault
 from ._progress import ProgressArg, Report, progress_callback
+from ._source import entry_args
 from .errors import (
     InteropError,
     InvalidFileError,
@@ -123,8 +51,6 @@ __all__ = [
 #: Largest ``.npy`` header text read unless ``max_header_size=`` says
 #: otherwise (numpy's own default and meaning).
 NPY_MAX_HEADER_SIZE: int = _lazyvault.NPY_MAX_HEADER_SIZE
-#: Largest safetensors header, as the reference reader (100 MB).
-SAFETENSORS_MAX_HEADER: int = _lazyvault.SAFETENSORS_MAX_HEADER
 #: Largest uncompressed-to-compressed size ratio a deflated ``.npz`` member
 #: may declare unless ``max_ratio=`` says otherwise: deflate cannot expand
 #: more than about 1032:1, so a member declaring more is lying.
@@ -133,7 +59,6 @@ DEFAULT_MAX_DEFLATE_RATIO: int = _lazyvault.DEFAULT_MAX_DEFLATE_RATIO
 # Python 2 pickles of object arrays need it (numpy's advice for np.load);
 # Python 3 pickles ignore it.
 _PICKLE_ENCODING = "latin1"
-_NPY_MAGIC = b"\x93NUMPY"
 
 
 # -- detection ----------------------------------------------------------------
@@ -317,60 +242,6 @@ def _import_directory(store: Store, root: str, progress: ProgressArg, limits: _L
     return written
 
 
-# Reading headers (inspection; import reads them in the core) -----------------
-
-
-@dataclass(frozen=True)
-class NpyHeader:
-    """A parsed ``.npy`` header; ``length`` is where the data start."""
-
-    version: tuple[int, int]
-    shape: tuple[int, ...]
-    fortran_order: bool
-    dtype: np.dtype
-    length: int
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * self.dtype.itemsize
-
-    @property
-    def order(self) -> str:
-        return "F" if self.fortran_order else "C"
-
-
-def read_npy_header(fp: IO[bytes], what: str, max_header_size: int | None = None) -> NpyHeader:
-    """Reads and checks the header of the ``.npy`` stream ``fp`` (positioned
-    at its magic) with the core's parser; ``fp`` is left at the data.
-    Raises :class:`InvalidFileError` naming ``what``."""
-    limit = NPY_MAX_HEADER_SIZE if max_header_size is None else max_header_size
-    prefix = fp.read(8)
-    if len(prefix) == 8 and prefix.startswith(_NPY_MAGIC):
-        prefix += fp.read(2 if prefix[6] == 1 else 4)
-    if len(prefix) in (10, 12):
-        declared = int.from_bytes(prefix[8:], "little")
-        prefix += fp.read(min(declared, limit))
-    version, descr, fortran, shape, length = _lazyvault.parse_npy_header(prefix, what, limit)
-    return NpyHeader(
-        (int(version[0]), int(version[1])),
-        tuple(int(n) for n in shape),
-        bool(fortran),
-        _arrays.dtype_from_descr(descr),
-        int(length),
-    )
-
-
-def read_safetensors_header(
-    path: str | os.PathLike[str],
-) -> tuple[dict[str, str] | None, list[dict[str, Any]], int]:
-    """``(__metadata__ or None, tensors, data section offset)`` of a
-    safetensors file, every entry checked by the core (each tensor a dict
-    with ``name``, ``dtype`` (the tag), ``shape`` and ``data_offsets``);
-    reads the header only. Raises :class:`InvalidFileError`."""
-    metadata, tensors, data_start = _lazyvault.read_safetensors_header(os.fspath(path))
-    return metadata, list(tensors), int(data_start)
-
-
 # .lvz and record-level copies --------------------------------------------------
 
 
@@ -416,15 +287,7 @@ def _raw_pickled_array(rec: Record, name: str, entry: dict[str, Any]) -> bytes |
         return raw(rec.key, name, entry)
     root = getattr(source, "root", None)
     if root is not None and "id" in entry:
-        return _lazyvault.read_array_bytes(
-            root,
-            entry["id"],
-            entry["descr"],
-            entry["shape"],
-            entry["fortran_order"],
-            entry["nbytes"],
-            entry["data_offset"],
-        )
+        return _lazyvault.read_array_bytes(root, *entry_args(entry))
     return None
 
 

@@ -278,6 +278,12 @@ def npy_header(descr: str, fortran_order: bool, shape: Sequence[int]) -> bytes:
     descrs; NEP 1). ``ValueError`` for a bad descr or a header over 10,000
     bytes."""
 
+def parse_descr(descr: str) -> str | list[tuple[Any, ...]]:
+    """The value of ``.npy`` descr text, as ``ast.literal_eval`` makes it
+    and ``np.lib.format.descr_to_dtype`` takes it: a type string, or a list
+    of ``(name, descr[, shape])`` tuples (name a string or ``(title, name)``,
+    shape an int or a tuple of ints). ``ValueError`` for a bad descr."""
+
 def detect_format(path: str | PathLike[str]) -> str:
     """``"npy"``, ``"npz"``, ``"safetensors"`` or ``"lvz"`` from the file's
     content. ``UnknownFormatError``, ``InvalidFileError``, ``StorageError``."""

@@ -10,7 +10,7 @@ carried in memory (records unpickled by value).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -30,6 +30,13 @@ class Source(Protocol):
     def get_pickle(self, key: str) -> bytes | None:
         """The pickled remainder of ``key``, if any."""
         ...
+
+
+def entry_args(entry: dict[str, Any]) -> tuple[str, str, list[int], bool, int, int]:
+    """``(id, descr, shape, fortran_order, nbytes, data_offset)`` of an array
+    entry: the arguments of the core's payload readers."""
+    keys = ("id", "descr", "shape", "fortran_order", "nbytes", "data_offset")
+    return cast(tuple[str, str, list[int], bool, int, int], tuple(entry[k] for k in keys))
 
 
 def refuse_pickled_array(key: str, name: str) -> PickleNotAllowedError:
@@ -58,15 +65,7 @@ class DirectorySource:
         return self._get_pickle(key)
 
     def map_array(self, key: str, name: str, entry: dict[str, Any]) -> np.ndarray:
-        args = (
-            self.root,
-            entry["id"],
-            entry["descr"],
-            entry["shape"],
-            entry["fortran_order"],
-            entry["nbytes"],
-            entry["data_offset"],
-        )
+        args = (self.root, *entry_args(entry))
         try:
             if entry.get("pickled"):
                 if not self.allow_pickle:

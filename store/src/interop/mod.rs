@@ -1,5 +1,11 @@
 //! Importing the array files users already have: `.npy`, `.npz` and
-//! `.safetensors` (`.lvz` archives go through [`crate::archive`]).
+//! `.safetensors` (`.lvz` archives go through [`crate::archive`]: the
+//! Python layer copies their records at record level, metadata, layout,
+//! arrays and pickled remainder as bytes, so importing never unpickles).
+//! The format is detected from the content ([`detect_format`]), not the
+//! name. Each format's byte layout and checks are in its module: [`npy`],
+//! [`npz`] (with [`zip`]), [`safetensors`]; what export writes is in
+//! [`export`].
 //!
 //! Every import runs in two phases:
 //!
@@ -31,7 +37,7 @@
 //! raw-bit tensors (BF16, F8), `"safetensors_dtypes"`.
 
 use std::fs::File;
-use std::io::Read;
+use std::io::{BufReader, Read};
 use std::path::Path;
 
 use indexmap::IndexMap;
@@ -110,7 +116,7 @@ pub fn detect_format(path: &Path) -> Result<Format> {
     }
     if head.len() >= 4 && ZIP_MAGICS.iter().any(|m| head[..4] == m[..]) {
         let lvz = head[..4] == ZIP_MAGICS[0][..]
-            && zip::has_member(file, crate::archive::MANIFEST_MEMBER);
+            && zip::has_member(BufReader::new(file), crate::archive::MANIFEST_MEMBER);
         return Ok(if lvz { Format::Lvz } else { Format::Npz });
     }
     if head.len() == 9 && head[8] == b'{' {

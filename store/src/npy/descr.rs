@@ -35,7 +35,62 @@ pub fn descr_itemsize(descr: &str) -> Option<u64> {
 /// `descr` of the byte that does not parse, or 0 when it parses but is not a
 /// descr.
 pub(super) fn canonical_descr(descr: &str) -> Result<String, NpyError> {
-    let lit = parse_descr_literal(descr).map_err(|e| match e {
+    let lit = parse_descr_text(descr)?;
+    checked_render(&lit).map_err(|reason| NpyError::BadDescr { offset: 0, reason })
+}
+
+/// The value of a descr: what `ast.literal_eval` makes of the text, in the
+/// shape `numpy.lib.format.descr_to_dtype` takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Descr {
+    /// A type string such as `<f8`, `|S5` or `<M8[ns]` (its kind is not
+    /// checked: see [`descr_itemsize`]).
+    Type(String),
+    /// The fields of a structured dtype, in order.
+    Fields(Vec<DescrField>),
+}
+
+/// One field of a structured [`Descr`]: `(name, descr)`,
+/// `((title, name), descr)` or either with a third element, the shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DescrField {
+    /// The field's title, when the name is a `(title, name)` pair.
+    pub title: Option<String>,
+    /// The field's name (empty for numpy's padding fields).
+    pub name: String,
+    /// The dtype of the field.
+    pub descr: Descr,
+    /// The subarray shape, when the field is a subarray.
+    pub shape: Option<SubarrayShape>,
+}
+
+/// The subarray shape of a [`DescrField`], as written: an integer, or a
+/// tuple of integers (all non-negative, their product fits a u64).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubarrayShape {
+    /// A bare integer `n`, the same as the tuple `(n,)`.
+    Int(u64),
+    /// A tuple of dimensions (possibly empty).
+    Tuple(Vec<u64>),
+}
+
+/// Parses descr text (a Python literal such as `'<f8'` or
+/// `[('x', '<i4'), ('y', '>f8', (2, 3))]`, surrounding whitespace allowed)
+/// into its value. The type strings themselves are not checked.
+///
+/// Errors are [`NpyError::BadDescr`], with the offset in `descr` of the
+/// byte that does not parse, or 0 when the text parses but is not a descr
+/// (see "descr" in schema/FORMAT.md).
+pub fn parse_descr(descr: &str) -> Result<Descr, NpyError> {
+    let lit = parse_descr_text(descr)?;
+    check_descr(&lit).map_err(|reason| NpyError::BadDescr { offset: 0, reason })?;
+    Ok(descr_value(&lit))
+}
+
+/// Parses descr text into a literal tree, a parse error as
+/// [`NpyError::BadDescr`].
+fn parse_descr_text(descr: &str) -> Result<Lit, NpyError> {
+    parse_descr_literal(descr).map_err(|e| match e {
         NpyError::Malformed { offset, reason } => NpyError::BadDescr {
             offset,
             reason: format!(
@@ -44,8 +99,52 @@ pub(super) fn canonical_descr(descr: &str) -> Result<String, NpyError> {
             ),
         },
         other => other,
-    })?;
-    checked_render(&lit).map_err(|reason| NpyError::BadDescr { offset: 0, reason })
+    })
+}
+
+/// The value of a literal that [`check_descr`] accepted.
+fn descr_value(lit: &Lit) -> Descr {
+    fn dim(lit: &Lit) -> u64 {
+        match lit {
+            Lit::Int {
+                magnitude: Some(m), ..
+            } => *m,
+            _ => 0,
+        }
+    }
+    match lit {
+        Lit::List(fields) => Descr::Fields(
+            fields
+                .iter()
+                .filter_map(|field| {
+                    let Lit::Tuple(items) = field else {
+                        return None;
+                    };
+                    let (title, name) = match items.first()? {
+                        Lit::Tuple(pair) => match pair.as_slice() {
+                            [Lit::Str(t), Lit::Str(n)] => (Some(t.clone()), n.clone()),
+                            _ => return None,
+                        },
+                        Lit::Str(n) => (None, n.clone()),
+                        _ => return None,
+                    };
+                    let shape = items.get(2).map(|shape| match shape {
+                        Lit::Tuple(dims) => SubarrayShape::Tuple(dims.iter().map(dim).collect()),
+                        other => SubarrayShape::Int(dim(other)),
+                    });
+                    Some(DescrField {
+                        title,
+                        name,
+                        descr: descr_value(items.get(1)?),
+                        shape,
+                    })
+                })
+                .collect(),
+        ),
+        Lit::Str(s) => Descr::Type(s.clone()),
+        // Not a descr: check_descr refuses it.
+        _ => Descr::Fields(Vec::new()),
+    }
 }
 
 /// Validates a parsed descr and renders it canonically (as `repr()` does);
@@ -318,6 +417,50 @@ mod tests {
             ("[('x',)]", None),
             ("[('x', '<i4'),", None),
         ]);
+    }
+
+    #[test]
+    fn descr_values() {
+        let field = |title: Option<&str>, name: &str, descr, shape| DescrField {
+            title: title.map(str::to_owned),
+            name: name.to_owned(),
+            descr,
+            shape,
+        };
+        let t = |s: &str| Descr::Type(s.to_owned());
+        assert_eq!(parse_descr(" '<f8' ").unwrap(), t("<f8"));
+        assert_eq!(parse_descr("'<q3'").unwrap(), t("<q3"));
+        assert_eq!(parse_descr("[]").unwrap(), Descr::Fields(vec![]));
+        assert_eq!(
+            parse_descr("[(('T', 'x'), '<i4', 3), ('', '|V4'), ('s', [('a', '|b1')], (2, 0))]")
+                .unwrap(),
+            Descr::Fields(vec![
+                field(Some("T"), "x", t("<i4"), Some(SubarrayShape::Int(3))),
+                field(None, "", t("|V4"), None),
+                field(
+                    None,
+                    "s",
+                    Descr::Fields(vec![field(None, "a", t("|b1"), None)]),
+                    Some(SubarrayShape::Tuple(vec![2, 0])),
+                ),
+            ])
+        );
+        for bad in [
+            "",
+            "'<f8",
+            "3",
+            "('<f8', 3)",
+            "[('x',)]",
+            "[('x', '<i4', (-1,))]",
+            "[(1, '<i4')]",
+            "[('x', '<i4', 99999999999999999999)]",
+            "{'a': 1}",
+        ] {
+            assert!(
+                matches!(parse_descr(bad), Err(NpyError::BadDescr { .. })),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

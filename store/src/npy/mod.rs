@@ -20,7 +20,8 @@
 //! - `header`: the prefix (magic, version, header length) and the header
 //!   dict: [`parse_header`], [`read_header`];
 //! - `write`: the header as numpy writes it: [`write_header`];
-//! - `descr`: the descr (dtype) grammar and [`descr_itemsize`];
+//! - `descr`: the descr (dtype) grammar, [`parse_descr`] and
+//!   [`descr_itemsize`];
 //! - `literal`: the Python-literal subset, parsed and rendered as `repr()`;
 //! - `error`: [`NpyError`].
 
@@ -32,7 +33,7 @@ mod literal;
 mod testing;
 mod write;
 
-pub use descr::descr_itemsize;
+pub use descr::{descr_itemsize, parse_descr, Descr, DescrField, SubarrayShape};
 pub use error::NpyError;
 pub use header::{parse_header, read_header};
 pub use write::write_header;
