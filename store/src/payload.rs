@@ -37,9 +37,12 @@ pub(crate) const TMP_SUFFIX: &str = ".tmp";
 /// Checks `src` (name, descr, byte count) and builds its `.npy` header and
 /// its array entry (with an empty id, for the caller to fill in).
 pub(crate) fn prepare_payload(src: &ArraySource<'_>) -> Result<(Vec<u8>, ArrayEntry)> {
-    let invalid = |detail: String| Error::InvalidArray {
-        name: src.name.clone(),
-        detail,
+    let invalid = |detail: String| {
+        crate::UsageError::InvalidArray {
+            name: src.name.clone(),
+            detail,
+        }
+        .into()
     };
     if src.name.is_empty() {
         return Err(invalid("array names must be non-empty".into()));
@@ -382,18 +385,20 @@ pub fn open_payload(root: &Path, entry: &ArrayEntry) -> Result<(File, PathBuf)> 
     let mut file = open_existing(&path)?;
     let what = || format!("payload {}", path.display());
     let header = npy::read_header(&mut file, npy::NUMPY_MAX_HEADER_LEN)
-        .map_err(|e| Error::corrupt(what(), e))?;
-    check_header_matches(&header, entry).map_err(|detail| Error::corrupt(what(), detail))?;
+        .map_err(|e| Error::npy(what(), e).with_path(&path))?;
+    check_header_matches(&header, entry)
+        .map_err(|detail| Error::corrupt(what(), detail).with_path(&path))?;
     let file_len = file.metadata().map_err(Error::io(&path))?.len();
     let end = entry
         .data_offset
         .checked_add(entry.nbytes)
-        .ok_or_else(|| Error::corrupt(what(), "size overflows"))?;
+        .ok_or_else(|| Error::corrupt(what(), "size overflows").with_path(&path))?;
     if file_len < end {
         return Err(Error::corrupt(
             what(),
             format!("file is truncated: {file_len} bytes, the array needs {end}"),
-        ));
+        )
+        .with_path(&path));
     }
     Ok((file, path))
 }
@@ -416,7 +421,7 @@ pub fn load_payload(root: &Path, entry: &ArrayEntry) -> Result<MappedPayload> {
     let path = root.join(entry.relpath());
     let mut file = open_existing(&path)?;
     let what = || format!("payload {}", path.display());
-    let too_big = || Error::corrupt(what(), "header too large");
+    let too_big = || Error::corrupt(what(), "header too large").with_path(&path);
     // One read of header and data: the header is parsed from the buffer,
     // and the data lands DATA_ALIGN-aligned (`validate` checked that
     // data_offset is a multiple of 64).
@@ -430,8 +435,9 @@ pub fn load_payload(root: &Path, entry: &ArrayEntry) -> Result<MappedPayload> {
     let buf = &mut blocks_as_bytes_mut(&mut blocks)[..total];
     let got = read_full(&mut file, buf).map_err(Error::io(&path))?;
     let header = npy::read_header(&mut &buf[..got], npy::NUMPY_MAX_HEADER_LEN)
-        .map_err(|e| Error::corrupt(what(), e))?;
-    check_header_matches(&header, entry).map_err(|detail| Error::corrupt(what(), detail))?;
+        .map_err(|e| Error::npy(what(), e).with_path(&path))?;
+    check_header_matches(&header, entry)
+        .map_err(|detail| Error::corrupt(what(), detail).with_path(&path))?;
     if got < offset + len {
         return Err(Error::corrupt(
             what(),
@@ -439,7 +445,8 @@ pub fn load_payload(root: &Path, entry: &ArrayEntry) -> Result<MappedPayload> {
                 "file is truncated: {got} bytes, the array needs {}",
                 offset + len
             ),
-        ));
+        )
+        .with_path(&path));
     }
     Ok(MappedPayload {
         bytes: Bytes::Owned(blocks),
@@ -474,7 +481,9 @@ pub fn map_payload(root: &Path, entry: &ArrayEntry) -> Result<MappedPayload> {
             len: 0,
         });
     }
-    let too_big = || Error::corrupt(format!("payload {}", path.display()), "too large to map");
+    let too_big = || {
+        Error::corrupt(format!("payload {}", path.display()), "too large to map").with_path(&path)
+    };
     let offset = usize::try_from(entry.data_offset).map_err(|_| too_big())?;
     let len = usize::try_from(entry.nbytes).map_err(|_| too_big())?;
     // SAFETY: payload files are immutable once renamed into place and never
@@ -498,11 +507,13 @@ fn open_existing(path: &Path) -> Result<File> {
                  snapshot keeps it any more; call store.refresh() (a reader) and take store[key] \
                  again",
             )
+            .with_path(path)
         } else {
-            Error::Io {
+            crate::StorageError::Io {
                 path: path.to_owned(),
                 source: e,
             }
+            .into()
         }
     })
 }
@@ -511,8 +522,9 @@ fn open_existing(path: &Path) -> Result<File> {
 /// which are unpickled anyway, so mapping them gains nothing).
 pub fn read_payload(root: &Path, entry: &ArrayEntry) -> Result<Vec<u8>> {
     let (mut file, path) = open_payload(root, entry)?;
-    let len = usize::try_from(entry.nbytes)
-        .map_err(|_| Error::corrupt(format!("payload {}", path.display()), "too large"))?;
+    let len = usize::try_from(entry.nbytes).map_err(|_| {
+        Error::corrupt(format!("payload {}", path.display()), "too large").with_path(&path)
+    })?;
     let mut data = vec![0u8; len];
     file.seek(SeekFrom::Start(entry.data_offset))
         .and_then(|_| file.read_exact(&mut data))

@@ -167,7 +167,7 @@ enum State {
 impl State {
     fn index(&self) -> Result<&dyn RecordIndex> {
         match self {
-            State::Closed => Err(Error::Closed),
+            State::Closed => Err(Error::closed()),
             State::Reading(s) => Ok(s),
             State::Writing(w) => Ok(w.index()),
         }
@@ -185,7 +185,7 @@ fn write_file_durably(path: &Path, contents: &[u8]) -> Result<()> {
 /// Refuses the empty key (every other string is a key).
 fn check_key(key: &str) -> Result<()> {
     if key.is_empty() {
-        Err(Error::EmptyKey)
+        Err(Error::empty_key())
     } else {
         Ok(())
     }
@@ -234,26 +234,28 @@ impl Store {
         let root = std::path::absolute(root).map_err(Error::io(root))?;
         let exists = root.exists();
         match mode {
-            Mode::Create if exists => return Err(Error::Exists(root)),
-            Mode::ReadOnly if !exists => return Err(Error::NotFound(root)),
+            Mode::Create if exists => return Err(crate::OpenError::Exists(root).into()),
+            Mode::ReadOnly if !exists => return Err(Error::not_found(root)),
             _ => {}
         }
         if exists && !root.is_dir() {
-            return Err(Error::NotAStore(root));
+            return Err(Error::not_a_store(root));
         }
         let manifest_path = root.join(MANIFEST_FILE);
         let has_manifest = exists && manifest_path.exists();
         if !has_manifest && exists && !Self::is_empty_or_unfinished(&root)? {
-            return Err(Error::NotAStore(root));
+            return Err(Error::not_a_store(root));
         }
         if !has_manifest && mode == Mode::ReadOnly {
-            return Err(Error::NotFound(root));
+            return Err(Error::not_found(root));
         }
         let state = if has_manifest {
             let bytes = fs::read(&manifest_path).map_err(Error::io(&manifest_path))?;
-            Manifest::from_json(&bytes).map_err(|source| Error::Format {
-                path: manifest_path.clone(),
-                source,
+            Manifest::from_json(&bytes).map_err(|source| {
+                Error::from(crate::OpenError::Format {
+                    path: manifest_path.clone(),
+                    source,
+                })
             })?;
             State::Reading(Snapshot::open(&root, at)?)
         } else {
@@ -338,10 +340,11 @@ impl Store {
     fn check_fork(&self) -> Result<()> {
         let current = std::process::id();
         if current != self.opener_pid {
-            return Err(Error::Forked {
+            return Err(crate::OpenError::Forked {
                 opener: self.opener_pid,
                 current,
-            });
+            }
+            .into());
         }
         Ok(())
     }
@@ -363,7 +366,7 @@ impl Store {
     fn writer(&self) -> Result<(View<'_>, Arc<Writer>)> {
         let view = self.view()?;
         if self.mode == Mode::ReadOnly {
-            return Err(Error::ReadOnly);
+            return Err(Error::read_only());
         }
         if let State::Writing(w) = &*view.0 {
             let w = w.clone();
@@ -373,7 +376,7 @@ impl Store {
         {
             let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
             match &*state {
-                State::Closed => return Err(Error::Closed),
+                State::Closed => return Err(Error::closed()),
                 State::Writing(_) => {}
                 State::Reading(_) => *state = State::Writing(Writer::acquire(&self.root)?),
             }
@@ -384,7 +387,7 @@ impl Store {
                 let w = w.clone();
                 Ok((view, w))
             }
-            _ => Err(Error::Closed),
+            _ => Err(Error::closed()),
         }
     }
 
@@ -429,7 +432,7 @@ impl Store {
         self.check_fork()?;
         let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
         match &mut *state {
-            State::Closed => Err(Error::Closed),
+            State::Closed => Err(Error::closed()),
             State::Reading(s) => s.refresh(),
             State::Writing(w) => Ok(w.lock().version),
         }
@@ -485,10 +488,11 @@ impl Store {
             let mut names = HashSet::with_capacity(r.arrays.len());
             for src in r.arrays {
                 if !names.insert(&src.name) {
-                    return Err(Error::InvalidArray {
+                    return Err(crate::UsageError::InvalidArray {
                         name: src.name.clone(),
                         detail: "two arrays with the same name".into(),
-                    });
+                    }
+                    .into());
                 }
             }
         }
@@ -535,8 +539,8 @@ impl Store {
         let Some(json) = index.get(key)? else {
             return Ok(false);
         };
-        let old =
-            Record::from_json(&json).map_err(|e| Error::corrupt(format!("record {key:?}"), e))?;
+        let old = Record::from_json(&json)
+            .map_err(|e| Error::corrupt(format!("record {key:?}"), e).with_key(key))?;
         let mut kept = old.arrays;
         for (i, src) in arrays.iter().enumerate() {
             let detail = if arrays[..i].iter().any(|a| a.name == src.name) {
@@ -546,10 +550,11 @@ impl Store {
             } else {
                 continue;
             };
-            return Err(Error::InvalidArray {
+            return Err(crate::UsageError::InvalidArray {
                 name: src.name.clone(),
                 detail: detail.into(),
-            });
+            }
+            .into());
         }
         for src in arrays {
             kept.shift_remove(&src.name);
@@ -701,7 +706,7 @@ impl Store {
             None => Ok(None),
             Some(bytes) => Record::from_json(&bytes)
                 .map(Some)
-                .map_err(|e| Error::corrupt(format!("record {key:?}"), e)),
+                .map_err(|e| Error::corrupt(format!("record {key:?}"), e).with_key(key)),
         }
     }
 

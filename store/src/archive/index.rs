@@ -313,9 +313,11 @@ fn read_manifest(bytes: &[u8], member: Option<&Member>, what: &str) -> Result<Ar
         created_by: manifest.created_by.clone(),
     }
     .check()
-    .map_err(|source| Error::Format {
-        path: PathBuf::from(what),
-        source,
+    .map_err(|source| {
+        Error::from(crate::OpenError::Format {
+            path: PathBuf::from(what),
+            source,
+        })
     })?;
     if manifest.kind != ARCHIVE_KIND {
         return Err(corrupt(

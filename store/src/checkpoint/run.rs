@@ -259,7 +259,7 @@ impl RunWriter {
 
     fn push_entry(&mut self, key: &str, value: RunValue<'_>) -> Result<()> {
         if key.is_empty() {
-            return Err(Error::EmptyKey);
+            return Err(Error::empty_key());
         }
         if self.count > 0 && key.as_bytes() <= &self.last_key[..] {
             return Err(Error::corrupt(
@@ -280,10 +280,10 @@ impl RunWriter {
             RunValue::Deleted => (&[][..], None, FLAG_TOMBSTONE),
         };
         let pickle = pickle.unwrap_or_default();
-        let key_len = u32::try_from(key.len())
-            .map_err(|_| Error::TooLarge("a key of 4 GiB or more".into()))?;
+        let key_len =
+            u32::try_from(key.len()).map_err(|_| Error::too_large("a key of 4 GiB or more"))?;
         let record_len = u32::try_from(record.len())
-            .map_err(|_| Error::TooLarge("a record of 4 GiB or more".into()))?;
+            .map_err(|_| Error::too_large("a record of 4 GiB or more"))?;
         let mut h = [0u8; ENTRY_HEADER_LEN as usize];
         h[0..4].copy_from_slice(&key_len.to_le_bytes());
         h[4..8].copy_from_slice(&record_len.to_le_bytes());
@@ -360,7 +360,7 @@ impl RunWriter {
         self.flush()?;
         let table = self.written;
         let header = encode_header(self.count, table)
-            .ok_or_else(|| Error::TooLarge(format!("{}: a run over 16 EiB", self.what())))?;
+            .ok_or_else(|| Error::too_large(format!("{}: a run over 16 EiB", self.what())))?;
         let file_len = u64::from_le_bytes(header[24..32].try_into().expect("8 bytes"));
         {
             let file = self.file.as_mut().expect("open until dropped");
@@ -1175,7 +1175,7 @@ mod tests {
             w.push("b", RunValue::Deleted).unwrap();
             let err = w.push(second, RunValue::Deleted).unwrap_err();
             assert!(
-                matches!(&err, Error::Corrupt { detail, .. } if detail.contains(&format!("key {second:?} pushed after \"b\""))),
+                matches!(&err, Error::Corrupt(c) if c.detail().contains(&format!("key {second:?} pushed after \"b\""))),
                 "{err}"
             );
             // Poisoned: later pushes and finish refuse too.
@@ -1195,7 +1195,7 @@ mod tests {
         let mut w = RunWriter::create(dir.path(), "r").unwrap();
         assert!(matches!(
             w.push("", RunValue::Deleted),
-            Err(Error::EmptyKey)
+            Err(Error::Usage(crate::UsageError::EmptyKey))
         ));
         assert!(w.finish().is_err());
         assert!(!dir.path().join("r").exists());
@@ -1232,7 +1232,7 @@ mod tests {
             std::fs::write(&path, &bytes[..cut]).unwrap();
             let err = Run::open(&path).map(|_| ()).unwrap_err();
             assert!(
-                matches!(&err, Error::Corrupt { what, .. } if what.contains("cut")),
+                matches!(&err, Error::Corrupt(c) if c.what().contains("cut")),
                 "{err}"
             );
         }

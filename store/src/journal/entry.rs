@@ -45,7 +45,7 @@ pub struct Entry {
 }
 
 fn too_large(what: &str) -> Error {
-    Error::TooLarge(format!("{what} longer than 4 GiB"))
+    Error::too_large(format!("{what} longer than 4 GiB"))
 }
 
 /// The 40-byte header of an entry; `kind` is 0 for a put, else the
