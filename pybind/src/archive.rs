@@ -72,10 +72,7 @@ impl ArchiveCore {
     fn range(&self, entry: &ArrayEntry) -> PyResult<std::ops::Range<usize>> {
         entry
             .validate("array")
-            .map_err(|e| lazyvault_store::Error::Corrupt {
-                what: "record".into(),
-                detail: e.to_string(),
-            })
+            .map_err(|e| lazyvault_store::Error::corrupt("record", e))
             .py_err()?;
         self.index().array_range(self.bytes(), entry).py_err()
     }

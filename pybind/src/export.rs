@@ -41,7 +41,7 @@ fn with_progress(
                 });
                 called.map_err(|e| {
                     failure = Some(e);
-                    Error::Cancelled
+                    Error::from(lazyvault_store::UsageError::Cancelled)
                 })
             })
         })

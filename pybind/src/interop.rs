@@ -102,7 +102,7 @@ impl Raised {
     /// Keeps `e` and returns the error that stops the import.
     fn keep(&mut self, e: PyErr) -> Error {
         self.0 = Some(e);
-        Error::Cancelled
+        Error::from(lazyvault_store::UsageError::Cancelled)
     }
 }
 

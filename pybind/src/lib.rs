@@ -14,6 +14,7 @@ mod store;
 
 #[pymodule]
 fn _lazyvault(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    errors::add_classes(m)?;
     m.add_class::<store::StoreCore>()?;
     m.add_class::<array::MappedBuffer>()?;
     m.add_class::<archive::ArchiveCore>()?;

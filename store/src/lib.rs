@@ -37,7 +37,9 @@ mod snapshot;
 mod store;
 
 pub use checkpoint::CHECKPOINT_DIR;
-pub use error::{Error, Result};
+pub use error::{
+    CorruptError, Error, IndexError, InteropError, OpenError, Result, StorageError, UsageError,
+};
 pub use fsio::fault;
 pub use lazyvault_schema as schema;
 pub use payload::{

@@ -43,9 +43,12 @@ pub(crate) fn prepare_payload(src: &ArraySource<'_>) -> Result<(Vec<u8>, ArrayEn
 /// [`prepare_payload`] for a payload of `nbytes` data bytes that are not in
 /// `src.data` (they are streamed from a reader by [`PayloadWriter::write_from`]).
 fn prepare_payload_of(src: &ArraySource<'_>, nbytes: u64) -> Result<(Vec<u8>, ArrayEntry)> {
-    let invalid = |detail: String| Error::InvalidArray {
-        name: src.name.clone(),
-        detail,
+    let invalid = |detail: String| {
+        crate::UsageError::InvalidArray {
+            name: src.name.clone(),
+            detail,
+        }
+        .into()
     };
     if src.name.is_empty() {
         return Err(invalid("array names must be non-empty".into()));
@@ -161,10 +164,10 @@ impl<'r> PayloadWriter<'r> {
     /// computed on the way.
     ///
     /// # Errors
-    /// [`Error::InvalidArray`] when `data` ends before `nbytes` bytes or
+    /// [`UsageError::InvalidArray`](crate::UsageError::InvalidArray) when `data` ends before `nbytes` bytes or
     /// has more; an error `data` returns is passed on as it is when it wraps
-    /// an [`Error`] (`io::Error::other(Error::InvalidFile {..})`), else as
-    /// [`Error::Io`] naming `source`. The temporary file is removed.
+    /// an [`Error`] (`io::Error::other(Error::from(crate::InteropError::InvalidFile {..}))`), else as
+    /// [`StorageError::Io`](crate::StorageError::Io) naming `source`. The temporary file is removed.
     pub(crate) fn write_from(
         &mut self,
         src: &ArraySource<'_>,
@@ -184,13 +187,13 @@ impl<'r> PayloadWriter<'r> {
                 let got =
                     read_up_to(data, &mut buf[..want]).map_err(|e| source_error(e, source))?;
                 if got == 0 {
-                    return Err(Error::InvalidArray {
+                    return Err(Error::from(crate::UsageError::InvalidArray {
                         name: name.clone(),
                         detail: format!(
                             "the data ended after {} of {nbytes} bytes",
                             at - header.len() as u64
                         ),
-                    });
+                    }));
                 }
                 hasher.update(&buf[..got]);
                 fsio::write_all(f, tmp, &buf[..got]).map_err(Error::io(tmp))?;
@@ -198,10 +201,10 @@ impl<'r> PayloadWriter<'r> {
             }
             let mut probe = [0u8; 1];
             if read_up_to(data, &mut probe).map_err(|e| source_error(e, source))? != 0 {
-                return Err(Error::InvalidArray {
+                return Err(Error::from(crate::UsageError::InvalidArray {
                     name: name.clone(),
                     detail: format!("the data hold more than the {nbytes} bytes expected"),
-                });
+                }));
             }
             Ok(())
         })
@@ -331,10 +334,10 @@ pub(crate) fn source_error(e: std::io::Error, source: &Path) -> Error {
         }
         unreachable!("checked to wrap an Error");
     }
-    Error::Io {
+    Error::from(crate::StorageError::Io {
         path: source.to_owned(),
         source: e,
-    }
+    })
 }
 
 /// The checksum recorded for a payload's data bytes: `"xxh3-64:"` and the
@@ -486,18 +489,20 @@ pub fn open_payload(root: &Path, entry: &ArrayEntry) -> Result<(File, PathBuf)> 
     let mut file = open_existing(&path)?;
     let what = || format!("payload {}", path.display());
     let header = npy::read_header(&mut file, npy::NUMPY_MAX_HEADER_LEN)
-        .map_err(|e| Error::corrupt(what(), e))?;
-    check_header_matches(&header, entry).map_err(|detail| Error::corrupt(what(), detail))?;
+        .map_err(|e| Error::npy(what(), e).with_path(&path))?;
+    check_header_matches(&header, entry)
+        .map_err(|detail| Error::corrupt(what(), detail).with_path(&path))?;
     let file_len = file.metadata().map_err(Error::io(&path))?.len();
     let end = entry
         .data_offset
         .checked_add(entry.nbytes)
-        .ok_or_else(|| Error::corrupt(what(), "size overflows"))?;
+        .ok_or_else(|| Error::corrupt(what(), "size overflows").with_path(&path))?;
     if file_len < end {
         return Err(Error::corrupt(
             what(),
             format!("file is truncated: {file_len} bytes, the array needs {end}"),
-        ));
+        )
+        .with_path(&path));
     }
     Ok((file, path))
 }
@@ -508,7 +513,7 @@ pub fn open_payload(root: &Path, entry: &ArrayEntry) -> Result<(File, PathBuf)> 
 /// cases (a mapping does not need it), so holding many arrays holds no fds.
 ///
 /// Errors: [`Error::Corrupt`] for a bad id, a missing or short file or a
-/// header that disagrees with the record; [`Error::Io`] when the file
+/// header that disagrees with the record; [`StorageError::Io`](crate::StorageError::Io) when the file
 /// cannot be read or mapped.
 pub fn load_payload(root: &Path, entry: &ArrayEntry) -> Result<MappedPayload> {
     if entry.nbytes == 0 || entry.nbytes > READ_MAX_BYTES {
@@ -520,7 +525,7 @@ pub fn load_payload(root: &Path, entry: &ArrayEntry) -> Result<MappedPayload> {
     let path = root.join(entry.relpath());
     let mut file = open_existing(&path)?;
     let what = || format!("payload {}", path.display());
-    let too_big = || Error::corrupt(what(), "header too large");
+    let too_big = || Error::corrupt(what(), "header too large").with_path(&path);
     // One read of header and data: the header is parsed from the buffer,
     // and the data lands DATA_ALIGN-aligned (`validate` checked that
     // data_offset is a multiple of 64).
@@ -534,8 +539,9 @@ pub fn load_payload(root: &Path, entry: &ArrayEntry) -> Result<MappedPayload> {
     let buf = &mut blocks_as_bytes_mut(&mut blocks)[..total];
     let got = read_full(&mut file, buf).map_err(Error::io(&path))?;
     let header = npy::read_header(&mut &buf[..got], npy::NUMPY_MAX_HEADER_LEN)
-        .map_err(|e| Error::corrupt(what(), e))?;
-    check_header_matches(&header, entry).map_err(|detail| Error::corrupt(what(), detail))?;
+        .map_err(|e| Error::npy(what(), e).with_path(&path))?;
+    check_header_matches(&header, entry)
+        .map_err(|detail| Error::corrupt(what(), detail).with_path(&path))?;
     if got < offset + len {
         return Err(Error::corrupt(
             what(),
@@ -543,7 +549,8 @@ pub fn load_payload(root: &Path, entry: &ArrayEntry) -> Result<MappedPayload> {
                 "file is truncated: {got} bytes, the array needs {}",
                 offset + len
             ),
-        ));
+        )
+        .with_path(&path));
     }
     Ok(MappedPayload {
         bytes: Bytes::Owned(blocks),
@@ -578,7 +585,9 @@ pub fn map_payload(root: &Path, entry: &ArrayEntry) -> Result<MappedPayload> {
             len: 0,
         });
     }
-    let too_big = || Error::corrupt(format!("payload {}", path.display()), "too large to map");
+    let too_big = || {
+        Error::corrupt(format!("payload {}", path.display()), "too large to map").with_path(&path)
+    };
     let offset = usize::try_from(entry.data_offset).map_err(|_| too_big())?;
     let len = usize::try_from(entry.nbytes).map_err(|_| too_big())?;
     // SAFETY: payload files are immutable once renamed into place and never
@@ -602,11 +611,13 @@ fn open_existing(path: &Path) -> Result<File> {
                  snapshot keeps it any more; call store.refresh() (a reader) and take store[key] \
                  again",
             )
+            .with_path(path)
         } else {
-            Error::Io {
+            crate::StorageError::Io {
                 path: path.to_owned(),
                 source: e,
             }
+            .into()
         }
     })
 }
@@ -615,8 +626,9 @@ fn open_existing(path: &Path) -> Result<File> {
 /// which are unpickled anyway, so mapping them gains nothing).
 pub fn read_payload(root: &Path, entry: &ArrayEntry) -> Result<Vec<u8>> {
     let (mut file, path) = open_payload(root, entry)?;
-    let len = usize::try_from(entry.nbytes)
-        .map_err(|_| Error::corrupt(format!("payload {}", path.display()), "too large"))?;
+    let len = usize::try_from(entry.nbytes).map_err(|_| {
+        Error::corrupt(format!("payload {}", path.display()), "too large").with_path(&path)
+    })?;
     let mut data = vec![0u8; len];
     file.seek(SeekFrom::Start(entry.data_offset))
         .and_then(|_| file.read_exact(&mut data))

@@ -66,7 +66,7 @@ impl Snapshot {
             match Self::try_open(root, at) {
                 Ok(Some(s)) => return Ok(s),
                 Ok(None) => continue,
-                Err(e @ Error::Corrupt { .. }) if at.is_none() => {
+                Err(e @ Error::Corrupt(_)) if at.is_none() => {
                     // A journal segment removed under us: a newer
                     // checkpoint exists, try again from it.
                     last_err = Some(e);
@@ -221,7 +221,7 @@ impl Snapshot {
     pub(crate) fn refresh(&mut self) -> Result<u64> {
         // A store removed under a reader is gone, not empty.
         if !self.root.join(lazyvault_schema::MANIFEST_FILE).is_file() {
-            return Err(Error::NotFound(self.root.clone()));
+            return Err(Error::not_found(self.root.clone()));
         }
         let newest = checkpoint::list(&self.root)?.pop();
         let same = match (&newest, &self.base) {
@@ -232,7 +232,7 @@ impl Snapshot {
         if same {
             match self.read_tail(None) {
                 Ok(()) => return Ok(self.version),
-                Err(Error::Corrupt { .. }) => {} // compacted meanwhile: reopen
+                Err(Error::Corrupt(_)) => {} // compacted meanwhile: reopen
                 Err(e) => return Err(e),
             }
         }
@@ -398,7 +398,7 @@ impl RecordIndex for Snapshot {
     }
 
     fn lookup(&self, field: &str, lookup: &IndexLookup) -> Result<Vec<String>> {
-        let segs = crate::secondary::parse_field(field).map_err(Error::InvalidField)?;
+        let segs = crate::secondary::parse_field(field).map_err(Error::invalid_field)?;
         let ranges = crate::secondary::ranges(field, lookup);
         let mut keys = Vec::new();
         self.scan_range(None, None, &mut |key, record| {

@@ -69,7 +69,7 @@ pub type RecordBytes = (Vec<u8>, Option<Vec<u8>>);
 /// How to open a store, as in Python's `open()` and h5py.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
-    /// `"r"`: the store must exist; writes raise [`Error::ReadOnly`].
+    /// `"r"`: the store must exist; writes raise [`UsageError::ReadOnly`](crate::UsageError::ReadOnly).
     ReadOnly,
     /// `"a"`: read and write, create the store if missing (the default).
     Append,
@@ -170,7 +170,7 @@ enum State {
 impl State {
     fn index(&self) -> Result<&dyn RecordIndex> {
         match self {
-            State::Closed => Err(Error::Closed),
+            State::Closed => Err(Error::closed()),
             State::Reading(s) => Ok(s),
             State::Writing(w) => Ok(w.index()),
         }
@@ -188,7 +188,7 @@ fn write_file_durably(path: &Path, contents: &[u8]) -> Result<()> {
 /// Refuses the empty key (every other string is a key).
 fn check_key(key: &str) -> Result<()> {
     if key.is_empty() {
-        Err(Error::EmptyKey)
+        Err(Error::empty_key())
     } else {
         Ok(())
     }
@@ -212,9 +212,9 @@ impl Store {
     /// `"w"`, or `"a"` on a missing or empty directory) takes it at once.
     ///
     /// # Errors
-    /// [`Error::Exists`] / [`Error::NotFound`] / [`Error::NotAStore`] by
-    /// mode, [`Error::Format`] for a newer major format version,
-    /// [`Error::Corrupt`] for a damaged checkpoint, [`Error::Locked`] when
+    /// [`OpenError::Exists`](crate::OpenError::Exists) / [`OpenError::NotFound`](crate::OpenError::NotFound) / [`OpenError::NotAStore`](crate::OpenError::NotAStore) by
+    /// mode, [`OpenError::Format`](crate::OpenError::Format) for a newer major format version,
+    /// [`Error::Corrupt`] for a damaged checkpoint, [`OpenError::Locked`](crate::OpenError::Locked) when
     /// creating a store another process is creating.
     pub fn open(path: impl AsRef<Path>, mode: Mode) -> Result<Store> {
         Self::open_inner(path.as_ref(), mode, None)
@@ -237,26 +237,28 @@ impl Store {
         let root = std::path::absolute(root).map_err(Error::io(root))?;
         let exists = root.exists();
         match mode {
-            Mode::Create if exists => return Err(Error::Exists(root)),
-            Mode::ReadOnly if !exists => return Err(Error::NotFound(root)),
+            Mode::Create if exists => return Err(crate::OpenError::Exists(root).into()),
+            Mode::ReadOnly if !exists => return Err(Error::not_found(root)),
             _ => {}
         }
         if exists && !root.is_dir() {
-            return Err(Error::NotAStore(root));
+            return Err(Error::not_a_store(root));
         }
         let manifest_path = root.join(MANIFEST_FILE);
         let has_manifest = exists && manifest_path.exists();
         if !has_manifest && exists && !Self::is_empty_or_unfinished(&root)? {
-            return Err(Error::NotAStore(root));
+            return Err(Error::not_a_store(root));
         }
         if !has_manifest && mode == Mode::ReadOnly {
-            return Err(Error::NotFound(root));
+            return Err(Error::not_found(root));
         }
         let state = if has_manifest {
             let bytes = fs::read(&manifest_path).map_err(Error::io(&manifest_path))?;
-            Manifest::from_json(&bytes).map_err(|source| Error::Format {
-                path: manifest_path.clone(),
-                source,
+            Manifest::from_json(&bytes).map_err(|source| {
+                Error::from(crate::OpenError::Format {
+                    path: manifest_path.clone(),
+                    source,
+                })
             })?;
             State::Reading(Snapshot::open(&root, at)?)
         } else {
@@ -341,10 +343,11 @@ impl Store {
     fn check_fork(&self) -> Result<()> {
         let current = std::process::id();
         if current != self.opener_pid {
-            return Err(Error::Forked {
+            return Err(crate::OpenError::Forked {
                 opener: self.opener_pid,
                 current,
-            });
+            }
+            .into());
         }
         Ok(())
     }
@@ -361,12 +364,12 @@ impl Store {
     /// [`Store::open`]).
     ///
     /// # Errors
-    /// [`Error::ReadOnly`] in mode `"r"`, [`Error::Locked`] while another
-    /// process writes, [`Error::Closed`], and the errors of taking the role.
+    /// [`UsageError::ReadOnly`](crate::UsageError::ReadOnly) in mode `"r"`, [`OpenError::Locked`](crate::OpenError::Locked) while another
+    /// process writes, [`UsageError::Closed`](crate::UsageError::Closed), and the errors of taking the role.
     fn writer(&self) -> Result<(View<'_>, Arc<Writer>)> {
         let view = self.view()?;
         if self.mode == Mode::ReadOnly {
-            return Err(Error::ReadOnly);
+            return Err(Error::read_only());
         }
         if let State::Writing(w) = &*view.0 {
             let w = w.clone();
@@ -376,7 +379,7 @@ impl Store {
         {
             let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
             match &*state {
-                State::Closed => return Err(Error::Closed),
+                State::Closed => return Err(Error::closed()),
                 State::Writing(_) => {}
                 State::Reading(_) => *state = State::Writing(Writer::acquire(&self.root)?),
             }
@@ -387,7 +390,7 @@ impl Store {
                 let w = w.clone();
                 Ok((view, w))
             }
-            _ => Err(Error::Closed),
+            _ => Err(Error::closed()),
         }
     }
 
@@ -396,7 +399,7 @@ impl Store {
     /// shows the latest state, changes a crash left in the index included.
     ///
     /// # Errors
-    /// As a first write: [`Error::ReadOnly`], [`Error::Locked`], ...
+    /// As a first write: [`UsageError::ReadOnly`](crate::UsageError::ReadOnly), [`OpenError::Locked`](crate::OpenError::Locked), ...
     pub fn begin_write(&self) -> Result<()> {
         self.writer().map(drop)
     }
@@ -432,7 +435,7 @@ impl Store {
         self.check_fork()?;
         let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
         match &mut *state {
-            State::Closed => Err(Error::Closed),
+            State::Closed => Err(Error::closed()),
             State::Reading(s) => s.refresh(),
             State::Writing(w) => Ok(w.lock().version),
         }
@@ -447,10 +450,10 @@ impl Store {
     /// Same as [`Store::put_many`] with one record.
     ///
     /// # Errors
-    /// [`Error::EmptyKey`], [`Error::ReadOnly`], [`Error::Locked`] when
-    /// another process writes, [`Error::InvalidArray`] for an array whose
+    /// [`UsageError::EmptyKey`](crate::UsageError::EmptyKey), [`UsageError::ReadOnly`](crate::UsageError::ReadOnly), [`OpenError::Locked`](crate::OpenError::Locked) when
+    /// another process writes, [`UsageError::InvalidArray`](crate::UsageError::InvalidArray) for an array whose
     /// bytes do not match its dtype and shape, I/O errors (`ENOSPC`, `EIO`,
-    /// ... kept in [`Error::Io`]). On error the old record (if any) is
+    /// ... kept in [`StorageError::Io`](crate::StorageError::Io)). On error the old record (if any) is
     /// untouched, the payloads written for the new one are removed and its
     /// journal entry is cut off.
     pub fn put(
@@ -488,10 +491,11 @@ impl Store {
             let mut names = HashSet::with_capacity(r.arrays.len());
             for src in r.arrays {
                 if !names.insert(&src.name) {
-                    return Err(Error::InvalidArray {
+                    return Err(crate::UsageError::InvalidArray {
                         name: src.name.clone(),
                         detail: "two arrays with the same name".into(),
-                    });
+                    }
+                    .into());
                 }
             }
         }
@@ -520,7 +524,7 @@ impl Store {
     /// record under `key`.
     ///
     /// # Errors
-    /// [`Error::InvalidArray`] for a name the record has no array of (store
+    /// [`UsageError::InvalidArray`](crate::UsageError::InvalidArray) for a name the record has no array of (store
     /// the whole object to add arrays) or given twice; otherwise as
     /// [`Store::put`].
     pub fn replace_arrays(&self, key: &str, arrays: &[ArraySource<'_>]) -> Result<bool> {
@@ -538,8 +542,8 @@ impl Store {
         let Some(json) = index.get(key)? else {
             return Ok(false);
         };
-        let old =
-            Record::from_json(&json).map_err(|e| Error::corrupt(format!("record {key:?}"), e))?;
+        let old = Record::from_json(&json)
+            .map_err(|e| Error::corrupt(format!("record {key:?}"), e).with_key(key))?;
         let mut kept = old.arrays;
         for (i, src) in arrays.iter().enumerate() {
             let detail = if arrays[..i].iter().any(|a| a.name == src.name) {
@@ -549,10 +553,11 @@ impl Store {
             } else {
                 continue;
             };
-            return Err(Error::InvalidArray {
+            return Err(crate::UsageError::InvalidArray {
                 name: src.name.clone(),
                 detail: detail.into(),
-            });
+            }
+            .into());
         }
         for src in arrays {
             kept.shift_remove(&src.name);
@@ -704,7 +709,7 @@ impl Store {
             None => Ok(None),
             Some(bytes) => Record::from_json(&bytes)
                 .map(Some)
-                .map_err(|e| Error::corrupt(format!("record {key:?}"), e)),
+                .map_err(|e| Error::corrupt(format!("record {key:?}"), e).with_key(key)),
         }
     }
 
@@ -811,7 +816,7 @@ impl Store {
     /// Flushes, publishes a checkpoint (so readers open in constant time),
     /// and releases the snapshot, or the writer role when this is the last
     /// handle holding it (the index and the lock). Idempotent; any other
-    /// call afterwards raises [`Error::Closed`].
+    /// call afterwards raises [`UsageError::Closed`](crate::UsageError::Closed).
     pub fn close(&self) -> Result<()> {
         // Never touch sled in a forked child: flush would hang.
         self.check_fork()?;

@@ -9,7 +9,7 @@ use lazyvault_store::archive::{
     RECORDS_MEMBER,
 };
 use lazyvault_store::query::Query;
-use lazyvault_store::{map_payload, ArraySource, Error, Mode, Store};
+use lazyvault_store::{map_payload, ArraySource, Error, Mode, OpenError, Store, UsageError};
 use serde_json::{json, Map, Value};
 use zip::write::SimpleFileOptions;
 use zip::{CompressionMethod, ZipWriter};
@@ -186,7 +186,10 @@ fn in_memory_archive_with_zero_size_zero_d_and_pickled_arrays() {
         )
     })
     .unwrap_err();
-    assert!(matches!(err, Error::InvalidArray { .. }), "{err}");
+    assert!(
+        matches!(err, Error::Usage(UsageError::InvalidArray { .. })),
+        "{err}"
+    );
 }
 
 #[test]
@@ -281,9 +284,9 @@ fn truncated_and_damaged_archives_are_errors_not_panics() {
     let path = dir.path().join("t.lvz");
     std::fs::write(&path, &bytes[..bytes.len() - 30]).unwrap();
     let err = Archive::open(&path).unwrap_err();
-    assert!(matches!(err, Error::Corrupt { .. }), "{err}");
+    assert!(matches!(err, Error::Corrupt(_)), "{err}");
     std::fs::write(&path, b"").unwrap();
-    assert!(matches!(Archive::open(&path), Err(Error::Corrupt { .. })));
+    assert!(matches!(Archive::open(&path), Err(Error::Corrupt(_))));
 }
 
 fn zip_with(members: &[(&str, &[u8], CompressionMethod)]) -> Vec<u8> {
@@ -347,7 +350,7 @@ fn hostile_member_names_and_foreign_zips_are_refused() {
     ]);
     assert!(matches!(
         ArchiveIndex::parse(&bytes, "newer"),
-        Err(Error::Format { .. })
+        Err(Error::Open(OpenError::Format { .. }))
     ));
     // garbage that is not a zip at all
     assert!(ArchiveIndex::parse(&[7u8; 100], "garbage").is_err());
@@ -372,8 +375,8 @@ fn write_archive_file_replaces_by_rename_and_cleans_up_on_error() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("a.lvz");
     std::fs::write(&path, b"old").unwrap();
-    let err = write_archive_file(&path, |_| Err(Error::EmptyKey)).unwrap_err();
-    assert!(matches!(err, Error::EmptyKey));
+    let err = write_archive_file(&path, |_| Err(Error::Usage(UsageError::EmptyKey))).unwrap_err();
+    assert!(matches!(err, Error::Usage(UsageError::EmptyKey)));
     assert_eq!(std::fs::read(&path).unwrap(), b"old");
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     write_archive_file(&path, |w| {
@@ -394,7 +397,7 @@ fn member_crc_of_other_bytes_is_an_error_not_a_panic() {
     index.check_member_crc(&bytes, entry).unwrap();
     for other in [&bytes[..bytes.len() / 2], &bytes[..0]] {
         let err = index.check_member_crc(other, entry).unwrap_err();
-        assert!(matches!(err, Error::Corrupt { .. }), "{err}");
+        assert!(matches!(err, Error::Corrupt(_)), "{err}");
         assert!(index.array_range(other, entry).is_err());
     }
     let mut longer = bytes.clone();

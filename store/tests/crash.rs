@@ -1037,7 +1037,7 @@ fn check_after_kill(
     // (A store killed while being created has no manifest yet: nothing to
     // read; the writer creates it again.)
     match Store::open(store_path, Mode::ReadOnly) {
-        Err(lazyvault_store::Error::NotFound(_)) => {}
+        Err(lazyvault_store::Error::Open(lazyvault_store::OpenError::NotFound(_))) => {}
         Err(e) => return Err(format!("{OPEN_FAILED}: as a reader: {e}")),
         Ok(reader) => {
             let seen = read_seqs(&reader).map_err(|e| format!("reader after the kill: {e}"))?;

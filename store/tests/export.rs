@@ -7,7 +7,7 @@ use std::io::{Cursor, Read};
 use std::path::Path;
 
 use lazyvault_store::interop::export::{npz, safetensors, ZipLimits};
-use lazyvault_store::{npy, ArraySource, Error, Mode, Store};
+use lazyvault_store::{npy, ArraySource, Error, InteropError, Mode, Store, UsageError};
 use serde_json::{json, Value};
 
 fn array<'a>(
@@ -202,7 +202,7 @@ fn a_vanished_payload_names_everything_and_leaves_nothing() {
         }
         .unwrap_err();
         let text = err.to_string();
-        assert!(matches!(err, Error::Corrupt { .. }), "{text}");
+        assert!(matches!(err, Error::Corrupt(_)), "{text}");
         for part in [name, "\"../b\"", "\"big\"", &record.arrays["big"].id] {
             assert!(text.contains(part), "{part} not in {text}");
         }
@@ -221,7 +221,7 @@ fn refusals_and_cancellation_write_nothing() {
     let path = dir.path().join("x.npz");
     let p = vec!["p".to_owned()];
     let err = npz::export_npz(&store, &path, &p, ZipLimits::default(), &mut no_progress());
-    assert!(matches!(err, Err(Error::Unsupported(m)) if m.contains(".lvz")));
+    assert!(matches!(err, Err(Error::Interop(InteropError::Unsupported(m))) if m.contains(".lvz")));
     let missing = vec!["nope".to_owned()];
     let err = npz::export_npz(
         &store,
@@ -230,20 +230,20 @@ fn refusals_and_cancellation_write_nothing() {
         ZipLimits::default(),
         &mut no_progress(),
     );
-    assert!(matches!(err, Err(Error::Corrupt { .. })));
+    assert!(matches!(err, Err(Error::Corrupt(_))));
     let mut stop = |done, _| {
         if done == 2 {
-            Err(Error::Cancelled)
+            Err(Error::from(UsageError::Cancelled))
         } else {
             Ok(())
         }
     };
     let all = vec!["a".to_owned(), "../b".to_owned()];
     let err = npz::export_npz(&store, &path, &all, ZipLimits::default(), &mut stop);
-    assert!(matches!(err, Err(Error::Cancelled)));
+    assert!(matches!(err, Err(Error::Usage(UsageError::Cancelled))));
     let st = dir.path().join("x.safetensors");
     let err = safetensors::export_safetensors(&store, &st, &all, &mut stop);
-    assert!(matches!(err, Err(Error::Cancelled)));
+    assert!(matches!(err, Err(Error::Usage(UsageError::Cancelled))));
     let names: Vec<_> = fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().file_name())

@@ -10,7 +10,9 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use lazyvault_store::schema::Record;
-use lazyvault_store::{fault, map_payload, ArraySource, Error, Mode, NewRecord, Store};
+use lazyvault_store::{
+    fault, map_payload, ArraySource, Error, Mode, NewRecord, StorageError, Store,
+};
 use serde_json::{json, Map, Value};
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -203,7 +205,7 @@ fn check_after_fault(
     let ctx = format!("{op:?}, operation {n} of its kind failing with errno {errno}: {outcome:?}");
     if let Err(e) = outcome {
         match e {
-            Error::Io { source, .. } => {
+            Error::Storage(StorageError::Io { source, .. }) => {
                 assert_eq!(source.raw_os_error(), Some(errno), "{ctx}")
             }
             other => panic!("{ctx}: expected an I/O error, got {other}"),
@@ -345,7 +347,7 @@ fn a_full_disk_fails_every_write_until_space_returns() {
     for i in 0..5 {
         let e = put(&store, &format!("full{i}"), i, &[0; 64], None).unwrap_err();
         assert!(
-            matches!(&e, Error::Io { source, .. } if source.raw_os_error() == Some(ENOSPC)),
+            matches!(&e, Error::Storage(StorageError::Io { source, .. }) if source.raw_os_error() == Some(ENOSPC)),
             "{e}"
         );
         assert!(e.to_string().contains("No space left"), "{e}");
@@ -386,7 +388,10 @@ fn a_file_system_without_locks_refuses_a_writer_and_lets_readers_in() {
     let reader = reader.unwrap();
     assert_eq!(state(&reader), model);
     for err in [refused.unwrap_err(), created.err().expect("refused")] {
-        assert!(matches!(err, Error::NoLocks(_)), "{err}");
+        assert!(
+            matches!(err, Error::Storage(StorageError::NoLocks(_))),
+            "{err}"
+        );
         let text = err.to_string();
         assert!(
             text.contains("ENOLCK") && text.contains("mode 'r'"),

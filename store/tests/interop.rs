@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use lazyvault_store::interop::{
     detect_format, import_file, Format, ImportHooks, ImportOptions, PickledArray,
 };
-use lazyvault_store::{map_payload, Error, Mode, Store};
+use lazyvault_store::{map_payload, Error, InteropError, Mode, StorageError, Store};
 use serde_json::json;
 use zip_build::{npy_file, zip_bytes, Member};
 
@@ -88,7 +88,7 @@ impl Fixture {
         let err = self.import(&path).expect_err("refused");
         let msg = err.to_string();
         assert!(
-            matches!(err, Error::InvalidFile { .. }),
+            matches!(err, Error::Interop(InteropError::InvalidFile { .. })),
             "{msg}: not InvalidFile"
         );
         assert!(msg.contains(&path.display().to_string()), "{msg}");
@@ -204,7 +204,10 @@ fn object_arrays_need_allow_pickle_and_go_through_the_hook() {
     let fx = Fixture::new();
     let path = fx.file("o.npy", &npy_file("'|O'", &[2], b"\x80\x03pickled"));
     let err = fx.import(&path).unwrap_err();
-    assert!(matches!(err, Error::PickleNotAllowed { .. }), "{err}");
+    assert!(
+        matches!(err, Error::Interop(InteropError::PickleNotAllowed { .. })),
+        "{err}"
+    );
     assert!(fx.payload_files().is_empty());
     let options = ImportOptions {
         allow_pickle: true,
@@ -425,7 +428,10 @@ fn lazyvault_npz_brings_records_back_under_their_keys() {
     let err = fx
         .import_with(&path, Some("both"), &ImportOptions::default())
         .unwrap_err();
-    assert!(matches!(err, Error::Interop(_)), "{err}");
+    assert!(
+        matches!(err, Error::Interop(InteropError::Unsupported(_))),
+        "{err}"
+    );
     assert!(err.to_string().contains("single record"));
 }
 
@@ -628,11 +634,17 @@ fn unknown_formats() {
     for content in [&b""[..], b"hello world", b"\x89PNG\r\n\x1a\n0000", b"{}"] {
         let path = fx.file("x", content);
         let err = fx.import(&path).unwrap_err();
-        assert!(matches!(err, Error::UnknownFormat { .. }), "{err}");
+        assert!(
+            matches!(err, Error::Interop(InteropError::UnknownFormat { .. })),
+            "{err}"
+        );
         assert!(err.to_string().contains("not a .npy, .npz"), "{err}");
     }
     let err = fx.import(&fx.dir.path().join("missing.npy")).unwrap_err();
-    assert!(matches!(err, Error::Io { .. }), "{err}");
+    assert!(
+        matches!(err, Error::Storage(StorageError::Io { .. })),
+        "{err}"
+    );
 }
 
 #[test]

@@ -7,7 +7,9 @@ use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 
 use lazyvault_store::schema::Record;
-use lazyvault_store::{journal, map_payload, ArraySource, Error, Mode, Store, INDEX_DIR};
+use lazyvault_store::{
+    journal, map_payload, ArraySource, Error, Mode, OpenError, Store, INDEX_DIR,
+};
 use serde_json::{json, Map, Value};
 
 type Snapshot = BTreeMap<String, (Vec<u8>, Option<Vec<u8>>, Vec<Vec<u8>>)>;
@@ -101,7 +103,7 @@ fn a_deleted_index_is_refused_then_rebuilt_losing_nothing() {
     assert_eq!(store.len().unwrap(), expected.len() as u64);
     // The writer needs it, and refuses to start without it.
     match store.begin_write() {
-        Err(Error::Corrupt { detail, .. }) => assert!(detail.contains("repair"), "{detail}"),
+        Err(Error::Corrupt(c)) => assert!(c.detail().contains("repair"), "{c}"),
         other => panic!("expected Corrupt, got {other:?}"),
     }
     drop(store);
@@ -416,17 +418,17 @@ fn repair_refuses_what_is_not_a_store_and_a_held_store() {
     let dir = tempfile::tempdir().unwrap();
     assert!(matches!(
         Store::repair(dir.path().join("nope")),
-        Err(Error::NotFound(_))
+        Err(Error::Open(OpenError::NotFound(_)))
     ));
     fs::create_dir(dir.path().join("plain")).unwrap();
     assert!(matches!(
         Store::repair(dir.path().join("plain")),
-        Err(Error::NotAStore(_))
+        Err(Error::Open(OpenError::NotAStore(_)))
     ));
     let store = Store::open(dir.path().join("held"), Mode::Append).unwrap();
     assert!(matches!(
         Store::repair(dir.path().join("held")),
-        Err(Error::Locked { .. })
+        Err(Error::Open(OpenError::Locked { .. }))
     ));
     store.close().unwrap();
 }
@@ -518,7 +520,8 @@ fn an_index_behind_the_journal_is_refused_and_repair_recovers_the_flushed_change
     // The writer's index is behind: it refuses to start.
     let store = Store::open(&path, Mode::Append).unwrap();
     match store.begin_write() {
-        Err(Error::Corrupt { detail, .. }) => {
+        Err(Error::Corrupt(c)) => {
+            let detail = c.detail();
             assert!(
                 detail.contains("behind the journal") && detail.contains("repair"),
                 "{detail}"
@@ -551,7 +554,7 @@ fn an_emptied_index_is_refused_and_gc_never_runs_on_it() {
     if store.begin_write().is_ok() {
         // if sled still reads records, gc must refuse rather than drop any
         if store.len().unwrap() != expected.len() as u64 {
-            assert!(matches!(store.gc(), Err(Error::Corrupt { .. })));
+            assert!(matches!(store.gc(), Err(Error::Corrupt(_))));
         }
         store.close().ok();
     }
@@ -600,7 +603,7 @@ fn a_failed_or_interrupted_repair_leaves_the_store_as_it_was() {
     let (path, expected) = populated(dir.path());
     // Bad input: the index stays in place, the store still opens.
     fs::write(path.join("indexes.json"), b"[not json").unwrap();
-    assert!(matches!(Store::repair(&path), Err(Error::Corrupt { .. })));
+    assert!(matches!(Store::repair(&path), Err(Error::Corrupt(_))));
     fs::remove_file(path.join("indexes.json")).unwrap();
     let journal_dir = path.join(journal::JOURNAL_DIR);
     fs::rename(&journal_dir, dir.path().join("journal.saved")).unwrap();
@@ -627,7 +630,7 @@ fn repair_of_an_empty_directory_or_a_file_says_what_a_store_is() {
     fs::write(dir.path().join("file"), b"hi").unwrap();
     for name in ["empty", "file"] {
         let err = Store::repair(dir.path().join(name)).unwrap_err();
-        assert!(matches!(err, Error::NotAStore(_)), "{err}");
+        assert!(matches!(err, Error::Open(OpenError::NotAStore(_))), "{err}");
         let text = err.to_string();
         assert!(!text.contains("not empty"), "{text}");
         assert!(

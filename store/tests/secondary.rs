@@ -4,7 +4,7 @@
 use std::fs;
 
 use lazyvault_store::query::Query;
-use lazyvault_store::{Error, Mode, Store, INDEX_DIR};
+use lazyvault_store::{Error, Mode, Store, UsageError, INDEX_DIR};
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
@@ -204,11 +204,17 @@ fn explain_names_the_index_and_the_lookup() {
     assert_eq!(store.count(&q("temperature > 90")).unwrap(), 9);
     for bad in ["", "a..b", ".x"] {
         assert!(
-            matches!(store.create_index(bad), Err(Error::InvalidField(_))),
+            matches!(
+                store.create_index(bad),
+                Err(Error::Usage(UsageError::InvalidField(_)))
+            ),
             "{bad:?}"
         );
     }
     store.close().unwrap();
     let ro = Store::open(dir.path().join("s.lv"), Mode::ReadOnly).unwrap();
-    assert!(matches!(ro.create_index("material"), Err(Error::ReadOnly)));
+    assert!(matches!(
+        ro.create_index("material"),
+        Err(Error::Usage(UsageError::ReadOnly))
+    ));
 }

@@ -7,7 +7,10 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use lazyvault_store::{map_payload, ArraySource, Error, Mode, Store, CHECKPOINT_DIR};
+use lazyvault_store::{
+    map_payload, ArraySource, Error, Mode, OpenError, StorageError, Store, UsageError,
+    CHECKPOINT_DIR,
+};
 use serde_json::{json, Map, Value};
 
 fn meta(v: Value) -> Map<String, Value> {
@@ -176,7 +179,7 @@ fn a_readers_arrays_stay_while_the_writer_overwrites_deletes_and_collects() {
     assert!(gc.removed_files >= 21, "{gc:?}");
     assert!(matches!(
         map_payload(&path, &old.arrays["x"]),
-        Err(Error::Corrupt { .. }) | Err(Error::Io { .. })
+        Err(Error::Corrupt(_)) | Err(Error::Storage(StorageError::Io { .. }))
     ));
 }
 
@@ -227,11 +230,11 @@ fn a_version_opens_as_it_was_while_its_checkpoint_is_kept() {
     assert_eq!(at1.version().unwrap(), v + 1);
     assert!(matches!(
         Store::open_at(&path, v + 5),
-        Err(Error::Corrupt { .. })
+        Err(Error::Corrupt(_))
     ));
     assert!(matches!(
         at.put("x", Map::new(), Value::Null, &[], None),
-        Err(Error::ReadOnly)
+        Err(Error::Usage(UsageError::ReadOnly))
     ));
 }
 
@@ -443,7 +446,10 @@ fn a_store_removed_under_a_reader_is_not_found_on_refresh() {
     let path = new_store(dir.path());
     let reader = Store::open(&path, Mode::ReadOnly).unwrap();
     fs::remove_dir_all(&path).unwrap();
-    assert!(matches!(reader.refresh(), Err(Error::NotFound(_))));
+    assert!(matches!(
+        reader.refresh(),
+        Err(Error::Open(OpenError::NotFound(_)))
+    ));
     assert_eq!(reader.len().unwrap(), 20); // the snapshot it had
 }
 

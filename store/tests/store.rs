@@ -3,7 +3,7 @@
 use std::fs;
 
 use lazyvault_store::query::Query;
-use lazyvault_store::{map_payload, ArraySource, Error, Mode, Store};
+use lazyvault_store::{map_payload, ArraySource, Error, Mode, OpenError, Store, UsageError};
 use serde_json::{json, Map, Value};
 
 fn meta(v: Value) -> Map<String, Value> {
@@ -51,7 +51,7 @@ fn put_get_delete_len_iterate_and_reopen() {
         assert!(!store.delete("b").unwrap());
         assert_eq!(store.len().unwrap(), 3);
         store.close().unwrap();
-        assert!(matches!(store.len(), Err(Error::Closed)));
+        assert!(matches!(store.len(), Err(Error::Usage(UsageError::Closed))));
     }
     let store = Store::open(&path, Mode::ReadOnly).unwrap();
     assert_eq!(store.len().unwrap(), 3);
@@ -65,7 +65,7 @@ fn put_get_delete_len_iterate_and_reopen() {
     assert!(store.get("b").unwrap().is_none());
     assert!(matches!(
         store.put("z", Map::new(), Value::Null, &[], None),
-        Err(Error::ReadOnly)
+        Err(Error::Usage(UsageError::ReadOnly))
     ));
 }
 
@@ -110,7 +110,10 @@ fn array_bytes_must_match_dtype_and_shape() {
             None,
         )
         .unwrap_err();
-    assert!(matches!(err, Error::InvalidArray { .. }), "{err}");
+    assert!(
+        matches!(err, Error::Usage(UsageError::InvalidArray { .. })),
+        "{err}"
+    );
     let mut bad = f64_source("a", &data, vec![2]);
     bad.descr = "'<q9'".into();
     assert!(store
@@ -123,7 +126,7 @@ fn array_bytes_must_match_dtype_and_shape() {
     assert!(store.put("k", Map::new(), Value::Null, &dup, None).is_err());
     assert!(matches!(
         store.put("", Map::new(), Value::Null, &[], None),
-        Err(Error::EmptyKey)
+        Err(Error::Usage(UsageError::EmptyKey))
     ));
     // nothing was committed and no payload was left behind
     assert_eq!(store.len().unwrap(), 0);
@@ -139,7 +142,9 @@ fn a_second_handle_shares_the_writer_and_repair_is_locked_out_and_named() {
     second.put("k", Map::new(), Value::Null, &[], None).unwrap();
     assert!(store.contains("k").unwrap());
     match Store::repair(&path) {
-        Err(Error::Locked { pid, .. }) => assert_eq!(pid, Some(std::process::id())),
+        Err(Error::Open(OpenError::Locked { pid, .. })) => {
+            assert_eq!(pid, Some(std::process::id()))
+        }
         Err(other) => panic!("unexpected error {other}"),
         Ok(_) => panic!("repair ran beside a writer"),
     }
@@ -161,7 +166,10 @@ fn newer_major_version_is_refused() {
     let current = format!("\"{}\"", lazyvault_store::schema::FORMAT_VERSION);
     fs::write(&manifest, text.replace(&current, "\"9.0\"")).unwrap();
     let err = Store::open(&path, Mode::Append).err().expect("refused");
-    assert!(matches!(err, Error::Format { .. }), "{err}");
+    assert!(
+        matches!(err, Error::Open(OpenError::Format { .. })),
+        "{err}"
+    );
     assert!(err.to_string().contains("9.0"));
 }
 
@@ -171,19 +179,19 @@ fn modes_check_existence() {
     let path = dir.path().join("m.lv");
     assert!(matches!(
         Store::open(&path, Mode::ReadOnly),
-        Err(Error::NotFound(_))
+        Err(Error::Open(OpenError::NotFound(_)))
     ));
     Store::open(&path, Mode::Create).unwrap().close().unwrap();
     assert!(matches!(
         Store::open(&path, Mode::Create),
-        Err(Error::Exists(_))
+        Err(Error::Open(OpenError::Exists(_)))
     ));
     let other = dir.path().join("other");
     fs::create_dir(&other).unwrap();
     fs::write(other.join("x"), b"x").unwrap();
     assert!(matches!(
         Store::open(&other, Mode::Append),
-        Err(Error::NotAStore(_))
+        Err(Error::Open(OpenError::NotAStore(_)))
     ));
 }
 
@@ -363,7 +371,10 @@ fn put_many_is_all_or_nothing() {
         let err = store
             .put_many(vec![record("new", arrays), record("keep", late)])
             .unwrap_err();
-        assert!(matches!(err, Error::InvalidArray { .. }), "{err}");
+        assert!(
+            matches!(err, Error::Usage(UsageError::InvalidArray { .. })),
+            "{err}"
+        );
         assert!(!store.contains("new").unwrap());
         assert_eq!(store.get("keep").unwrap().unwrap().meta["v"], json!(0));
         assert_eq!(payload_files(store.root()), before, "payloads left behind");
@@ -372,7 +383,7 @@ fn put_many_is_all_or_nothing() {
     let err = store
         .put_many(vec![record("new", &many[..]), record("", &[])])
         .unwrap_err();
-    assert!(matches!(err, Error::EmptyKey), "{err}");
+    assert!(matches!(err, Error::Usage(UsageError::EmptyKey)), "{err}");
     assert_eq!(payload_files(store.root()), before);
     store.close().unwrap();
     let store = Store::open(dir.path().join("s.lv"), Mode::Append).unwrap();
@@ -461,7 +472,7 @@ fn replace_arrays_refuses_unknown_or_repeated_names_and_missing_keys() {
         .replace_arrays("k", &[f64_source("b", &data, vec![2])])
         .unwrap_err();
     assert!(
-        matches!(&err, Error::InvalidArray { name, detail } if name == "b" && detail.contains("no array of this name")),
+        matches!(&err, Error::Usage(UsageError::InvalidArray { name, detail }) if name == "b" && detail.contains("no array of this name")),
         "{err}"
     );
     let twice = [
@@ -469,11 +480,13 @@ fn replace_arrays_refuses_unknown_or_repeated_names_and_missing_keys() {
         f64_source("a", &data, vec![2]),
     ];
     let err = store.replace_arrays("k", &twice).unwrap_err();
-    assert!(matches!(&err, Error::InvalidArray { detail, .. } if detail.contains("same name")));
+    assert!(
+        matches!(&err, Error::Usage(UsageError::InvalidArray { detail, .. }) if detail.contains("same name"))
+    );
     let bad = store
         .replace_arrays("k", &[f64_source("a", &data, vec![3])])
         .unwrap_err();
-    assert!(matches!(bad, Error::InvalidArray { .. }));
+    assert!(matches!(bad, Error::Usage(UsageError::InvalidArray { .. })));
     assert_eq!(store.get_json("k").unwrap(), before, "nothing changed");
     assert_eq!(
         payload_files(&path).len(),

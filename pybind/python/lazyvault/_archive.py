@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, overload
 import numpy as np
 
 from . import _arrays, _display, _frame, _layout, _lazyvault
-from ._source import entry_args, refuse_pickled_array
+from ._source import corrupt_array, entry_args, refuse_pickled_array
 from .errors import (
     ClosedError,
     CorruptError,
@@ -96,7 +96,7 @@ class ArchiveSource:
         try:
             return self.core.read_array_bytes(*entry_args(entry), bool(entry.get("pickled")))
         except CorruptError as e:
-            raise CorruptError(f"record {key!r} array {name!r}: {e}") from e
+            raise corrupt_array(e, key, name) from e
 
     def map_array(self, key: str, name: str, entry: dict[str, Any]) -> np.ndarray:
         args = entry_args(entry)
@@ -107,7 +107,7 @@ class ArchiveSource:
                 return _arrays.load_pickled(self.core.read_array_bytes(*args, True))
             buffer = self.core.map_array(*args)
         except CorruptError as e:
-            raise CorruptError(f"record {key!r} array {name!r}: {e}") from e
+            raise corrupt_array(e, key, name) from e
         return _arrays.array_from_buffer(
             buffer, entry["descr"], tuple(entry["shape"]), entry["fortran_order"]
         )

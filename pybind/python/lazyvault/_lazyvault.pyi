@@ -1,7 +1,7 @@
 """Type stubs of the compiled core ``lazyvault._lazyvault`` (Rust, pyo3).
 
 Users call the Python API (:class:`lazyvault.Store`); these are the pieces
-it is built on. Errors are the classes of :mod:`lazyvault.errors`.
+it is built on, and the exception classes :mod:`lazyvault.errors` re-exports.
 """
 
 from collections.abc import Callable, Sequence
@@ -17,8 +17,29 @@ __all__ = [
     "SAFETENSORS_MAX_HEADER",
     "ArchiveBuffer",
     "ArchiveCore",
+    "ClosedError",
+    "CorruptError",
+    "ForkedStoreError",
+    "FormatVersionError",
+    "InteropError",
+    "InvalidArrayError",
+    "InvalidFieldError",
+    "InvalidFileError",
+    "InvalidKeyError",
+    "KeyTypeError",
+    "LazyvaultError",
     "MappedBuffer",
+    "MissingKeyError",
+    "NotAStoreError",
+    "PickleNotAllowedError",
+    "QueryError",
+    "ReadOnlyError",
+    "StorageError",
     "StoreCore",
+    "StoreExistsError",
+    "StoreLockedError",
+    "StoreNotFoundError",
+    "UnknownFormatError",
     "__version__",
     "check_query",
     "detect_format",
@@ -47,6 +68,58 @@ SAFETENSORS_MAX_HEADER: int
 DEFAULT_MAX_DEFLATE_RATIO: int
 """Largest uncompressed-to-compressed ratio a deflated ``.npz`` member may
 declare unless the import says otherwise (deflate cannot pass ~1032:1)."""
+
+# The exception classes, created by the core and re-exported (with their
+# documentation) by :mod:`lazyvault.errors`.
+
+class LazyvaultError(Exception): ...
+class StorageError(LazyvaultError, OSError): ...
+
+class StoreLockedError(LazyvaultError):
+    pid: int | None
+    path: str | None
+
+class StoreExistsError(LazyvaultError, FileExistsError):
+    path: str | None
+
+class StoreNotFoundError(LazyvaultError, FileNotFoundError):
+    path: str | None
+
+class NotAStoreError(LazyvaultError):
+    path: str | None
+
+class FormatVersionError(LazyvaultError):
+    path: str | None
+
+class CorruptError(LazyvaultError):
+    key: str | None
+    array: str | None
+    path: str | None
+
+class ReadOnlyError(LazyvaultError): ...
+class ClosedError(LazyvaultError, ValueError): ...
+
+class ForkedStoreError(LazyvaultError):
+    opener_pid: int | None
+    pid: int | None
+
+class InvalidKeyError(LazyvaultError, ValueError): ...
+class KeyTypeError(LazyvaultError, TypeError): ...
+class MissingKeyError(LazyvaultError, KeyError): ...
+
+class QueryError(LazyvaultError, ValueError):
+    column: int
+    expression: str
+    reason: str
+
+class InvalidArrayError(LazyvaultError, ValueError):
+    array: str | None
+
+class InvalidFieldError(LazyvaultError, ValueError): ...
+class PickleNotAllowedError(LazyvaultError, ValueError): ...
+class InteropError(LazyvaultError, ValueError): ...
+class UnknownFormatError(InteropError): ...
+class InvalidFileError(InteropError): ...
 
 @final
 class MappedBuffer:

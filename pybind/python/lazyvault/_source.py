@@ -39,6 +39,13 @@ def entry_args(entry: dict[str, Any]) -> tuple[str, str, list[int], bool, int, i
     return cast(tuple[str, str, list[int], bool, int, int], tuple(entry[k] for k in keys))
 
 
+def corrupt_array(e: CorruptError, key: str, name: str) -> CorruptError:
+    """``e`` again, its message and attributes naming the record and array."""
+    err = CorruptError(f"record {key!r} array {name!r}: {e}")
+    err.key, err.array, err.path = key, name, e.path
+    return err
+
+
 def refuse_pickled_array(key: str, name: str) -> PickleNotAllowedError:
     return PickleNotAllowedError(
         f"record {key!r} array {name!r} is an object array, stored as a pickle; loading "
@@ -73,7 +80,7 @@ class DirectorySource:
                 return _arrays.load_pickled(_lazyvault.read_array_bytes(*args))
             buffer = _lazyvault.map_array(*args)
         except CorruptError as e:
-            raise CorruptError(f"record {key!r} array {name!r}: {e}") from e
+            raise corrupt_array(e, key, name) from e
         return _arrays.array_from_buffer(
             buffer, entry["descr"], tuple(entry["shape"]), entry["fortran_order"]
         )

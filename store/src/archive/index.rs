@@ -313,9 +313,11 @@ fn read_manifest(bytes: &[u8], member: Option<&Member>, what: &str) -> Result<Ar
         created_by: manifest.created_by.clone(),
     }
     .check()
-    .map_err(|source| Error::Format {
-        path: PathBuf::from(what),
-        source,
+    .map_err(|source| {
+        Error::from(crate::OpenError::Format {
+            path: PathBuf::from(what),
+            source,
+        })
     })?;
     if manifest.kind != ARCHIVE_KIND {
         return Err(corrupt(
@@ -415,7 +417,7 @@ impl ArchiveIndex {
     /// `what` names the archive in error messages (its path).
     ///
     /// # Errors
-    /// Refuses, with [`Error::Corrupt`] (or [`Error::Format`] for a newer
+    /// Refuses, with [`Error::Corrupt`] (or [`OpenError::Format`](crate::OpenError::Format) for a newer
     /// major version): anything that is not a zip, a truncated file, a
     /// member whose header or data lie outside the file or overlap the
     /// central directory, compressed or encrypted members, unsafe or

@@ -32,10 +32,10 @@ const ZIP32_LIMIT: u64 = 0xFFFF_FFFE;
 /// A zip error while writing `target`: I/O errors keep their kind.
 fn zip_error(target: &Path, e: zip::result::ZipError) -> Error {
     match e {
-        zip::result::ZipError::Io(source) => Error::Io {
+        zip::result::ZipError::Io(source) => Error::from(crate::StorageError::Io {
             path: target.to_owned(),
             source,
-        },
+        }),
         other => corrupt(&target.display().to_string(), other),
     }
 }
@@ -98,20 +98,22 @@ impl<W: Write + Seek> ArchiveWriter<W> {
     }
 
     fn io_err(&self, source: std::io::Error) -> Error {
-        Error::Io {
+        crate::StorageError::Io {
             path: self.target.clone(),
             source,
         }
+        .into()
     }
 
     /// Starts the member of payload `id` (checked: 32 lowercase hex digits,
     /// not used before in this archive) of `len` bytes.
     fn start_payload(&mut self, id: &str, len: u64) -> Result<()> {
         if !self.ids.insert(id.to_owned()) {
-            return Err(Error::InvalidArray {
+            return Err(crate::UsageError::InvalidArray {
                 name: id.to_owned(),
                 detail: "payload id written twice into one archive".into(),
-            });
+            }
+            .into());
         }
         let options = self.member_options(len);
         let started = self
@@ -122,7 +124,7 @@ impl<W: Write + Seek> ArchiveWriter<W> {
 
     fn push_line(&mut self, key: &str, record_json: &[u8], pickle: Option<&[u8]>) -> Result<()> {
         if key.is_empty() {
-            return Err(Error::EmptyKey);
+            return Err(Error::empty_key());
         }
         if !self.keys.insert(key.to_owned()) {
             return Err(corrupt(
@@ -196,10 +198,11 @@ impl<W: Write + Seek> ArchiveWriter<W> {
         let mut entries = indexmap::IndexMap::with_capacity(arrays.len());
         for src in arrays {
             if entries.contains_key(&src.name) {
-                return Err(Error::InvalidArray {
+                return Err(crate::UsageError::InvalidArray {
                     name: src.name.clone(),
                     detail: "two arrays with the same name".into(),
-                });
+                }
+                .into());
             }
             let (header, entry) = payload::prepare_payload(src)?;
             let id = loop {
@@ -271,9 +274,11 @@ pub fn write_archive_file(
     };
     let name = path
         .file_name()
-        .ok_or_else(|| Error::Io {
-            path: path.to_owned(),
-            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"),
+        .ok_or_else(|| {
+            Error::from(crate::StorageError::Io {
+                path: path.to_owned(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"),
+            })
         })?
         .to_string_lossy()
         .into_owned();

@@ -196,7 +196,7 @@ pub(crate) struct RunWriter {
 
 impl RunWriter {
     /// Creates `dir/name.tmp` (emptying one left by a crash) for a new run
-    /// to be renamed to `dir/name`. Errors: [`Error::Io`] naming the
+    /// to be renamed to `dir/name`. Errors: [`StorageError::Io`](crate::StorageError::Io) naming the
     /// temporary file.
     pub(crate) fn create(dir: &Path, name: &str) -> Result<RunWriter> {
         RunWriter::with_chunk(dir, name, fsio::WRITE_CHUNK)
@@ -235,10 +235,10 @@ impl RunWriter {
     }
 
     /// Appends an entry. Errors, each of which poisons the writer:
-    /// [`Error::EmptyKey`]; [`Error::Corrupt`] if `key` is not after the
+    /// [`UsageError::EmptyKey`](crate::UsageError::EmptyKey); [`Error::Corrupt`] if `key` is not after the
     /// previous key in byte order (the caller's data is out of order: a run
-    /// must never hold it); [`Error::TooLarge`] for a key or record of 4 GiB
-    /// or more; [`Error::Io`] from a buffered write.
+    /// must never hold it); [`UsageError::TooLarge`](crate::UsageError::TooLarge) for a key or record of 4 GiB
+    /// or more; [`StorageError::Io`](crate::StorageError::Io) from a buffered write.
     pub(crate) fn push(&mut self, key: &str, value: RunValue<'_>) -> Result<()> {
         if self.failed {
             return Err(self.poisoned());
@@ -259,7 +259,7 @@ impl RunWriter {
 
     fn push_entry(&mut self, key: &str, value: RunValue<'_>) -> Result<()> {
         if key.is_empty() {
-            return Err(Error::EmptyKey);
+            return Err(Error::empty_key());
         }
         if self.count > 0 && key.as_bytes() <= &self.last_key[..] {
             return Err(Error::corrupt(
@@ -280,10 +280,10 @@ impl RunWriter {
             RunValue::Deleted => (&[][..], None, FLAG_TOMBSTONE),
         };
         let pickle = pickle.unwrap_or_default();
-        let key_len = u32::try_from(key.len())
-            .map_err(|_| Error::TooLarge("a key of 4 GiB or more".into()))?;
+        let key_len =
+            u32::try_from(key.len()).map_err(|_| Error::too_large("a key of 4 GiB or more"))?;
         let record_len = u32::try_from(record.len())
-            .map_err(|_| Error::TooLarge("a record of 4 GiB or more".into()))?;
+            .map_err(|_| Error::too_large("a record of 4 GiB or more"))?;
         let mut h = [0u8; ENTRY_HEADER_LEN as usize];
         h[0..4].copy_from_slice(&key_len.to_le_bytes());
         h[4..8].copy_from_slice(&record_len.to_le_bytes());
@@ -343,7 +343,7 @@ impl RunWriter {
     /// Completes the run: writes the header, the key table and the
     /// checksum, fsyncs the file and renames it to its name (the caller
     /// fsyncs the directory, once for all the files it writes). Errors:
-    /// [`Error::Io`]; [`Error::Corrupt`] if an earlier push failed. On error
+    /// [`StorageError::Io`](crate::StorageError::Io); [`Error::Corrupt`] if an earlier push failed. On error
     /// the temporary file is removed and nothing is renamed.
     pub(crate) fn finish(mut self) -> Result<RunInfo> {
         if self.failed {
@@ -360,7 +360,7 @@ impl RunWriter {
         self.flush()?;
         let table = self.written;
         let header = encode_header(self.count, table)
-            .ok_or_else(|| Error::TooLarge(format!("{}: a run over 16 EiB", self.what())))?;
+            .ok_or_else(|| Error::too_large(format!("{}: a run over 16 EiB", self.what())))?;
         let file_len = u64::from_le_bytes(header[24..32].try_into().expect("8 bytes"));
         {
             let file = self.file.as_mut().expect("open until dropped");
@@ -516,7 +516,7 @@ pub(crate) struct Run<B: AsRef<[u8]>> {
 
 impl Run<Mmap> {
     /// Opens and maps the run file at `path` read-only, checking only its
-    /// header and length (O(1)). Errors: [`Error::Io`] (a missing file
+    /// header and length (O(1)). Errors: [`StorageError::Io`](crate::StorageError::Io) (a missing file
     /// included); [`Error::Corrupt`] for a bad header or a length that
     /// does not match it (truncated or extended).
     pub(crate) fn open(path: &Path) -> Result<Run<Mmap>> {
@@ -892,7 +892,7 @@ fn advance<'a, B: AsRef<[u8]>>(
 /// memory holds one entry reference per run and the writer's buffers,
 /// whatever the runs' sizes. Each entry read is CRC-checked. Errors:
 /// [`Error::Corrupt`] for a damaged input run (or one whose keys are out
-/// of order), [`Error::Io`]; on error nothing is renamed into place.
+/// of order), [`StorageError::Io`](crate::StorageError::Io); on error nothing is renamed into place.
 pub(crate) fn merge_runs<B: AsRef<[u8]>>(
     runs: &[&Run<B>],
     drop_tombstones: bool,
@@ -1175,7 +1175,7 @@ mod tests {
             w.push("b", RunValue::Deleted).unwrap();
             let err = w.push(second, RunValue::Deleted).unwrap_err();
             assert!(
-                matches!(&err, Error::Corrupt { detail, .. } if detail.contains(&format!("key {second:?} pushed after \"b\""))),
+                matches!(&err, Error::Corrupt(c) if c.detail().contains(&format!("key {second:?} pushed after \"b\""))),
                 "{err}"
             );
             // Poisoned: later pushes and finish refuse too.
@@ -1195,7 +1195,7 @@ mod tests {
         let mut w = RunWriter::create(dir.path(), "r").unwrap();
         assert!(matches!(
             w.push("", RunValue::Deleted),
-            Err(Error::EmptyKey)
+            Err(Error::Usage(crate::UsageError::EmptyKey))
         ));
         assert!(w.finish().is_err());
         assert!(!dir.path().join("r").exists());
@@ -1232,7 +1232,7 @@ mod tests {
             std::fs::write(&path, &bytes[..cut]).unwrap();
             let err = Run::open(&path).map(|_| ()).unwrap_err();
             assert!(
-                matches!(&err, Error::Corrupt { what, .. } if what.contains("cut")),
+                matches!(&err, Error::Corrupt(c) if c.what().contains("cut")),
                 "{err}"
             );
         }

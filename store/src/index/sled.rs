@@ -51,9 +51,11 @@ fn encode_pos((segment, offset): Position) -> [u8; 16] {
 }
 
 fn injected(dir: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
-    move |source| Error::Io {
-        path: dir.to_owned(),
-        source,
+    move |source| {
+        Error::from(crate::StorageError::Io {
+            path: dir.to_owned(),
+            source,
+        })
     }
 }
 
@@ -72,11 +74,11 @@ fn index_err(dir: &Path) -> impl Fn(sled::Error) -> Error + '_ {
             format!("{e}; `lazyvault repair PATH` rebuilds it from the record journal"),
         ),
         // Keep the errno (ENOSPC, EIO) for the caller.
-        sled::Error::Io(source) => Error::Io {
+        sled::Error::Io(source) => Error::from(crate::StorageError::Io {
             path: dir.to_owned(),
             source,
-        },
-        other => Error::Index(format!("{}: {other}", dir.display())),
+        }),
+        other => Error::index(format!("{}: {other}", dir.display())),
     }
 }
 
@@ -130,15 +132,15 @@ impl Index {
             }
         };
         let db = opened.map_err(|e| match e {
-            sled::Error::Io(io) => Error::Io {
+            sled::Error::Io(io) => Error::from(crate::StorageError::Io {
                 path: dir.to_owned(),
                 source: io,
-            },
+            }),
             e @ sled::Error::Corruption { .. } => Error::corrupt(
                 format!("index {}", dir.display()),
                 format!("{e}{repair_hint}"),
             ),
-            other => Error::Index(format!("{}: {other}{repair_hint}", dir.display())),
+            other => Error::index(format!("{}: {other}{repair_hint}", dir.display())),
         })?;
         let tree = db.open_tree("lazyvault").map_err(index_err(dir))?;
         let mut defs = Vec::new();
@@ -189,7 +191,7 @@ impl Index {
     pub(crate) fn stuck_error(&self) -> Error {
         let errno = self.io_errno.load(std::sync::atomic::Ordering::SeqCst);
         let kind = std::io::Error::from_raw_os_error(errno).kind();
-        Error::Io {
+        crate::StorageError::Io {
             path: self.dir.clone(),
             source: std::io::Error::new(
                 kind,
@@ -201,6 +203,7 @@ impl Index {
                 ),
             ),
         }
+        .into()
     }
 
     /// Whether sled has reported an I/O error since the index was opened.

@@ -100,9 +100,9 @@ const ZIP_MAGICS: [&[u8; 4]; 2] = [b"PK\x03\x04", b"PK\x05\x06"];
 /// The format of the file at `path`, from its content (not its name).
 ///
 /// # Errors
-/// [`Error::Io`] when it cannot be opened or read; [`Error::InvalidFile`]
+/// [`StorageError::Io`](crate::StorageError::Io) when it cannot be opened or read; [`InteropError::InvalidFile`](crate::InteropError::InvalidFile)
 /// for a file that starts like a safetensors file but whose header length
-/// exceeds it; [`Error::UnknownFormat`] for anything else.
+/// exceeds it; [`InteropError::UnknownFormat`](crate::InteropError::UnknownFormat) for anything else.
 pub fn detect_format(path: &Path) -> Result<Format> {
     let mut file = File::open(path).map_err(Error::io(path))?;
     let size = file.metadata().map_err(Error::io(path))?.len();
@@ -132,13 +132,13 @@ pub fn detect_format(path: &Path) -> Result<Format> {
             ),
         ));
     }
-    Err(Error::UnknownFormat {
+    Err(Error::from(crate::InteropError::UnknownFormat {
         path: path.to_owned(),
         detail: format!(
             "not a .npy, .npz, .safetensors or .lvz file (starts with {})",
             python_bytes(&head[..head.len().min(8)])
         ),
-    })
+    }))
 }
 
 /// `bytes` as Python's `repr(bytes)` shows them (`b'PK\x03\x04'`).
@@ -228,12 +228,12 @@ pub struct ImportHooks<'a> {
 /// own key, or its only record under `key`.
 ///
 /// # Errors
-/// [`Error::UnknownFormat`]; [`Error::InvalidFile`] for a malformed, truncated
+/// [`InteropError::UnknownFormat`](crate::InteropError::UnknownFormat); [`InteropError::InvalidFile`](crate::InteropError::InvalidFile) for a malformed, truncated
 /// or hostile file (its message names the file and the member or tensor);
-/// [`Error::PickleNotAllowed`] for an `object` array without
-/// [`ImportOptions::allow_pickle`]; [`Error::Interop`] for `key` given with
+/// [`InteropError::PickleNotAllowed`](crate::InteropError::PickleNotAllowed) for an `object` array without
+/// [`ImportOptions::allow_pickle`]; [`InteropError::Unsupported`](crate::InteropError::Unsupported) for `key` given with
 /// a file of several records or for a `.lvz` (imported through
-/// [`crate::archive`]); [`Error::Cancelled`]; and the errors of
+/// [`crate::archive`]); [`UsageError::Cancelled`](crate::UsageError::Cancelled); and the errors of
 /// [`Store::put_staged`] (free space first). On any error the store is as
 /// it was.
 pub fn import_file(
@@ -248,10 +248,10 @@ pub fn import_file(
         Format::Npy => npy::import(store, path, key.unwrap_or(default_key), options, hooks),
         Format::Npz => npz::import(store, path, key, default_key, options, hooks),
         Format::Safetensors => safetensors::import(store, path, key.unwrap_or(default_key), hooks),
-        Format::Lvz => Err(Error::Interop(format!(
+        Format::Lvz => Err(Error::from(crate::InteropError::Unsupported(format!(
             "{}: a .lvz archive: import it with the archive reader",
             path.display()
-        ))),
+        )))),
     }
 }
 
@@ -367,9 +367,9 @@ pub(crate) fn check_pickles(records: &[PlannedRecord], options: &ImportOptions) 
         .flat_map(|r| r.arrays.values())
         .find(|a| a.pickled);
     match pickled {
-        Some(a) => Err(Error::PickleNotAllowed {
+        Some(a) => Err(Error::from(crate::InteropError::PickleNotAllowed {
             what: a.what.clone(),
-        }),
+        })),
         None => Ok(()),
     }
 }
@@ -378,7 +378,7 @@ pub(crate) fn check_pickles(records: &[PlannedRecord], options: &ImportOptions) 
 pub(crate) fn report(hooks: &mut ImportHooks<'_>, done: u64, total: u64) -> Result<()> {
     if let Some(progress) = hooks.progress.as_mut() {
         if !progress(done, total) {
-            return Err(Error::Cancelled);
+            return Err(Error::cancelled());
         }
     }
     Ok(())
@@ -520,7 +520,9 @@ fn stage_array(
         .write_from(&src, array.nbytes, &mut reader, path)
         .map_err(|e| match e {
             // the message of the core names the array, not the file
-            Error::InvalidArray { detail, .. } => invalid(&array.what, detail),
+            Error::Usage(crate::UsageError::InvalidArray { detail, .. }) => {
+                invalid(&array.what, detail)
+            }
             other => other,
         })
 }

@@ -60,7 +60,7 @@ pub(crate) fn import(
 /// bytes (numpy's `max_header_size`).
 ///
 /// # Errors
-/// [`Error::InvalidFile`] naming `what`: bad magic, a version other than
+/// [`InteropError::InvalidFile`](crate::InteropError::InvalidFile) naming `what`: bad magic, a version other than
 /// 1.0, 2.0 or 3.0, a header too long, truncated or malformed.
 pub fn parse_header(bytes: &[u8], max_header_size: usize, what: &str) -> Result<NpyHeader> {
     core_npy::parse_header(bytes, max_header_size)
@@ -72,7 +72,7 @@ pub fn parse_header(bytes: &[u8], max_header_size: usize, what: &str) -> Result<
 /// `object` array).
 ///
 /// # Errors
-/// [`Error::InvalidFile`] when the descr has no known itemsize or the size
+/// [`InteropError::InvalidFile`](crate::InteropError::InvalidFile) when the descr has no known itemsize or the size
 /// overflows.
 pub(crate) fn planned_array(
     what: &str,
@@ -109,13 +109,15 @@ pub(crate) fn planned_array(
 }
 
 /// A header error of the file or member `what` (`path` is the file, for
-/// I/O errors): an [`Error::InvalidFile`] naming it, or the error a reader
+/// I/O errors): an [`InteropError::InvalidFile`](crate::InteropError::InvalidFile) naming it, or the error a reader
 /// carried.
 pub(crate) fn header_error(what: &str, e: NpyError, path: &Path) -> Error {
     match e {
         NpyError::Io(io) => match source_error(io, path) {
             // an early end of the file, as numpy reports it
-            Error::Io { source, .. } if source.kind() == std::io::ErrorKind::UnexpectedEof => {
+            Error::Storage(crate::StorageError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::UnexpectedEof =>
+            {
                 invalid(what, "truncated .npy header")
             }
             other => other,

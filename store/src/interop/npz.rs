@@ -82,7 +82,7 @@ pub(crate) fn quoted(name: &str) -> String {
 /// member and the manifest checked, nothing written.
 ///
 /// # Errors
-/// [`Error::InvalidFile`] naming the file and the member for every refusal
+/// [`InteropError::InvalidFile`](crate::InteropError::InvalidFile) naming the file and the member for every refusal
 /// (see the module docs).
 pub fn read_npz<R: Read + Seek>(
     zip: &mut ZipIn<R>,
@@ -371,10 +371,10 @@ fn plan_records(
     };
     if let Some(key) = key {
         if manifest.len() != 1 {
-            return Err(Error::Interop(format!(
+            return Err(Error::from(crate::InteropError::Unsupported(format!(
                 "{what} holds {} records; key= renames a single record only",
                 manifest.len()
-            )));
+            ))));
         }
         manifest[0].key = key.to_owned();
     }
@@ -435,7 +435,7 @@ fn open(path: &Path) -> Result<ZipIn<BufReader<File>>> {
 /// Whether the zip at `path` holds lazyvault's npz manifest.
 ///
 /// # Errors
-/// [`Error::Io`] when it cannot be opened; [`Error::InvalidFile`] when it
+/// [`StorageError::Io`](crate::StorageError::Io) when it cannot be opened; [`InteropError::InvalidFile`](crate::InteropError::InvalidFile) when it
 /// is not a readable zip.
 pub fn has_manifest(path: &Path) -> Result<bool> {
     Ok(open(path)?.contains(NPZ_MANIFEST))

@@ -100,8 +100,8 @@ pub struct Header {
 /// at its start; `file_len` bytes long; `what` names it).
 ///
 /// # Errors
-/// [`Error::InvalidFile`] for every refusal (see the module docs);
-/// [`Error::Io`] naming `what` when reading fails.
+/// [`InteropError::InvalidFile`](crate::InteropError::InvalidFile) for every refusal (see the module docs);
+/// [`StorageError::Io`](crate::StorageError::Io) naming `what` when reading fails.
 pub fn read_header(r: &mut dyn Read, file_len: u64, what: &str) -> Result<Header> {
     let mut head = [0u8; 8];
     let got = r.take(8).read(&mut head).map_err(Error::io(what))?;
@@ -138,7 +138,7 @@ pub fn read_header(r: &mut dyn Read, file_len: u64, what: &str) -> Result<Header
 /// against a data section of `data_len` bytes.
 ///
 /// # Errors
-/// [`Error::InvalidFile`] (see the module docs).
+/// [`InteropError::InvalidFile`](crate::InteropError::InvalidFile) (see the module docs).
 #[allow(clippy::type_complexity)]
 pub fn parse_header(
     text: &[u8],
@@ -380,7 +380,7 @@ fn plan_record(header: &Header, key: &str, what: &str) -> Result<super::PlannedR
 /// Reads and checks the header of the safetensors file at `path`.
 ///
 /// # Errors
-/// As [`read_header`]; [`Error::Io`] when the file cannot be opened.
+/// As [`read_header`]; [`StorageError::Io`](crate::StorageError::Io) when the file cannot be opened.
 pub fn read_file_header(path: &Path) -> Result<Header> {
     let mut file = File::open(path).map_err(Error::io(path))?;
     let len = file.metadata().map_err(Error::io(path))?.len();

@@ -65,7 +65,7 @@ impl<R: Read + Seek> ZipIn<R> {
     /// Reads the central directory of the zip in `reader` (`what` names it).
     ///
     /// # Errors
-    /// [`crate::Error::InvalidFile`] for anything the `zip` crate cannot
+    /// [`InteropError::InvalidFile`](crate::InteropError::InvalidFile) for anything the `zip` crate cannot
     /// read as a zip (truncated, not a zip) and for duplicate member names.
     pub fn new(mut reader: R, what: &str) -> Result<ZipIn<R>> {
         let len = reader
@@ -113,9 +113,9 @@ impl<R: Read + Seek> ZipIn<R> {
     /// for a deflated member, that the stream ends there.
     ///
     /// # Errors
-    /// [`crate::Error::InvalidFile`] for a bad local header or a member that
+    /// [`InteropError::InvalidFile`](crate::InteropError::InvalidFile) for a bad local header or a member that
     /// runs past the end of the file; the reader's errors are
-    /// [`crate::Error::InvalidFile`]s carried in `io::Error`s (see
+    /// [`InteropError::InvalidFile`](crate::InteropError::InvalidFile)s carried in `io::Error`s (see
     /// `io_wrap` in the parent module): truncated, CRC mismatch, inflates past its
     /// declared size, corrupt deflate data.
     pub fn reader(&mut self, m: &MemberInfo, what: &str) -> Result<MemberReader<'_>> {

@@ -45,14 +45,14 @@ pub struct Entry {
 }
 
 fn too_large(what: &str) -> Error {
-    Error::TooLarge(format!("{what} longer than 4 GiB"))
+    Error::too_large(format!("{what} longer than 4 GiB"))
 }
 
 /// The 40-byte header of an entry; `kind` is 0 for a put, else the
 /// delete or commit flag.
 ///
 /// # Errors
-/// [`Error::TooLarge`] for a key or record JSON of 4 GiB or more.
+/// [`UsageError::TooLarge`](crate::UsageError::TooLarge) for a key or record JSON of 4 GiB or more.
 pub(super) fn entry_header(
     key: &str,
     record: &[u8],

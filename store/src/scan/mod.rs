@@ -43,7 +43,7 @@ impl<'q> ScanQuery<'q> {
     /// [`Error::Corrupt`] when the bytes are not a record's JSON.
     pub(crate) fn matches(&self, key: &str, bytes: &[u8]) -> Result<bool> {
         let record = decode_for_scan(bytes, &self.needs)
-            .map_err(|e| Error::corrupt(format!("record {key:?}"), e))?;
+            .map_err(|e| Error::corrupt(format!("record {key:?}"), e).with_key(key))?;
         Ok(self.query.matches(&ScanView {
             key,
             record: &record,
@@ -226,7 +226,7 @@ mod tests {
             r#"{"layout":{},"meta":5}"#,
         ] {
             let err = matches("t == 300 and exists(pos)", text).unwrap_err();
-            assert!(matches!(err, Error::Corrupt { .. }), "{text}: {err}");
+            assert!(matches!(err, Error::Corrupt(_)), "{text}: {err}");
         }
     }
 

@@ -15,10 +15,10 @@ impl Store {
     /// (no indexable condition can match them).
     ///
     /// # Errors
-    /// [`Error::InvalidField`] for a name that is not a dotted field path,
-    /// [`Error::ReadOnly`], I/O errors.
+    /// [`UsageError::InvalidField`](crate::UsageError::InvalidField) for a name that is not a dotted field path,
+    /// [`UsageError::ReadOnly`](crate::UsageError::ReadOnly), I/O errors.
     pub fn create_index(&self, field: &str) -> Result<()> {
-        let segs = crate::secondary::parse_field(field).map_err(Error::InvalidField)?;
+        let segs = crate::secondary::parse_field(field).map_err(Error::invalid_field)?;
         let (_view, w) = self.writer()?;
         let index = w.index();
         // Its entries: about a key and a value per record.

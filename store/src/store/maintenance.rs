@@ -209,7 +209,7 @@ impl Store {
         let mut ids = HashSet::new();
         index::scan(index, |key, bytes| {
             let record = Record::from_json(bytes)
-                .map_err(|e| Error::corrupt(format!("record {key:?}"), e))?;
+                .map_err(|e| Error::corrupt(format!("record {key:?}"), e).with_key(key))?;
             ids.extend(record.arrays.into_values().map(|a| a.id));
             Ok(())
         })?;
@@ -238,7 +238,7 @@ impl Store {
     /// that neither the index nor a kept snapshot references.
     pub fn gc(&self) -> Result<GcReport> {
         if self.mode == super::Mode::ReadOnly {
-            return Err(Error::ReadOnly);
+            return Err(Error::read_only());
         }
         let (_view, w) = self.writer()?;
         let retention = self.retention();
@@ -367,7 +367,7 @@ impl Store {
     /// checksum recorded at write time) and against the journal (the latest
     /// entry of each key is that record; no key is in the journal alone),
     /// and lists orphan files. `progress(done, total)` is called after each
-    /// record; returning `false` stops the check with [`Error::Cancelled`].
+    /// record; returning `false` stops the check with [`UsageError::Cancelled`](crate::UsageError::Cancelled).
     pub fn verify_with(
         &self,
         checksums: bool,
@@ -451,7 +451,7 @@ impl Store {
         if proceed {
             Ok(())
         } else {
-            Err(Error::Cancelled)
+            Err(Error::cancelled())
         }
     }
 
@@ -490,24 +490,26 @@ impl Store {
     /// finished (one of the two outcomes a crash may have).
     ///
     /// # Errors
-    /// [`Error::NotFound`] / [`Error::NotAStore`] for a path that is not a
-    /// store, [`Error::Locked`] while a `Store` holds it, I/O errors.
+    /// [`OpenError::NotFound`](crate::OpenError::NotFound) / [`OpenError::NotAStore`](crate::OpenError::NotAStore) for a path that is not a
+    /// store, [`OpenError::Locked`](crate::OpenError::Locked) while a `Store` holds it, I/O errors.
     pub fn repair(path: impl AsRef<Path>) -> Result<RepairReport> {
         let root = path.as_ref().to_owned();
         if !root.exists() {
-            return Err(Error::NotFound(root));
+            return Err(Error::not_found(root));
         }
         if !root.is_dir() {
-            return Err(Error::NotAStore(root));
+            return Err(Error::not_a_store(root));
         }
         let manifest_path = root.join(MANIFEST_FILE);
         if !manifest_path.is_file() {
-            return Err(Error::NotAStore(root));
+            return Err(Error::not_a_store(root));
         }
         let bytes = fs::read(&manifest_path).map_err(Error::io(&manifest_path))?;
-        Manifest::from_json(&bytes).map_err(|source| Error::Format {
-            path: manifest_path.clone(),
-            source,
+        Manifest::from_json(&bytes).map_err(|source| {
+            Error::from(crate::OpenError::Format {
+                path: manifest_path.clone(),
+                source,
+            })
         })?;
         let lock_file = super::writer::lock(&root)?;
         let mut report = RepairReport::default();
@@ -649,10 +651,13 @@ impl Store {
     /// present with headers and sizes matching it.
     fn payloads_usable(root: &Path, key: &str, record: &[u8]) -> Result<()> {
         let record = Record::from_json(record)
-            .map_err(|e| Error::corrupt(format!("journal record {key:?}"), e))?;
+            .map_err(|e| Error::corrupt(format!("journal record {key:?}"), e).with_key(key))?;
         for (name, entry) in &record.arrays {
-            payload::open_payload(root, entry)
-                .map_err(|e| Error::corrupt(format!("journal record {key:?} array {name:?}"), e))?;
+            payload::open_payload(root, entry).map_err(|e| {
+                Error::corrupt(format!("journal record {key:?} array {name:?}"), e)
+                    .with_key(key)
+                    .with_array(name)
+            })?;
         }
         Ok(())
     }
@@ -666,7 +671,9 @@ fn verify_checkpoints(root: &Path) -> Result<Vec<String>> {
     for (_, path) in checkpoint::list(root)? {
         let doc = match checkpoint::read(&path) {
             Ok(doc) => doc,
-            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            Err(Error::Storage(crate::StorageError::Io { source, .. }))
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
                 continue; // superseded and removed meanwhile
             }
             Err(e) => {

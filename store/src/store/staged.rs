@@ -69,7 +69,7 @@ impl<'s> Stage<'s> {
     /// for a [`StagedRecord`].
     ///
     /// # Errors
-    /// As [`Store::put`] for one array ([`Error::InvalidArray`], I/O).
+    /// As [`Store::put`] for one array ([`UsageError::InvalidArray`](crate::UsageError::InvalidArray), I/O).
     pub fn write(&mut self, src: &ArraySource<'_>) -> Result<ArrayEntry> {
         let entry = self.writer().write(src)?;
         self.ids.insert(entry.id.clone());
@@ -82,10 +82,10 @@ impl<'s> Stage<'s> {
     /// returns its entry, checksum included.
     ///
     /// # Errors
-    /// [`Error::InvalidArray`] when `nbytes` disagrees with the dtype and
+    /// [`UsageError::InvalidArray`](crate::UsageError::InvalidArray) when `nbytes` disagrees with the dtype and
     /// shape, or `data` gives fewer or more than `nbytes` bytes; an error
     /// `data` returns, as it is when it wraps an [`Error`]
-    /// (`io::Error::other(Error::InvalidFile {..})`), else as [`Error::Io`]
+    /// (`io::Error::other(Error::from(crate::InteropError::InvalidFile {..}))`), else as [`StorageError::Io`](crate::StorageError::Io)
     /// naming `source`; I/O errors writing the payload. The partial file is
     /// removed.
     pub fn write_from(
@@ -137,7 +137,7 @@ impl Store {
     ///
     /// # Errors
     /// As [`Store::put_many`]; any error `fill` returns; and
-    /// [`Error::InvalidArray`] for a record naming an entry this stage did
+    /// [`UsageError::InvalidArray`](crate::UsageError::InvalidArray) for a record naming an entry this stage did
     /// not write, or one entry twice. On error no record is set and every
     /// staged file is removed.
     pub fn put_staged(
@@ -165,12 +165,12 @@ impl Store {
             check_key(&r.key)?;
             for (name, entry) in &r.arrays {
                 if !stage.ids.remove(&entry.id) {
-                    return Err(Error::InvalidArray {
+                    return Err(Error::from(crate::UsageError::InvalidArray {
                         name: name.clone(),
                         detail: "a staged record names a payload its stage did not write, \
                                  or one payload twice"
                             .into(),
-                    });
+                    }));
                 }
             }
         }
@@ -264,7 +264,10 @@ mod tests {
                     Ok(vec![record("k", "a", e)])
                 })
                 .unwrap_err();
-            assert!(matches!(err, Error::InvalidArray { .. }), "{err}");
+            assert!(
+                matches!(err, Error::Usage(crate::UsageError::InvalidArray { .. })),
+                "{err}"
+            );
         }
         // an entry this stage did not write
         let err = store

@@ -105,8 +105,8 @@ impl Writer {
     /// manifest): this process's, or a new one taking the store's lock.
     ///
     /// # Errors
-    /// [`Error::Locked`] naming the holder when another process writes,
-    /// [`Error::NoLocks`] on a file system without locks, [`Error::Corrupt`]
+    /// [`OpenError::Locked`](crate::OpenError::Locked) naming the holder when another process writes,
+    /// [`StorageError::NoLocks`](crate::StorageError::NoLocks) on a file system without locks, [`Error::Corrupt`]
     /// when the index is missing or behind the journal, I/O errors
     /// (`EROFS`, `EACCES` when the store cannot be written).
     pub(crate) fn acquire(root: &Path) -> Result<Arc<Writer>> {
@@ -213,14 +213,14 @@ impl Writer {
     /// would leave less than [`FREE_SPACE_MARGIN`] free.
     ///
     /// # Errors
-    /// [`Error::Io`] with `ENOSPC` saying how much is free and needed.
+    /// [`StorageError::Io`](crate::StorageError::Io) with `ENOSPC` saying how much is free and needed.
     pub(crate) fn check_space(&self, bytes: u64) -> Result<()> {
         let free = fsio::free_space(&self.root).map_err(Error::io(&self.root))?;
         let needed = bytes.saturating_add(FREE_SPACE_MARGIN);
         if free >= needed {
             return Ok(());
         }
-        Err(Error::Io {
+        Err(crate::StorageError::Io {
             path: self.root.clone(),
             source: std::io::Error::new(
                 std::io::ErrorKind::StorageFull,
@@ -231,7 +231,8 @@ impl Writer {
                      usable)"
                 ),
             ),
-        })
+        }
+        .into())
     }
 
     /// [`Writer::check_space`] for `records` records holding `payload`
@@ -388,7 +389,7 @@ impl Writer {
                     let _ = done.send(());
                 });
                 if wait.recv_timeout(STUCK_CLOSE_WAIT).is_err() {
-                    closed = Err(Error::Index(
+                    closed = Err(Error::index(
                         "sled did not shut down after its failed write; its files stay locked \
                          until this process exits (everything flushed before is safe)"
                             .into(),
@@ -473,15 +474,17 @@ pub(crate) fn lock(root: &Path) -> Result<File> {
         .create(true)
         .truncate(false)
         .open(&path)
-        .map_err(|e| Error::Io {
-            path: path.clone(),
-            source: std::io::Error::new(
-                e.kind(),
-                format!(
-                    "{e}: this store cannot be written here (the writer needs write access to \
+        .map_err(|e| {
+            Error::from(crate::StorageError::Io {
+                path: path.clone(),
+                source: std::io::Error::new(
+                    e.kind(),
+                    format!(
+                        "{e}: this store cannot be written here (the writer needs write access to \
                      its directory); reading needs none: open it with mode 'r'"
+                    ),
                 ),
-            ),
+            })
         })?;
     match fsio::try_lock(&file, &path, false) {
         Ok(()) => {}
@@ -497,16 +500,17 @@ pub(crate) fn lock(root: &Path) -> Result<File> {
                 Some(p) => format!("process {p}"),
                 None => "another process".to_owned(),
             };
-            return Err(Error::Locked {
+            return Err(crate::OpenError::Locked {
                 path: root.to_owned(),
                 holder,
                 pid,
-            });
+            }
+            .into());
         }
         Err(fs::TryLockError::Error(e))
             if e.raw_os_error() == Some(checkpoint::libc_errno::ENOLCK) =>
         {
-            return Err(Error::NoLocks(path));
+            return Err(crate::StorageError::NoLocks(path).into());
         }
         Err(fs::TryLockError::Error(e)) => return Err(Error::io(&path)(e)),
     }

@@ -18,7 +18,7 @@ use lazyvault_store::npy::{
 };
 use lazyvault_store::query::{ArrayFacts, Map, Query, RecordView, Value, MAX_QUERY_BYTES};
 use lazyvault_store::schema::{Manifest, Record};
-use lazyvault_store::ArraySource;
+use lazyvault_store::{ArraySource, InteropError, StorageError};
 
 // ---------------------------------------------------------------------------
 // .npy headers
@@ -514,7 +514,11 @@ pub fn check_npz(data: &[u8]) -> bool {
         Ok(c) => c,
         Err(e) => {
             assert!(
-                matches!(e, Error::InvalidFile { .. } | Error::Io { .. }),
+                matches!(
+                    e,
+                    Error::Interop(InteropError::InvalidFile { .. })
+                        | Error::Storage(StorageError::Io { .. })
+                ),
                 "unexpected error kind: {e}"
             );
             return false;

@@ -41,7 +41,7 @@ pub(crate) const CHUNK: usize = 4 << 20;
 const OUT_BUFFER: usize = 1 << 20;
 
 /// A `(done, total)` callback: arrays written so far, of how many. An error
-/// it returns (e.g. [`Error::Cancelled`]) stops the export, which then
+/// it returns (e.g. [`UsageError::Cancelled`](crate::UsageError::Cancelled)) stops the export, which then
 /// leaves nothing behind.
 pub type Progress<'a> = &'a mut dyn FnMut(u64, u64) -> Result<()>;
 
@@ -59,7 +59,7 @@ pub struct ExportRecord {
 ///
 /// Errors: [`Error::Corrupt`] naming the key when it has no record (it
 /// vanished since the keys were chosen) or a damaged one;
-/// [`Error::Unsupported`] for a record with a pickled remainder (fields
+/// [`InteropError::Unsupported`](crate::InteropError::Unsupported) for a record with a pickled remainder (fields
 /// that only pickle can hold, which these formats cannot carry: `.lvz`
 /// can).
 pub fn load_records(store: &Store, keys: &[String], format: &str) -> Result<Vec<ExportRecord>> {
@@ -72,11 +72,11 @@ pub fn load_records(store: &Store, keys: &[String], format: &str) -> Result<Vec<
                 )
             })?;
             if record.pickle {
-                return Err(Error::Unsupported(format!(
+                return Err(Error::from(crate::InteropError::Unsupported(format!(
                     "record {key:?} has values that only pickle can hold (sets, complex \
                      numbers, custom objects...); {format} cannot carry them: export it to \
                      .lvz instead"
-                )));
+                ))));
             }
             Ok(ExportRecord {
                 key: key.clone(),
@@ -94,9 +94,11 @@ pub fn write_atomic(
     target: &Path,
     write: impl FnOnce(&mut BufWriter<File>) -> Result<()>,
 ) -> Result<()> {
-    let io_err = |source: io::Error| Error::Io {
-        path: target.to_owned(),
-        source,
+    let io_err = |source: io::Error| {
+        Error::from(crate::StorageError::Io {
+            path: target.to_owned(),
+            source,
+        })
     };
     let name = target.file_name().ok_or_else(|| {
         io_err(io::Error::new(
@@ -148,15 +150,23 @@ pub(crate) fn in_array(target: &Path, key: &str, array: &str) -> impl Fn(Error) 
         "export to {}: record {key:?} array {array:?}",
         target.display()
     );
+    let (key, array) = (key.to_owned(), array.to_owned());
     move |e| match e {
-        Error::Corrupt { what, detail } => Error::Corrupt {
-            what: format!("{context}: {what}"),
-            detail,
-        },
-        Error::Io { path, source } => Error::Io {
-            path,
-            source: io::Error::new(source.kind(), format!("{context}: {source}")),
-        },
+        Error::Corrupt(c) => {
+            let out = Error::corrupt(format!("{context}: {}", c.what()), c.detail())
+                .with_key(&key)
+                .with_array(&array);
+            match c.path() {
+                Some(p) => out.with_path(p),
+                None => out,
+            }
+        }
+        Error::Storage(crate::StorageError::Io { path, source }) => {
+            Error::from(crate::StorageError::Io {
+                path,
+                source: io::Error::new(source.kind(), format!("{context}: {source}")),
+            })
+        }
         other => other,
     }
 }
@@ -258,10 +268,10 @@ mod tests {
         fs::write(&target, b"old").unwrap();
         let err = write_atomic(&target, |out| {
             out.write_all(b"partial").unwrap();
-            Err(Error::Cancelled)
+            Err(Error::cancelled())
         })
         .unwrap_err();
-        assert!(matches!(err, Error::Cancelled));
+        assert!(matches!(err, Error::Usage(crate::UsageError::Cancelled)));
         assert_eq!(fs::read(&target).unwrap(), b"old");
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
         // a missing directory: an I/O error naming the target

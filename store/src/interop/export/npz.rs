@@ -146,11 +146,11 @@ fn manifest(records: &[ExportRecord], names: &[Vec<String>]) -> Vec<u8> {
 /// `target` names the file in errors. `progress` gets `(0, n)` once the
 /// manifest is written, then `(i, n)` after each of the `n` arrays.
 ///
-/// Errors: [`Error::Io`] naming `target` when writing fails;
-/// [`Error::Corrupt`] or [`Error::Io`] naming the record, the array and its
+/// Errors: [`StorageError::Io`](crate::StorageError::Io) naming `target` when writing fails;
+/// [`Error::Corrupt`] or [`StorageError::Io`](crate::StorageError::Io) naming the record, the array and its
 /// payload file when reading one fails (missing: the record changed since
 /// it was read; truncated; header disagreeing with the record);
-/// [`Error::InvalidArray`] when an array's header cannot be written.
+/// [`UsageError::InvalidArray`](crate::UsageError::InvalidArray) when an array's header cannot be written.
 pub fn write_npz<W: Write + Seek>(
     out: W,
     target: &Path,
@@ -159,9 +159,11 @@ pub fn write_npz<W: Write + Seek>(
     limits: ZipLimits,
     progress: Progress<'_>,
 ) -> Result<W> {
-    let out_err = |source| Error::Io {
-        path: target.to_owned(),
-        source,
+    let out_err = |source| {
+        Error::from(crate::StorageError::Io {
+            path: target.to_owned(),
+            source,
+        })
     };
     let names = member_names(records);
     let mut zip = StoredZipWriter::new(out, limits).map_err(out_err)?;
@@ -182,9 +184,11 @@ pub fn write_npz<W: Write + Seek>(
                 let fortran = entry.fortran_order && !c_order_too(&entry.shape);
                 npy::write_header(&entry.descr, fortran, &entry.shape)
             }
-            .map_err(|e| Error::InvalidArray {
-                name: format!("{}/{path}", rec.key),
-                detail: e.to_string(),
+            .map_err(|e| {
+                Error::from(crate::UsageError::InvalidArray {
+                    name: format!("{}/{path}", rec.key),
+                    detail: e.to_string(),
+                })
             })?;
             let mut data = PayloadData::open(root, entry).map_err(&context)?;
             let size = header.len() as u64 + data.remaining();

@@ -140,28 +140,30 @@ fn tensors(records: &[ExportRecord]) -> Result<Vec<Tensor<'_>>> {
                 format!("{}/{path}", rec.key)
             };
             if !seen.insert(name.clone()) {
-                return Err(Error::InvalidArray {
+                return Err(Error::from(crate::UsageError::InvalidArray {
                     name,
                     detail: "tensor name occurs twice (keys and paths joined by '/')".into(),
-                });
+                }));
             }
             if entry.pickled {
-                return Err(Error::InvalidArray {
+                return Err(Error::from(crate::UsageError::InvalidArray {
                     name: path.clone(),
                     detail: format!(
                         "record {:?}: object arrays have no safetensors form",
                         rec.key
                     ),
-                });
+                }));
             }
             let tag = kept.and_then(|t| t.get(path)).and_then(Value::as_str);
-            let kind = tensor_kind(&entry.descr, tag).ok_or_else(|| Error::InvalidArray {
-                name: name.clone(),
-                detail: format!(
-                    "dtype {} has no safetensors equivalent (safetensors holds bool, \
+            let kind = tensor_kind(&entry.descr, tag).ok_or_else(|| {
+                Error::from(crate::UsageError::InvalidArray {
+                    name: name.clone(),
+                    detail: format!(
+                        "dtype {} has no safetensors equivalent (safetensors holds bool, \
                      (u)int8-64, float16/32/64, and BF16/F8 raw bits)",
-                    entry.dtype
-                ),
+                        entry.dtype
+                    ),
+                })
             })?;
             out.push(Tensor {
                 name,
@@ -189,12 +191,12 @@ fn metadata(records: &[ExportRecord]) -> Result<Option<Map<String, Value>>> {
     let mut fields: Vec<String> = Vec::new();
     let mut put = |k: &str, v: &Value, field: bool| -> Result<()> {
         if out.contains_key(k) || k == MARKER {
-            return Err(Error::InvalidArray {
+            return Err(Error::from(crate::UsageError::InvalidArray {
                 name: METADATA_KEY.into(),
                 detail: format!(
                     "metadata key {k:?} occurs twice in the safetensors {METADATA_KEY}"
                 ),
-            });
+            }));
         }
         let text = match v {
             Value::String(s) => s.clone(),
@@ -260,9 +262,11 @@ fn header(records: &[ExportRecord]) -> Result<(Vec<u8>, Vec<Tensor<'_>>)> {
             .entry
             .len()
             .and_then(|n| n.checked_mul(t.kind.itemsize))
-            .ok_or_else(|| Error::InvalidArray {
-                name: t.name.clone(),
-                detail: "size overflows".into(),
+            .ok_or_else(|| {
+                Error::from(crate::UsageError::InvalidArray {
+                    name: t.name.clone(),
+                    detail: "size overflows".into(),
+                })
             })?;
         top.insert(
             t.name.clone(),
@@ -288,10 +292,10 @@ fn header(records: &[ExportRecord]) -> Result<(Vec<u8>, Vec<Tensor<'_>>)> {
 /// first byte is written. `progress` gets `(0, n)` after the header, then
 /// `(i, n)` after each of the `n` tensors.
 ///
-/// Errors: [`Error::InvalidArray`] for a dtype safetensors cannot hold, an
+/// Errors: [`UsageError::InvalidArray`](crate::UsageError::InvalidArray) for a dtype safetensors cannot hold, an
 /// `object` array, a tensor name or metadata key occurring twice;
-/// [`Error::Io`] naming `target` when writing fails; [`Error::Corrupt`] or
-/// [`Error::Io`] naming the record, the array and its payload file when
+/// [`StorageError::Io`](crate::StorageError::Io) naming `target` when writing fails; [`Error::Corrupt`] or
+/// [`StorageError::Io`](crate::StorageError::Io) naming the record, the array and its payload file when
 /// reading one fails.
 pub fn write_safetensors<W: Write>(
     mut out: W,
@@ -300,9 +304,11 @@ pub fn write_safetensors<W: Write>(
     records: &[ExportRecord],
     progress: Progress<'_>,
 ) -> Result<W> {
-    let out_err = |source| Error::Io {
-        path: target.to_owned(),
-        source,
+    let out_err = |source| {
+        Error::from(crate::StorageError::Io {
+            path: target.to_owned(),
+            source,
+        })
     };
     let (head, tensors) = header(records)?;
     out.write_all(&head).map_err(out_err)?;
@@ -354,10 +360,10 @@ fn reorder(
         2 => reorder_n::<2>(data, shape, fortran, swap, buf, sink),
         4 => reorder_n::<4>(data, shape, fortran, swap, buf, sink),
         8 => reorder_n::<8>(data, shape, fortran, swap, buf, sink),
-        _ => Err(Error::InvalidArray {
+        _ => Err(Error::from(crate::UsageError::InvalidArray {
             name: "tensor".into(),
             detail: format!("item size {itemsize} is not 1, 2, 4 or 8"),
-        }),
+        })),
     }
 }
 
