@@ -51,6 +51,7 @@ __all__ = [
     "npy_header",
     "npz_has_manifest",
     "npz_member_name",
+    "parse_descr",
     "parse_npy_header",
     "read_array_bytes",
     "read_safetensors_header",
@@ -118,8 +119,12 @@ class InvalidArrayError(LazyvaultError, ValueError):
 class InvalidFieldError(LazyvaultError, ValueError): ...
 class PickleNotAllowedError(LazyvaultError, ValueError): ...
 class InteropError(LazyvaultError, ValueError): ...
-class UnknownFormatError(InteropError): ...
-class InvalidFileError(InteropError): ...
+
+class UnknownFormatError(InteropError):
+    path: str | None
+
+class InvalidFileError(InteropError):
+    what: str | None
 
 @final
 class MappedBuffer:
