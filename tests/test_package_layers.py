@@ -34,24 +34,11 @@ IMPORTS_IN_FUNCTIONS = {
     # optional or heavy third-party modules, imported when a feature runs
     ("_frame", "pandas"): "optional dependency, for to_pandas() only",
     ("_progress", "tqdm.auto"): "imported only when a progress bar is shown",
-    # _interop.py is being rewritten on another branch (import and export in
-    # Rust); the lead removes these when switching it to the layered API
-    # (store.check_key, record.entry_of, _layout.problem, ...)
-    ("_interop", "_archive"): "until the _interop rewrite lands",
-    ("_interop", "store"): "until the _interop rewrite lands",
-    ("store", "_interop"): "until the _interop rewrite lands",
-    ("store", "_export"): "Store.export calls the layer above (a plug, as for _interop)",
 }
 
 #: Private names of other modules a module still uses:
 #: ``(module, private name) -> why``.
-PRIVATE_REACH_INS = {
-    ("_interop", "_check_key"): "until the _interop rewrite lands (store.check_key)",
-    ("_interop", "_record"): "until the _interop rewrite lands (record.entry_of ...)",
-    ("_interop", "_remainder"): "until the _interop rewrite lands (record.remainder_of)",
-    ("_interop", "_source"): "until the _interop rewrite lands (record.source_of)",
-    ("_interop", "_core"): "until the _interop rewrite lands",
-}
+PRIVATE_REACH_INS = {}
 
 
 def _modules() -> dict[str, ast.Module]:

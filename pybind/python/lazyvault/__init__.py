@@ -9,6 +9,7 @@ most 64 KiB, memory-mapped when larger).
 >>> store.find("temperature > 250")                        # doctest: +SKIP
 """
 
+from . import _export, _interop  # noqa: F401 (they plug import and export into Store)
 from ._archive import Archive, dumps, loads
 from ._lazyvault import FORMAT_VERSION, __version__
 from ._pickling import RecordRef

@@ -15,7 +15,7 @@ from . import _archive, _lazyvault
 from ._progress import ProgressArg, progress_callback
 from .errors import InteropError, MissingKeyError, UnknownFormatError
 from .record import array_entries
-from .store import core_of
+from .store import core_of, plug_export
 
 if TYPE_CHECKING:
     from .store import Store
@@ -93,3 +93,6 @@ def export(
             _lazyvault.export_npz(core_of(store), path, selected, report)
         else:
             _lazyvault.export_safetensors(core_of(store), path, selected, report)
+
+
+plug_export(export)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _arrays, _lazyvault
+from . import _archive, _arrays, _lazyvault
 from ._progress import ProgressArg, Report, progress_callback
 from ._source import entry_args
 from .errors import (
@@ -30,6 +30,8 @@ from .errors import (
     KeyTypeError,
     UnknownFormatError,
 )
+from .record import entry_of, remainder_of, source_of
+from .store import check_key, core_of, plug_interop
 
 if TYPE_CHECKING:
     from .record import Record
@@ -162,7 +164,7 @@ def _import_one(
     if fmt == "lvz":
         return _import_lvz(store, path, key, report)
     keys = _lazyvault.import_file(
-        store._core,
+        core_of(store),
         path,
         key,
         default_key,
@@ -246,10 +248,6 @@ def _import_directory(store: Store, root: str, progress: ProgressArg, limits: _L
 
 
 def _import_lvz(store: Store, path: str, key: str | None, report: Report | None) -> list[str]:
-    try:
-        from . import _archive
-    except ImportError:
-        raise InteropError(f"{path}: a .lvz archive, but this lazyvault cannot read them") from None
     archive = _archive.open_archive(path, allow_pickle=store.allow_pickle)
     try:
         # check every array (headers, sizes, CRC-32) before writing anything,
@@ -281,7 +279,7 @@ def _import_lvz(store: Store, path: str, key: str | None, report: Report | None)
 def _raw_pickled_array(rec: Record, name: str, entry: dict[str, Any]) -> bytes | None:
     """The pickle bytes of an ``object`` array payload without unpickling,
     when the record's source can hand them over."""
-    source = rec._source
+    source = source_of(rec)
     raw = getattr(source, "read_array_bytes", None)
     if raw is not None:
         return raw(rec.key, name, entry)
@@ -306,16 +304,17 @@ def copy_record(store: Store, key: str, rec: Record) -> None:
     """Writes ``rec`` (from any source: a store, an archive) into ``store``
     under ``key`` at record level: metadata, layout, arrays (mapped, not
     rebuilt) and the pickled remainder as bytes. Nothing is unpickled."""
-    from .store import _check_key
-
-    key = _check_key(key)
-    record = rec._record
+    key = check_key(key)
+    record = entry_of(rec)
     arrays = [_record_payload_args(rec, n, e) for n, e in record["arrays"].items()]
-    pickled = rec._remainder()
-    store._core.put(
+    pickled = remainder_of(rec)
+    core_of(store).put(
         key,
         json.dumps(record["meta"], ensure_ascii=False, allow_nan=False),
         json.dumps(record["layout"], ensure_ascii=False, allow_nan=False),
         arrays,
         pickled,
     )
+
+
+plug_interop(import_file=import_file, copy_record=copy_record)

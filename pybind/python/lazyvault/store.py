@@ -18,7 +18,7 @@ from collections.abc import (
     MutableMapping,
     Sequence,
 )
-from typing import TYPE_CHECKING, Any, Literal, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
 
 import numpy as np
 
@@ -320,9 +320,7 @@ class Store(MutableMapping[str, Record]):
         if isinstance(obj, Record):
             # a record from this or another store (or an archive): copy it as
             # a record (metadata, layout, payloads), never pickle the proxy
-            from . import _interop
-
-            _interop.copy_record(self, key, obj)
+            _plugged(_copy_record, "record copies")(self, key, obj)
             return
         self._core.put(*_put_args(key, obj))
 
@@ -629,9 +627,7 @@ class Store(MutableMapping[str, Record]):
         ``progress`` as in :meth:`verify`, counting arrays written (a
         ``.lvz`` is written by the core in one step: ``(0, n)`` then
         ``(n, n)``)."""
-        from . import _export
-
-        _export.export(self, path, keys=keys, query=query, progress=progress)
+        _plugged(_export, "export")(self, path, keys=keys, query=query, progress=progress)
 
     def import_file(
         self,
@@ -662,9 +658,7 @@ class Store(MutableMapping[str, Record]):
         file into the store in bounded memory; a rejected file leaves the
         store unchanged.
         """
-        from . import _interop
-
-        return _interop.import_file(
+        return _plugged(_import_file, "import")(
             self,
             path,
             key=key,
@@ -757,6 +751,39 @@ def raw_record(store: Store, key: str) -> tuple[bytes, bytes | None] | None:
 _open_file: Callable[[str | os.PathLike[str], str | None, bool], Any] | None = None
 #: ``Store.__reduce__`` (_pickling: unpickling opens a Store).
 _reduce_store: Callable[[Store], Any] | None = None
+
+
+#: ``(store, path, key=..., progress=..., max_header_size=..., max_ratio=...)``
+#: -> keys, and ``(store, key, record)``: import and record copies (_interop).
+_import_file: Callable[..., list[str]] | None = None
+_copy_record: Callable[[Store, str, Record], None] | None = None
+#: ``(store, path, keys=..., query=..., progress=...)``: export (_export).
+_export: Callable[..., None] | None = None
+
+
+def plug_interop(
+    *, import_file: Callable[..., list[str]], copy_record: Callable[[Store, str, Record], None]
+) -> None:
+    """Makes these the store's import and record copy (``_interop``)."""
+    global _import_file, _copy_record
+    _import_file, _copy_record = import_file, copy_record
+
+
+def plug_export(export: Callable[..., None]) -> None:
+    """Makes ``export`` the store's export (``_export``)."""
+    global _export
+    _export = export
+
+
+_F = TypeVar("_F")
+
+
+def _plugged(hook: _F | None, what: str) -> _F:
+    """``hook``, which a module a layer up plugged in when imported
+    (``import lazyvault`` imports them all)."""
+    if hook is None:
+        raise RuntimeError(f"lazyvault's {what} module is not loaded: import lazyvault")
+    return hook
 
 
 def plug_file_opener(opener: Callable[[str | os.PathLike[str], str | None, bool], Any]) -> None:
