@@ -23,6 +23,7 @@ import subprocess
 import sys
 import textwrap
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -334,3 +335,39 @@ def test_zip64_members(store: lv.Store, tmp_path: Path) -> None:
     for name, array in arrays.items():
         got = store["z64"].array(name)
         assert got.dtype == array.dtype and np.array_equal(got, array)
+
+
+def test_members_sharing_one_deflated_stream_are_refused(tmp_path: Path) -> None:
+    """The "overlapping files" zip bomb: 20 directory entries point at one
+    deflated local entry; each passes the ratio cap, together they expand
+    ~19,000:1 (found by a new user's trial). Refused, naming two members,
+    the store unchanged."""
+    n, size = 20, 2_000_000
+    text = f"{{'descr': '|u1', 'fortran_order': False, 'shape': ({size},), }}".ljust(117)
+    npy = b"\x93NUMPY\x01\x00" + struct.pack("<H", 118) + text.encode() + b"\n" + bytes(size)
+    deflate = zlib.compressobj(9, zlib.DEFLATED, -15)
+    comp = deflate.compress(npy) + deflate.flush()
+    crc = zlib.crc32(npy)
+    local = struct.pack(
+        "<IHHHHHIIIHH", 0x04034B50, 20, 0, 8, 0, 0x21, crc, len(comp), len(npy), 5, 0
+    )
+    local += b"a.npy" + comp
+    central = b"".join(
+        struct.pack(
+            "<IHHHHHHIIIHHHHHII",
+            *(0x02014B50, 20, 20, 0, 8, 0, 0x21, crc, len(comp), len(npy)),
+            *(8, 0, 0, 0, 0, 0, 0),
+        )
+        + b"m%03d.npy" % i
+        for i in range(n)
+    )
+    end = struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, n, n, len(central), len(local), 0)
+    path = tmp_path / "overlap.npz"
+    path.write_bytes(local + central + end)
+    with lv.Store.open(tmp_path / "s.lv") as store:
+        before = store_files(tmp_path / "s.lv")
+        with pytest.raises(lv.InvalidFileError, match="share bytes") as info:
+            store.import_file(path)
+        assert "overlap.npz" in str(info.value) and "m000.npy" in str(info.value)
+        assert list(store) == []
+        assert store_files(tmp_path / "s.lv") == before

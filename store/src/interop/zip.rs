@@ -77,6 +77,8 @@ impl<R: Read + Seek> ZipIn<R> {
         if zip.has_duplicate_names() {
             return Err(invalid(what, "a member name occurs twice in the zip"));
         }
+        let mut zip = zip;
+        check_apart(&mut zip, what)?;
         Ok(ZipIn {
             zip,
             what: what.to_owned(),
@@ -155,6 +157,48 @@ impl<R: Read + Seek> ZipIn<R> {
     pub fn what(&self) -> &str {
         &self.what
     }
+}
+
+/// Refuses a zip whose members share bytes: each member's local header and
+/// data must lie apart, so that the ratio cap on each member bounds the
+/// expansion of the whole file (a directory pointing many members at one
+/// deflated stream is the "overlapping files" zip bomb). Members whose
+/// local header cannot be read are left to [`ZipIn::reader`], which names
+/// them.
+fn check_apart<R: Read + Seek>(zip: &mut ZipArchive<R>, what: &str) -> Result<()> {
+    let mut spans = Vec::with_capacity(zip.len());
+    for index in 0..zip.len() {
+        let Ok(f) = zip.by_index_raw(index) else {
+            continue;
+        };
+        let start = f.header_start();
+        if let Some(end) = f
+            .data_start()
+            .and_then(|d| d.checked_add(f.compressed_size()))
+        {
+            spans.push((start, end, index));
+        }
+    }
+    spans.sort_unstable();
+    for pair in spans.windows(2) {
+        let ((_, end, a), (start, _, b)) = (pair[0], pair[1]);
+        if start < end {
+            let mut name = |i: usize| {
+                zip.by_index_raw(i)
+                    .ok()
+                    .and_then(|f| f.name().ok().map(|n| n.into_owned()))
+                    .unwrap_or_default()
+            };
+            let (first, second) = (name(a), name(b));
+            return Err(invalid(
+                what,
+                format!(
+                    "members {first:?} and {second:?} share bytes of the file (overlapping members: a zip bomb's trick)"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Whether the zip in `reader` names a member `name` (`false` for anything
