@@ -1,4 +1,4 @@
-"""Interop (DESIGN.md, "Pickle and archives"; issue 3 item 5):
+"""Interop (README, "Interop"; issue 3 item 5):
 ``store.import_file`` of ``.npy``, ``.npz``, ``.safetensors`` and ``.lvz``
 files, ``store.export`` to ``.lvz``, ``.npz`` and ``.safetensors``.
 

@@ -4,7 +4,7 @@
 //! `FORMAT.md` beside this crate is the prose specification; this crate is its
 //! executable half. Everything that decides where a file lives or whether a
 //! record may be trusted goes through here, so that a hostile record can never
-//! name a path outside the store (DESIGN.md invariant 4).
+//! name a path outside the store (FORMAT.md, "Payload files").
 
 mod manifest;
 mod record;

@@ -1,5 +1,5 @@
 //! Payload files: writing a `.npy` file crash-safely, and mapping one back
-//! after checking that it is what its record says (DESIGN.md invariants 2, 3, 5).
+//! after checking that it is what its record says (FORMAT.md, "Payload files").
 
 use std::collections::{BTreeSet, HashSet};
 use std::fs::File;

@@ -265,7 +265,7 @@ class StoreCore:
     def verify(
         self, checksums: bool = True, progress: Callable[[int, int], Any] | None = None
     ) -> dict[str, Any]:
-        """Checks records, sidecars and payloads; ``progress(done, total)``
+        """Checks records, the journal and payloads; ``progress(done, total)``
         is called about ten times a second; an exception it raises stops
         the check."""
     @staticmethod

@@ -131,7 +131,7 @@ def _query_text(expr: object) -> str:
 
 
 class Store(MutableMapping[str, Record]):
-    """A store of objects made of metadata and numpy arrays (see DESIGN.md).
+    """A store of objects made of metadata and numpy arrays (see the README).
 
     Open with :meth:`Store.open`. ``store[key] = obj`` splits ``obj`` into a
     JSON metadata record and ``.npy`` payloads; ``store[key]`` returns a lazy
@@ -587,7 +587,7 @@ class Store(MutableMapping[str, Record]):
 
         Every put and delete is appended to the journal (``journal/``) before
         its index entry, and ``flush()`` makes the journal durable before the
-        index, so the index is derived data (DESIGN.md invariant 7).
+        index, so the index is derived data (FORMAT.md, "Repair").
         ``repair`` takes the store's lock, moves the old index directory
         aside to ``index.damaged-<n>`` (never deleting it), replays the
         journal keeping each key's latest version (a version whose payloads
