@@ -375,7 +375,7 @@ impl Error {
     }
 
     /// Names the record `key` in a [`CorruptError`] (other errors pass).
-    pub fn with_key(mut self, key: &str) -> Error {
+    pub(crate) fn with_key(mut self, key: &str) -> Error {
         if let Error::Corrupt(c) = &mut self {
             *c.context().0 = Some(key.to_owned());
         }
@@ -383,7 +383,7 @@ impl Error {
     }
 
     /// Names the array `name` in a [`CorruptError`] (other errors pass).
-    pub fn with_array(mut self, name: &str) -> Error {
+    pub(crate) fn with_array(mut self, name: &str) -> Error {
         if let Error::Corrupt(c) = &mut self {
             *c.context().1 = Some(name.to_owned());
         }
@@ -391,7 +391,7 @@ impl Error {
     }
 
     /// Names the damaged file in a [`CorruptError`] (other errors pass).
-    pub fn with_path(mut self, path: &Path) -> Error {
+    pub(crate) fn with_path(mut self, path: &Path) -> Error {
         if let Error::Corrupt(c) = &mut self {
             *c.context().2 = Some(path.to_owned());
         }

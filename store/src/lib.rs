@@ -18,9 +18,6 @@
 //! # Ok::<(), lazyvault_store::Error>(())
 //! ```
 
-// TODO(issue 12): missing_docs once the module splits land
-#![allow(missing_docs)]
-
 pub mod archive;
 mod checkpoint;
 mod error;
@@ -46,8 +43,7 @@ pub use payload::{
     load_payload, map_payload, open_payload, read_payload, ArraySource, MappedPayload,
     READ_MAX_BYTES,
 };
-pub use store::writer::{CHECKPOINT_TAIL_BYTES, DEFAULT_RETENTION};
+pub(crate) use store::INDEXES_FILE;
 pub use store::{
-    GcReport, Mode, NewRecord, RepairReport, Stage, StagedRecord, Store, VerifyReport,
-    INDEXES_FILE, INDEX_DIR, LOCK_FILE,
+    GcReport, Mode, NewRecord, RepairReport, Stage, StagedRecord, Store, VerifyReport, INDEX_DIR,
 };

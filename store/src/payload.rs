@@ -22,7 +22,13 @@ pub struct ArraySource<'a> {
     pub descr: String,
     /// numpy's `dtype.name`.
     pub dtype: String,
+    /// numpy's `shape`: the length of each axis in elements, outermost
+    /// first; `[]` for a 0-d array. Unless `pickled`, the product times the
+    /// descr's itemsize must equal `data.len()` in bytes (else
+    /// [`UsageError::InvalidArray`](crate::UsageError::InvalidArray)).
     pub shape: Vec<u64>,
+    /// numpy's `fortran_order` (NEP 1): `true` when `data` holds the
+    /// elements in column-major order, `false` for row-major (C) order.
     pub fortran_order: bool,
     /// The array's bytes in `fortran_order` (or C) order; for a pickled
     /// (`object`) array, the pickle of the array.
@@ -373,7 +379,7 @@ pub const READ_MAX_BYTES: u64 = 64 * 1024;
 /// The alignment of the data of a payload read into memory, in bytes
 /// (numpy's own `.npy` data alignment, and the alignment of a mapping's
 /// data: its header is a multiple of 64 bytes).
-pub const DATA_ALIGN: usize = 64;
+pub(crate) const DATA_ALIGN: usize = 64;
 
 /// One `DATA_ALIGN`-aligned block of an owned payload buffer.
 #[derive(Clone, Copy)]

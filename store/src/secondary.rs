@@ -33,7 +33,7 @@ const STRING: u8 = 4;
 
 /// Checks an indexable field name: dotted plain field names, each
 /// non-empty, no NUL. Returns its segments.
-pub fn parse_field(field: &str) -> Result<Vec<String>, String> {
+pub(crate) fn parse_field(field: &str) -> Result<Vec<String>, String> {
     if field.contains('\0') {
         return Err("a field name cannot contain NUL".into());
     }

@@ -43,10 +43,10 @@ use writer::{Writer, WriterState};
 /// Directory of the sled index inside a store.
 pub const INDEX_DIR: &str = "index";
 /// The lock file naming the process that holds the store.
-pub const LOCK_FILE: &str = "lazyvault.lock";
+pub(crate) const LOCK_FILE: &str = "lazyvault.lock";
 /// The list of secondary indexes, kept outside sled so `repair` can
 /// rebuild them: `{"indexes": ["temperature", "params.lr"]}`.
-pub const INDEXES_FILE: &str = "indexes.json";
+pub(crate) const INDEXES_FILE: &str = "indexes.json";
 
 /// One record for [`Store::put_many`]: what [`Store::put`] takes.
 #[derive(Debug, Clone)]
@@ -64,7 +64,7 @@ pub struct NewRecord<'a> {
 }
 
 /// A record's JSON and its pickled remainder, if any, as stored.
-pub type RecordBytes = (Vec<u8>, Option<Vec<u8>>);
+pub(crate) type RecordBytes = (Vec<u8>, Option<Vec<u8>>);
 
 /// How to open a store, as in Python's `open()` and h5py.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

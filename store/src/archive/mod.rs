@@ -51,9 +51,9 @@ pub const RECORDS_MEMBER: &str = "lazyvault/records.jsonl";
 /// Directory (inside the zip) of the payload members.
 pub const ARRAYS_PREFIX: &str = "arrays/";
 /// Value of the manifest's `kind` field for an archive.
-pub const ARCHIVE_KIND: &str = "archive";
+pub(crate) const ARCHIVE_KIND: &str = "archive";
 /// The first four bytes of every `.lvz` file (a zip local file header).
-pub const ZIP_MAGIC: &[u8; 4] = b"PK\x03\x04";
+pub(crate) const ZIP_MAGIC: &[u8; 4] = b"PK\x03\x04";
 
 /// Smallest possible zip file: an end of central directory record.
 const MIN_ZIP_LEN: u64 = 22;
@@ -93,13 +93,13 @@ const BASE64: GeneralPurpose = GeneralPurpose::new(
 );
 
 /// Standard base64 with `=` padding.
-pub fn base64_encode(data: &[u8]) -> String {
+pub(crate) fn base64_encode(data: &[u8]) -> String {
     BASE64.encode(data)
 }
 
 /// Strict decoding of [`base64_encode`]'s output (padding required, no
 /// whitespace, no other alphabet); `None` for anything else.
-pub fn base64_decode(text: &str) -> Option<Vec<u8>> {
+pub(crate) fn base64_decode(text: &str) -> Option<Vec<u8>> {
     BASE64.decode(text).ok()
 }
 

@@ -223,8 +223,8 @@ fn is_no_lock(e: &std::io::Error) -> bool {
 
 /// errno values (Linux), without a libc dependency on other systems.
 pub(crate) mod libc_errno {
-    pub const ENOLCK: i32 = 37;
-    pub const EOPNOTSUPP: i32 = 95;
+    pub(crate) const ENOLCK: i32 = 37;
+    pub(crate) const EOPNOTSUPP: i32 = 95;
 }
 
 /// Pins the checkpoint at `path`. `Ok(None)` when it was removed before the

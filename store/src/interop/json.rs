@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 /// # Errors
 /// The parser's message: invalid JSON or UTF-8, a duplicate key (`duplicate
 /// key "a"`), trailing characters, nesting deeper than 128.
-pub fn parse_strict(bytes: &[u8]) -> Result<Value, String> {
+pub(crate) fn parse_strict(bytes: &[u8]) -> Result<Value, String> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = Strict.deserialize(&mut de).map_err(|e| e.to_string())?;
     de.end().map_err(|e| e.to_string())?;

@@ -203,7 +203,7 @@ fn parse_descr(descr: &str) -> Option<Lit> {
 
 /// Whether a descr (Python-literal text) holds Python objects anywhere
 /// (numpy's `dtype.hasobject`): such arrays are written as pickles.
-pub fn descr_has_object(descr: &str) -> bool {
+pub(crate) fn descr_has_object(descr: &str) -> bool {
     fn lit_has_object(lit: &Lit) -> bool {
         match lit {
             Lit::Str(t) => t.trim_start_matches(['<', '>', '|', '=']).starts_with('O'),

@@ -33,7 +33,7 @@ use crate::npy as core_npy;
 use crate::Store;
 
 /// The `format` of lazyvault's npz manifest.
-pub const NPZ_FORMAT: &str = "lazyvault-npz";
+pub(crate) const NPZ_FORMAT: &str = "lazyvault-npz";
 /// The largest manifest read, in bytes.
 const MANIFEST_MAX: u64 = 1 << 30;
 

@@ -33,11 +33,11 @@ use crate::Store;
 /// Largest header read, in bytes (the reference reader's cap, 100 MB).
 pub const SAFETENSORS_MAX_HEADER: u64 = 100_000_000;
 /// The key of the string map in the header.
-pub const METADATA_KEY: &str = "__metadata__";
+pub(crate) const METADATA_KEY: &str = "__metadata__";
 /// The metadata field that keeps raw-bit tensors' tags.
-pub const TAGS_FIELD: &str = "safetensors_dtypes";
+pub(crate) const TAGS_FIELD: &str = "safetensors_dtypes";
 /// Our export's entry in `__metadata__`.
-pub const MARKER: &str = "lazyvault";
+pub(crate) const MARKER: &str = "lazyvault";
 
 /// A tag's `(descr, numpy dtype name, raw bits kept)`, or `None` when
 /// unknown. Sub-byte tags are refused separately.

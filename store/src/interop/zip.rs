@@ -41,12 +41,12 @@ pub struct MemberInfo {
 
 impl MemberInfo {
     /// Whether the member is stored (not compressed).
-    pub fn is_stored(&self) -> bool {
+    pub(crate) fn is_stored(&self) -> bool {
         self.method == STORED
     }
 
     /// Whether the member is deflated.
-    pub fn is_deflated(&self) -> bool {
+    pub(crate) fn is_deflated(&self) -> bool {
         self.method == DEFLATED
     }
 }
@@ -154,7 +154,7 @@ impl<R: Read + Seek> ZipIn<R> {
     }
 
     /// The file, for messages.
-    pub fn what(&self) -> &str {
+    pub(crate) fn what(&self) -> &str {
         &self.what
     }
 }
@@ -203,7 +203,7 @@ fn check_apart<R: Read + Seek>(zip: &mut ZipArchive<R>, what: &str) -> Result<()
 
 /// Whether the zip in `reader` names a member `name` (`false` for anything
 /// that is not a readable zip).
-pub fn has_member<R: Read + Seek>(reader: R, name: &str) -> bool {
+pub(crate) fn has_member<R: Read + Seek>(reader: R, name: &str) -> bool {
     ZipArchive::new(reader).is_ok_and(|z| z.index_for_name(name).is_some())
 }
 

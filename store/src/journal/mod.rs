@@ -33,14 +33,15 @@ mod writer;
 pub(crate) use commit::{read_committed, Committed};
 pub use entry::{decode, encode, Change, Entry};
 pub(crate) use segment::{numbered_files, read_segment_from};
-pub use segment::{read_segment, relpath, segments, SegmentEntries, SEGMENT_HEADER_LEN};
+pub(crate) use segment::{read_segment, SEGMENT_HEADER_LEN};
+pub use segment::{relpath, segments};
 pub(crate) use writer::JournalWriter;
 
 /// Directory (relative to the store root) holding the journal segments.
 pub const JOURNAL_DIR: &str = "journal";
 
 /// A position in the journal: segment number and byte offset in it.
-pub type Position = (u64, u64);
+pub(crate) type Position = (u64, u64);
 
 /// One put as the writer appends it: key, record JSON, pickled remainder.
 pub(crate) type Put<'a> = (&'a str, &'a [u8], Option<&'a [u8]>);

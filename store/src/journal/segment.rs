@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 /// The first 8 bytes of every segment.
 const SEGMENT_MAGIC: &[u8; 8] = b"LVJRNL\0\x01";
 /// Length of a segment's header; the first entry starts here.
-pub const SEGMENT_HEADER_LEN: u64 = 16;
+pub(crate) const SEGMENT_HEADER_LEN: u64 = 16;
 
 /// The header of segment `number`: magic, then the number (u64 LE).
 pub(super) fn header(number: u64) -> [u8; SEGMENT_HEADER_LEN as usize] {
@@ -74,7 +74,7 @@ pub(crate) fn numbered_files(dir: &Path, suffix: &str) -> Result<Vec<(u64, PathB
 /// committed end, when known), each with its end offset; and, if the
 /// segment does not end cleanly there, why (a torn or damaged entry: the
 /// entries after it are not read).
-pub struct SegmentEntries {
+pub(crate) struct SegmentEntries {
     /// Each entry and the byte offset in the segment just after it.
     pub entries: Vec<(Entry, u64)>,
     /// Why reading stopped before the end, if it did.
@@ -130,7 +130,7 @@ fn collect_entries(path: &Path, bytes: &[u8], base: u64) -> SegmentEntries {
 ///
 /// # Errors
 /// I/O errors; [`Error::Corrupt`] for a segment too large for memory.
-pub fn read_segment(path: &Path, number: u64, limit: Option<u64>) -> Result<SegmentEntries> {
+pub(crate) fn read_segment(path: &Path, number: u64, limit: Option<u64>) -> Result<SegmentEntries> {
     let mut file = File::open(path).map_err(Error::io(path))?;
     let len = file.metadata().map_err(Error::io(path))?.len();
     let end = limit.map_or(len, |l| l.min(len));

@@ -29,7 +29,7 @@
 //!   name or descr; a type mismatch is false under every operator.
 //! - `eval`: resolves paths against a [`RecordView`] and applies the `value` rules.
 //! - `plan`: what a query allows a secondary index to narrow
-//!   ([`Query::index_plan`]) and what a scan must decode ([`Query::needs`]).
+//!   (`Query::index_plan`) and what a scan must decode (`Query::needs`).
 //! - `error`: [`QueryError`] and its display with a caret under the column.
 //!
 //! Unit tests sit beside the code they test; `proptests` checks the whole
@@ -52,7 +52,7 @@ use std::fmt;
 use std::str::FromStr;
 
 pub use self::error::QueryError;
-pub use self::plan::{IndexLookup, IndexPlan, QueryNeeds};
+pub(crate) use self::plan::{IndexLookup, QueryNeeds};
 /// The JSON types of [`RecordView::meta`], re-exported so that implementors and
 /// callers use the same `serde_json` as this crate.
 pub use serde_json::{Map, Value};
@@ -61,7 +61,7 @@ pub use serde_json::{Map, Value};
 pub const MAX_QUERY_BYTES: usize = 64 * 1024;
 
 /// Deepest accepted nesting of parentheses, `not`, list literals and call arguments.
-pub const MAX_NESTING: usize = 64;
+pub(crate) const MAX_NESTING: usize = 64;
 
 /// Facts about one array payload of a record, available to queries without touching
 /// the payload.

@@ -17,7 +17,7 @@ use super::Query;
 /// index gives candidates only; the whole query is still evaluated on each,
 /// so a plan needs to be a superset, never exact.
 #[derive(Debug, Clone, PartialEq)]
-pub enum IndexLookup {
+pub(crate) enum IndexLookup {
     /// Field equal to one of these scalars (`==`, `in [...]`); an empty
     /// list matches nothing.
     Points(Vec<Value>),
@@ -33,7 +33,7 @@ pub enum IndexLookup {
 
 /// A secondary-index plan: the field (dotted path segments) and the lookup.
 #[derive(Debug, Clone, PartialEq)]
-pub struct IndexPlan {
+pub(crate) struct IndexPlan {
     /// The indexed metadata field, as path segments: `["params", "lr"]`.
     pub field: Vec<String>,
     /// The values of that field the candidates have.
@@ -44,7 +44,7 @@ pub struct IndexPlan {
 /// rest while decoding: the top-level metadata fields its paths start with,
 /// and whether it reads array facts.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct QueryNeeds {
+pub(crate) struct QueryNeeds {
     /// The top-level metadata fields the query's paths start with.
     pub fields: HashSet<String>,
     /// Whether the query reads the record's array entries (facts, `exists`).
@@ -55,7 +55,7 @@ impl QueryNeeds {
     /// Whether the top-level metadata field `name` is read. Queries name
     /// few fields: comparing them beats hashing `name` (SipHash) for each
     /// field of each record scanned.
-    pub fn wants(&self, name: &str) -> bool {
+    pub(crate) fn wants(&self, name: &str) -> bool {
         if self.fields.len() <= 8 {
             self.fields.iter().any(|f| f == name)
         } else {
@@ -98,7 +98,7 @@ impl Query {
     /// scalars, and `< <= > >=` with a number or a string; several ranges
     /// on one field are intersected. Points beat ranges (fewer points
     /// beat more), two-sided ranges beat one-sided.
-    pub fn index_plan(&self, indexed: &dyn Fn(&[String]) -> bool) -> Option<IndexPlan> {
+    pub(crate) fn index_plan(&self, indexed: &dyn Fn(&[String]) -> bool) -> Option<IndexPlan> {
         let items: &[Node] = match &self.root {
             Node::And(items) => items,
             other => std::slice::from_ref(other),
@@ -133,7 +133,7 @@ impl Query {
     }
 
     /// The fields and facts this query reads (see [`QueryNeeds`]).
-    pub fn needs(&self) -> QueryNeeds {
+    pub(crate) fn needs(&self) -> QueryNeeds {
         let mut needs = QueryNeeds::default();
         let mut stack = vec![&self.root];
         while let Some(node) = stack.pop() {

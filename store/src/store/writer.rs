@@ -24,19 +24,19 @@ use super::{INDEX_DIR, LOCK_FILE};
 
 /// A checkpoint is written at a flush once the journal has grown this much
 /// since the last one: readers replay at most about this much at open.
-pub const CHECKPOINT_TAIL_BYTES: u64 = 4 << 20;
+pub(crate) const CHECKPOINT_TAIL_BYTES: u64 = 4 << 20;
 /// At most this many runs in a checkpoint; more are merged.
 const MAX_RUNS: usize = 12;
 /// How long superseded checkpoints and retired payloads are kept for
 /// readers on other machines (whose locks this machine cannot see), unless
 /// the store is told otherwise (`Store::set_retention`).
-pub const DEFAULT_RETENTION: Duration = Duration::from_secs(15 * 60);
+pub(crate) const DEFAULT_RETENTION: Duration = Duration::from_secs(15 * 60);
 
 /// Free space a write must leave on the store's file system, so that the
 /// index (sled), the journal and a checkpoint can always finish what was
 /// admitted: sled 0.34 does not recover from a failed write in the same
 /// session, so a write is refused before it could fail there.
-pub const FREE_SPACE_MARGIN: u64 = 1 << 20;
+pub(crate) const FREE_SPACE_MARGIN: u64 = 1 << 20;
 /// What a record's metadata is assumed to cost in the journal, the index
 /// and a checkpoint run, for the free-space check.
 const RECORD_ESTIMATE: u64 = 3 * 4096;

@@ -40,9 +40,9 @@ use crate::Store;
 /// The member holding lazyvault's record metadata.
 pub const MANIFEST_MEMBER: &str = "__lazyvault__.json";
 /// The manifest's `format` value.
-pub const NPZ_FORMAT: &str = "lazyvault-npz";
+pub(crate) const NPZ_FORMAT: &str = "lazyvault-npz";
 /// The manifest's `version` value.
-pub const NPZ_VERSION: u64 = 1;
+pub(crate) const NPZ_VERSION: u64 = 1;
 /// The descr of an `object` array (pickled payload), as numpy writes it.
 const OBJECT_DESCR: &str = "'|O'";
 

@@ -20,7 +20,7 @@ pub(crate) struct Style {
 
 impl Style {
     /// `json.dumps(v, ensure_ascii=False)`.
-    pub const DEFAULT: Style = Style {
+    pub(super) const DEFAULT: Style = Style {
         indent: None,
         compact: false,
         ensure_ascii: false,

@@ -44,12 +44,12 @@ use crate::payload;
 use crate::Store;
 
 /// The header key of the string-to-string metadata map.
-pub const METADATA_KEY: &str = "__metadata__";
+pub(crate) const METADATA_KEY: &str = "__metadata__";
 /// The metadata field in which import keeps raw-bit dtype tags
 /// (`{array path: "BF16"}`).
-pub const TAGS_FIELD: &str = "safetensors_dtypes";
+pub(crate) const TAGS_FIELD: &str = "safetensors_dtypes";
 /// The `__metadata__` entry describing what we JSON-encoded.
-pub const MARKER: &str = "lazyvault";
+pub(crate) const MARKER: &str = "lazyvault";
 
 /// safetensors dtype tags of the numpy type codes (kind and item size,
 /// byte order aside).
@@ -77,7 +77,7 @@ const RAW_TAGS: [(&str, &str); 4] = [
 
 /// How one array becomes a tensor.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TensorKind {
+pub(crate) struct TensorKind {
     /// The safetensors dtype tag (`"F32"`, `"BF16"`...).
     pub tag: String,
     /// Bytes per element: 1, 2, 4 or 8.
@@ -89,7 +89,7 @@ pub struct TensorKind {
 /// The tensor kind of an array of `descr` (Python-literal `.npy` descr),
 /// given the raw-bit tag `kept` for it, or `None` when safetensors cannot
 /// hold the dtype.
-pub fn tensor_kind(descr: &str, kept: Option<&str>) -> Option<TensorKind> {
+pub(crate) fn tensor_kind(descr: &str, kept: Option<&str>) -> Option<TensorKind> {
     let text = descr.strip_prefix('\'')?.strip_suffix('\'')?;
     let (order, code) = match text.chars().next()? {
         c @ ('<' | '>' | '|' | '=') => (c, &text[1..]),
