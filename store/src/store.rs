@@ -89,7 +89,7 @@ impl FromStr for Mode {
     }
 }
 
-/// What `gc()` removed.
+/// What [`Store::gc`] removed.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct GcReport {
     /// Payload files (and leftover temporary files) removed.
@@ -101,7 +101,8 @@ pub struct GcReport {
     pub journal_bytes_freed: u64,
 }
 
-/// What `verify()` found.
+/// What [`Store::verify`] or [`Store::verify_with`] found: damage is
+/// reported here, one line per problem, rather than as an error.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct VerifyReport {
     /// Records checked.
@@ -114,8 +115,8 @@ pub struct VerifyReport {
     /// One line per damaged or missing payload, undecodable record, or
     /// disagreement between the index and the journal.
     pub problems: Vec<String>,
-    /// Payload or temporary files that no record references (`gc()`
-    /// removes them).
+    /// Payload or temporary files that no record references, as paths under
+    /// [`Store::root`] (not a problem: [`Store::gc`] removes them).
     pub orphans: Vec<PathBuf>,
 }
 
@@ -138,7 +139,8 @@ pub struct RepairReport {
 }
 
 impl VerifyReport {
-    /// Whether every record and payload checked out.
+    /// Whether every record and payload checked out: `problems` is empty
+    /// (orphans do not count).
     pub fn is_ok(&self) -> bool {
         self.problems.is_empty()
     }
@@ -151,6 +153,15 @@ impl VerifyReport {
 /// write; then it takes the writer role, shared by every handle of the
 /// store in this process, and reads the writer's index (its own changes
 /// included). Writers are serialised internally, readers run concurrently.
+///
+/// # Errors
+/// Every method returning a [`Result`](crate::Result) fails with
+/// [`UsageError::Closed`](crate::UsageError::Closed) after [`Store::close`]
+/// and with [`OpenError::Forked`](crate::OpenError::Forked) in a child
+/// process forked after the store was opened. Reading the index may also
+/// fail with [`Error::Corrupt`] (data the store did not write),
+/// [`Error::Index`] (sled) or [`StorageError::Io`](crate::StorageError::Io);
+/// each method's own section lists what it adds.
 pub struct Store {
     root: PathBuf,
     mode: Mode,
@@ -321,7 +332,8 @@ impl Store {
         Ok(true)
     }
 
-    /// The store's directory.
+    /// The store's directory, made absolute when it was opened (a later
+    /// `chdir` does not move it).
     pub fn root(&self) -> &Path {
         &self.root
     }
@@ -405,14 +417,17 @@ impl Store {
     }
 
     /// How long superseded checkpoints and retired payloads are kept for
-    /// readers on other machines.
+    /// readers on other machines, whose locks this machine cannot see.
+    /// Unless set with [`Store::set_retention`]: 15 minutes when the store
+    /// is on a network file system (NFS, SMB, Lustre, GPFS, CephFS, ...,
+    /// told by `statfs(2)`), zero on a local one.
     pub fn retention(&self) -> Duration {
         let set = *self.retention.lock().unwrap_or_else(|p| p.into_inner());
         set.unwrap_or_else(|| writer::default_retention(&self.root))
     }
 
     /// Sets [`Store::retention`] for this handle's flushes, closes and
-    /// `gc()`.
+    /// [`Store::gc`] (a local disk exported over NFS needs one).
     pub fn set_retention(&self, retention: Duration) {
         *self.retention.lock().unwrap_or_else(|p| p.into_inner()) = Some(retention);
     }
@@ -420,6 +435,9 @@ impl Store {
     /// The version this handle shows: the number of commits (flushes and
     /// closes that changed something, `gc()`) since the store was created,
     /// as of its snapshot; for the writer, its last commit.
+    ///
+    /// # Errors
+    /// Only those of every method (see [`Store`]).
     pub fn version(&self) -> Result<u64> {
         let view = self.view()?;
         Ok(match &*view.0 {
@@ -431,6 +449,12 @@ impl Store {
 
     /// Moves a reader's snapshot to the latest commit and returns its
     /// version; the writer already shows it.
+    ///
+    /// # Errors
+    /// [`OpenError::NotFound`](crate::OpenError::NotFound) when the store was
+    /// removed meanwhile; [`Error::Corrupt`] for a damaged checkpoint or
+    /// journal; [`StorageError::Io`](crate::StorageError::Io). The snapshot is
+    /// unchanged on error.
     pub fn refresh(&self) -> Result<u64> {
         self.check_fork()?;
         let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
@@ -697,13 +721,22 @@ impl Store {
         }
     }
 
-    /// The record JSON of `key` as stored (see FORMAT.md), or `None`.
+    /// The record JSON of `key` as stored (UTF-8 bytes, see FORMAT.md,
+    /// "Record"), or `None`.
+    ///
+    /// # Errors
+    /// [`UsageError::EmptyKey`](crate::UsageError::EmptyKey) for `""`, and
+    /// those of every method (see [`Store`]).
     pub fn get_json(&self, key: &str) -> Result<Option<Vec<u8>>> {
         check_key(key)?;
         self.view()?.index().get(key)
     }
 
     /// The decoded, validated record of `key`, or `None`.
+    ///
+    /// # Errors
+    /// As [`Store::get_json`]; [`Error::Corrupt`] (naming `key`) when the
+    /// stored JSON is not a valid record.
     pub fn get(&self, key: &str) -> Result<Option<Record>> {
         match self.get_json(key)? {
             None => Ok(None),
@@ -716,6 +749,10 @@ impl Store {
     /// The record JSON of `key` and its pickled remainder, read together:
     /// writers are held off between the two reads, so the remainder always
     /// belongs to that record (never to a record that replaced it).
+    /// Returns `(record JSON, pickled remainder)`, or `None` without a record.
+    ///
+    /// # Errors
+    /// As [`Store::get_json`].
     pub fn get_with_pickle(&self, key: &str) -> Result<Option<RecordBytes>> {
         check_key(key)?;
         let view = self.view()?;
@@ -731,30 +768,50 @@ impl Store {
         Ok(Some((record, pickle)))
     }
 
-    /// The pickled remainder of `key`, if it has one.
+    /// The pickled remainder of `key` (the bytes `pickle` was given to
+    /// [`Store::put`]), if it has one.
+    ///
+    /// # Errors
+    /// As [`Store::get_json`].
     pub fn get_pickle(&self, key: &str) -> Result<Option<Vec<u8>>> {
         check_key(key)?;
         self.view()?.index().get_pickle(key)
     }
 
     /// Whether `key` has a record.
+    ///
+    /// # Errors
+    /// As [`Store::get_json`].
     pub fn contains(&self, key: &str) -> Result<bool> {
         check_key(key)?;
         self.view()?.index().contains(key)
     }
 
     /// Number of records (O(1)).
+    ///
+    /// # Errors
+    /// Only those of every method (see [`Store`]).
     pub fn len(&self) -> Result<u64> {
         self.view()?.index().len()
     }
 
     /// Whether the store has no records.
+    ///
+    /// # Errors
+    /// As [`Store::len`].
     pub fn is_empty(&self) -> Result<bool> {
         Ok(self.len()? == 0)
     }
 
     /// Removes `key`; returns whether it was there. Its payloads are removed
     /// as those of a replaced record (see [`Store::put`]).
+    ///
+    /// # Errors
+    /// As [`Store::put`]: [`UsageError::EmptyKey`](crate::UsageError::EmptyKey),
+    /// [`UsageError::ReadOnly`](crate::UsageError::ReadOnly),
+    /// [`OpenError::Locked`](crate::OpenError::Locked), I/O errors (a disk
+    /// too full to take the journal entry is refused before anything is
+    /// written). On error the record stays.
     pub fn delete(&self, key: &str) -> Result<bool> {
         check_key(key)?;
         let (_view, w) = self.writer()?;
@@ -787,6 +844,9 @@ impl Store {
     }
 
     /// All keys, in Unicode code point order.
+    ///
+    /// # Errors
+    /// Only those of every method (see [`Store`]).
     pub fn keys(&self) -> Result<Vec<String>> {
         let view = self.view()?;
         let mut keys = Vec::new();
@@ -803,6 +863,12 @@ impl Store {
     /// that no reader may still see. A reader, or a handle that has not
     /// written, has nothing to flush. If a flush fails, nothing is removed
     /// and the error is returned.
+    ///
+    /// # Errors
+    /// [`StorageError::Io`](crate::StorageError::Io) when the journal or the
+    /// index cannot be made durable (`ENOSPC`, `EIO`, ...; after sled failed
+    /// to write, every later flush of this session fails until the store is
+    /// reopened); [`Error::Index`].
     pub fn flush(&self) -> Result<()> {
         let view = self.view()?;
         let State::Writing(w) = &*view.0 else {
@@ -817,6 +883,11 @@ impl Store {
     /// and releases the snapshot, or the writer role when this is the last
     /// handle holding it (the index and the lock). Idempotent; any other
     /// call afterwards raises [`UsageError::Closed`](crate::UsageError::Closed).
+    ///
+    /// # Errors
+    /// Those of [`Store::flush`] and of writing the checkpoint or releasing
+    /// the index; [`OpenError::Forked`](crate::OpenError::Forked) in a forked
+    /// child. The handle is closed even then.
     pub fn close(&self) -> Result<()> {
         // Never touch sled in a forked child: flush would hang.
         self.check_fork()?;

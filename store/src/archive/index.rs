@@ -30,13 +30,15 @@ const LOCAL_HEADER_SIG: u32 = 0x0403_4b50;
 /// One record of an archive.
 #[derive(Debug)]
 pub struct ArchiveRecord {
-    /// The key.
+    /// The record's key: non-empty, unique within the archive.
     pub key: String,
-    /// The record JSON, compact, as the writer stored it.
+    /// The record JSON, compact, as the writer stored it (UTF-8; FORMAT.md,
+    /// "Record").
     pub json: Vec<u8>,
-    /// The decoded record.
+    /// The decoded record (parsed from `json`, validated by the schema).
     pub record: Record,
-    /// The pickled remainder, when the record has one.
+    /// The pickled remainder, when the record has one (decoded from the
+    /// line's base64 `pickle` field).
     pub pickle: Option<Vec<u8>>,
 }
 
@@ -455,7 +457,7 @@ impl ArchiveIndex {
         &self.records
     }
 
-    /// The record of `key`.
+    /// The record of `key`, or `None` when the archive has none.
     pub fn get(&self, key: &str) -> Option<&ArchiveRecord> {
         self.by_key.get(key).map(|&i| &self.records[i])
     }

@@ -1,7 +1,8 @@
 //! `.lvz` archives: records and their payloads in one zip file (see
 //! FORMAT.md, "Archives (.lvz)").
 //!
-//! An archive is a zip of uncompressed (`Stored`) members:
+//! An archive is a zip file (PKWARE's APPNOTE.TXT, with zip64 fields for
+//! members of 4 GiB and more) of uncompressed (`Stored`) members:
 //!
 //! - `lazyvault/manifest.json`: `{"format": "lazyvault", "format_version":
 //!   "1.0", "kind": "archive", "created_by": ..., "records": n}`;
@@ -44,11 +45,14 @@ pub use writer::{
     ArchiveWriter,
 };
 
-/// Member holding the archive's manifest.
+/// Member holding the archive's manifest (a pretty-printed JSON object,
+/// see the module docs); written last, after the records.
 pub const MANIFEST_MEMBER: &str = "lazyvault/manifest.json";
-/// Member holding the records, one JSON object per line.
+/// Member holding the records, one JSON object per line (JSON Lines,
+/// UTF-8, each line ending in `\n`).
 pub const RECORDS_MEMBER: &str = "lazyvault/records.jsonl";
-/// Directory (inside the zip) of the payload members.
+/// Directory (inside the zip) of the payload members: each is
+/// `arrays/<id>.npy`, `<id>` being 32 lowercase hex digits.
 pub const ARRAYS_PREFIX: &str = "arrays/";
 /// Value of the manifest's `kind` field for an archive.
 pub(crate) const ARCHIVE_KIND: &str = "archive";

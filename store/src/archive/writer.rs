@@ -151,6 +151,15 @@ impl<W: Write + Seek> ArchiveWriter<W> {
     /// index holds it, its pickled remainder, and each payload file copied
     /// byte for byte (streamed, after the checks of
     /// [`crate::open_payload`]).
+    ///
+    /// # Errors
+    /// [`UsageError::EmptyKey`](crate::UsageError::EmptyKey);
+    /// [`Error::Corrupt`] for a key already added, a `record_json` that is
+    /// not a record or whose pickle flag disagrees with `pickle`, a payload
+    /// that fails [`crate::open_payload`]'s checks or shrinks while copied;
+    /// [`UsageError::InvalidArray`](crate::UsageError::InvalidArray) for a
+    /// payload id already in this archive; [`StorageError::Io`](crate::StorageError::Io)
+    /// reading a payload or writing the archive.
     pub fn add_store_record(
         &mut self,
         root: &Path,
@@ -187,6 +196,14 @@ impl<W: Write + Seek> ArchiveWriter<W> {
     /// payload members from their bytes, as [`crate::Store::put`] writes
     /// files) and `pickle`. Payload ids are the member's number in this
     /// archive as 32 hex digits, so equal inputs give equal archives.
+    ///
+    /// # Errors
+    /// [`UsageError::EmptyKey`](crate::UsageError::EmptyKey);
+    /// [`UsageError::InvalidArray`](crate::UsageError::InvalidArray) for two
+    /// arrays of one name or an array whose bytes do not match its dtype
+    /// and shape (as [`crate::Store::put`]); [`Error::Corrupt`] for a key
+    /// already added; [`StorageError::Io`](crate::StorageError::Io) writing
+    /// the archive.
     pub fn add_record(
         &mut self,
         key: &str,
@@ -264,6 +281,16 @@ impl<W: Write + Seek> ArchiveWriter<W> {
 /// 64-byte aligned and matching its record) and renamed into place; the
 /// directory is fsynced. On error nothing is left at `path` (an existing
 /// file there is untouched) and the temporary file is removed.
+///
+/// The temporary file is `.<name>.<uuid>.tmp` beside `path` (same file
+/// system, so the rename is atomic).
+///
+/// # Errors
+/// Any error `fill` returns (see [`ArchiveWriter::add_record`] and
+/// [`ArchiveWriter::add_store_record`]); [`StorageError::Io`](crate::StorageError::Io)
+/// for a `path` without a file name or when creating, writing, syncing or
+/// renaming fails; [`Error::Corrupt`] when the written file does not check
+/// out (see [`ArchiveIndex::verify_all`]).
 pub fn write_archive_file(
     path: &Path,
     fill: impl FnOnce(&mut ArchiveWriter<ArchiveFile>) -> Result<()>,
@@ -329,7 +356,11 @@ pub fn write_archive_file(
 }
 
 /// The exact size of the archive that `fill` describes, computed by
-/// writing it to a counter (nothing is stored).
+/// writing it to a counter (nothing is stored). In bytes.
+///
+/// # Errors
+/// Any error `fill` returns; [`Error::Corrupt`] when the size does not fit
+/// in `usize`.
 pub fn archive_size(
     fill: impl FnOnce(&mut ArchiveWriter<MemorySink<'_>>) -> Result<()>,
 ) -> Result<usize> {
@@ -349,6 +380,11 @@ pub fn archive_size(
 /// Writes the archive that `fill` describes into `buf`, which must be
 /// exactly [`archive_size`] bytes long (the same `fill` gives the same
 /// bytes), then checks it as [`write_archive_file`] does.
+///
+/// # Errors
+/// Any error `fill` returns; [`StorageError::Io`](crate::StorageError::Io)
+/// when `buf` is too short; [`Error::Corrupt`] when it is too long or the
+/// archive written does not check out.
 pub fn write_archive_into(
     buf: &mut [u8],
     fill: impl FnOnce(&mut ArchiveWriter<MemorySink<'_>>) -> Result<()>,
@@ -374,7 +410,11 @@ pub fn write_archive_into(
 }
 
 /// Writes an archive into a new `Vec` of its exact size (two passes:
-/// [`archive_size`], then [`write_archive_into`]).
+/// [`archive_size`], then [`write_archive_into`]). `fill` runs twice and
+/// must describe the same archive both times.
+///
+/// # Errors
+/// As [`archive_size`] and [`write_archive_into`].
 pub fn write_archive_bytes(
     mut fill: impl FnMut(&mut ArchiveWriter<MemorySink<'_>>) -> Result<()>,
 ) -> Result<Vec<u8>> {
@@ -386,6 +426,11 @@ pub fn write_archive_bytes(
 
 /// Exports the records `keys` of `store` into a new archive at `path`
 /// (see [`write_archive_file`]). A key without a record is an error.
+///
+/// # Errors
+/// [`Error::Corrupt`] for a key without a record; the errors of reading
+/// `store` ([`crate::Store::get_json`]) and of [`write_archive_file`]. On
+/// error nothing is left at `path`.
 pub fn export_store(store: &crate::Store, path: &Path, keys: &[String]) -> Result<()> {
     write_archive_file(path, |w| {
         for key in keys {

@@ -49,7 +49,7 @@ use crate::payload::source_error;
 use crate::{ArraySource, Stage, StagedRecord, Store};
 
 pub mod export;
-pub mod json;
+pub(crate) mod json;
 pub mod npy;
 pub mod npz;
 pub mod safetensors;
@@ -64,7 +64,10 @@ pub const DEFAULT_MAX_HEADER_SIZE: usize = crate::npy::NUMPY_MAX_HEADER_LEN;
 /// member declaring more lies (a decompression bomb).
 pub const DEFAULT_MAX_DEFLATE_RATIO: u64 = 1100;
 
-/// The `.npz` member holding lazyvault's record metadata.
+/// The `.npz` member holding lazyvault's record metadata: a JSON object
+/// `{"format": "lazyvault-npz", "version": 1, "records": [...]}`, each
+/// record giving its key, metadata, layout and `{array path: member name}`
+/// (see [`npz`]).
 pub const NPZ_MANIFEST: &str = "__lazyvault__.json";
 
 /// The format of a file to import, from its first bytes.
@@ -167,18 +170,21 @@ pub struct PickledArray {
     pub descr: String,
     /// numpy's `dtype.name` (`"object"`).
     pub dtype: String,
-    /// The array's shape.
+    /// numpy's `shape`: elements per axis, outermost first (`[]`: 0-d).
     pub shape: Vec<u64>,
-    /// Whether the array is in Fortran order.
+    /// numpy's `fortran_order` (NEP 1); it tells how the array was laid out
+    /// before pickling, the pickle itself carries the elements.
     pub fortran_order: bool,
-    /// The pickle of the array, as the store keeps it.
+    /// The pickle of the array, as the store keeps it (a payload with
+    /// `pickled` set).
     pub data: Vec<u8>,
 }
 
 /// How an import reads its file.
 #[derive(Debug, Clone, Copy)]
 pub struct ImportOptions {
-    /// Whether `object` arrays (pickles) may be imported.
+    /// Whether `object` arrays (pickles) may be imported; without it they
+    /// are refused with [`InteropError::PickleNotAllowed`](crate::InteropError::PickleNotAllowed).
     pub allow_pickle: bool,
     /// Largest `.npy` header text read, in bytes (numpy's
     /// `max_header_size`): for a `.npy` file and every `.npz` member.

@@ -40,13 +40,13 @@ const MANIFEST_MAX: u64 = 1 << 30;
 /// One record of lazyvault's npz manifest, checked.
 #[derive(Debug, Clone)]
 pub struct ManifestRecord {
-    /// The record's key.
+    /// The record's key: non-empty, unique within the manifest.
     pub key: String,
-    /// Its metadata.
+    /// Its metadata (the JSON object the manifest gives).
     pub meta: Map<String, Value>,
     /// Its layout; `None`: the flat dict `{**meta, **arrays}`.
     pub layout: Option<Value>,
-    /// Array path → member name.
+    /// Array path → member name; every name is a member of the file.
     pub arrays: IndexMap<String, String>,
 }
 

@@ -67,21 +67,24 @@ const SUB_BYTE: [&str; 3] = ["F4", "F6_E2M3", "F6_E3M2"];
 /// One tensor of a checked header.
 #[derive(Debug, Clone)]
 pub struct Tensor {
-    /// Its name.
+    /// The tensor's name, a key of the header (the array path it becomes).
     pub name: String,
     /// The safetensors dtype tag (`"F32"`, `"BF16"`).
     pub tag: String,
-    /// The Python-literal descr it is stored as.
+    /// The Python-literal descr it is stored as, little-endian (`"'<f4'"`,
+    /// `"'|u1'"`), or the unsigned integer of the same width when `raw`.
     pub descr: &'static str,
     /// numpy's name of that dtype.
     pub dtype: &'static str,
     /// Whether the tag is a raw-bit kind numpy lacks.
     pub raw: bool,
-    /// Its shape.
+    /// Elements per axis, outermost first (C order; `[]` for a scalar).
     pub shape: Vec<u64>,
-    /// Byte offsets in the data section, `begin..end`.
+    /// Start of its bytes, an offset into the data section (add
+    /// [`Header::data_start`] for the file offset); `begin..end` holds
+    /// exactly the bytes shape and dtype imply.
     pub begin: u64,
-    /// End offset (exclusive).
+    /// End of its bytes (exclusive), an offset into the data section.
     pub end: u64,
 }
 

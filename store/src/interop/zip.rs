@@ -1,5 +1,5 @@
-//! Reading a zip's members one at a time through one open file: the
-//! central directory with the `zip` crate (ZIP64 included), each member's
+//! Reading a zip's members (PKWARE's APPNOTE.TXT) one at a time through
+//! one open file: the central directory with the `zip` crate (ZIP64 included), each member's
 //! bytes copied (stored) or inflated (deflated, with `flate2`) on demand,
 //! bounded by the size the directory declares and checked against its
 //! CRC-32 at the end.
@@ -27,11 +27,13 @@ pub struct MemberInfo {
     pub index: usize,
     /// The name (UTF-8, or CP437 decoded as zip readers do).
     pub name: String,
-    /// Compression method number (0 stored, 8 deflated, ...).
+    /// Compression method number (APPNOTE 4.4.5: 0 stored, 8 deflated,
+    /// ...); only those two are read.
     pub method: u16,
     /// Whether the member is encrypted (unsupported).
     pub encrypted: bool,
-    /// Bytes of the member in the zip.
+    /// Bytes of the member's data in the zip (compressed, local header
+    /// excluded).
     pub compressed_size: u64,
     /// Bytes of the member once inflated, as declared.
     pub size: u64,

@@ -61,7 +61,7 @@ pub use serde_json::{Map, Value};
 pub const MAX_QUERY_BYTES: usize = 64 * 1024;
 
 /// Deepest accepted nesting of parentheses, `not`, list literals and call arguments.
-pub(crate) const MAX_NESTING: usize = 64;
+pub const MAX_NESTING: usize = 64;
 
 /// Facts about one array payload of a record, available to queries without touching
 /// the payload.
@@ -73,7 +73,8 @@ pub struct ArrayFacts<'a> {
     pub dtype: &'a str,
     /// numpy's `descr` of the dtype as stored in the `.npy` header, e.g. `"'<f8'"`.
     pub descr: &'a str,
-    /// Size of the data in bytes.
+    /// Size of the data in bytes (the product of `shape` times the
+    /// itemsize; the pickle's size for an `object` array).
     pub nbytes: u64,
 }
 
@@ -100,7 +101,12 @@ pub struct Query {
 }
 
 impl Query {
-    /// Parses `source`. Fails with a [`QueryError`] pointing at the offending column.
+    /// Parses `source` (the grammar is in `store/QUERY.md`).
+    ///
+    /// # Errors
+    /// A [`QueryError`] pointing at the offending column: a syntax error, a
+    /// source longer than [`MAX_QUERY_BYTES`], or nesting (parentheses,
+    /// `not`, lists, call arguments) deeper than [`MAX_NESTING`] levels.
     pub fn parse(source: &str) -> Result<Query, QueryError> {
         let root = parser::parse_query(source)?;
         Ok(Query {

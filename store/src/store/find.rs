@@ -15,6 +15,11 @@ impl Store {
     /// `None`), in key order. Reads only the index, never a payload. When a
     /// secondary index can narrow the query (see [`Store::explain`]), only
     /// its candidates are read, and the whole query is evaluated on each.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`](crate::Error::Corrupt) (naming the key) for a
+    /// record that does not decode; any error `f` returns, which stops the
+    /// scan; those of every method (see [`Store`]).
     pub fn scan_matching(
         &self,
         query: Option<&Query>,
@@ -47,7 +52,11 @@ impl Store {
 
     /// How [`Store::find`] would run `query`: `"index <field>: <lookup>,
     /// <n> candidates"` when a secondary index narrows it, else `"full scan
-    /// of <n> records"` with the reason.
+    /// of <n> records"` with the reason. Counting the candidates reads the
+    /// index but no record.
+    ///
+    /// # Errors
+    /// Only those of every method (see [`Store`]).
     pub fn explain(&self, query: &Query) -> Result<String> {
         let view = self.view()?;
         let index = view.index();
@@ -81,6 +90,9 @@ impl Store {
     /// Keys of the records whose metadata match `query`, in key order.
     /// A full scan runs on two threads when there are two cores (see
     /// [`Store::explain`] for when a secondary index is used instead).
+    ///
+    /// # Errors
+    /// As [`Store::scan_matching`].
     pub fn find(&self, query: &Query) -> Result<Vec<String>> {
         if let Some(parts) = self.scan_split(query, |key, keys: &mut Vec<String>| {
             keys.push(key.to_owned())
@@ -97,6 +109,9 @@ impl Store {
 
     /// Number of records whose metadata match `query` (scanning as
     /// [`Store::find`] does).
+    ///
+    /// # Errors
+    /// As [`Store::scan_matching`].
     pub fn count(&self, query: &Query) -> Result<u64> {
         if let Some(parts) = self.scan_split(query, |_, n: &mut u64| *n += 1)? {
             return Ok(parts.iter().sum());

@@ -38,6 +38,10 @@ impl Store {
     }
 
     /// Removes the secondary index on `field`; returns whether it existed.
+    ///
+    /// # Errors
+    /// [`UsageError::ReadOnly`](crate::UsageError::ReadOnly), as a first
+    /// write ([`OpenError::Locked`](crate::OpenError::Locked)), I/O errors.
     pub fn drop_index(&self, field: &str) -> Result<bool> {
         let (_view, w) = self.writer()?;
         let index = w.index();
@@ -48,7 +52,11 @@ impl Store {
         Ok(existed)
     }
 
-    /// The fields that have a secondary index, sorted.
+    /// The fields that have a secondary index, sorted (dotted paths, as
+    /// given to [`Store::create_index`]).
+    ///
+    /// # Errors
+    /// Only those of every method (see [`Store`]).
     pub fn indexes(&self) -> Result<Vec<String>> {
         Ok(self.view()?.index().indexes())
     }

@@ -236,6 +236,14 @@ impl Store {
     /// (see [`Store::retention`]): superseded checkpoints, journal segments
     /// before the oldest checkpoint kept, and payload and temporary files
     /// that neither the index nor a kept snapshot references.
+    ///
+    /// # Errors
+    /// [`UsageError::ReadOnly`](crate::UsageError::ReadOnly) in mode `"r"`;
+    /// as a first write ([`OpenError::Locked`](crate::OpenError::Locked));
+    /// [`StorageError::Io`](crate::StorageError::Io) with `ENOSPC`, before
+    /// anything is changed, when the disk cannot hold about twice the
+    /// journal (the compacted copy and the checkpoint are written before the
+    /// old files go); other I/O errors.
     pub fn gc(&self) -> Result<GcReport> {
         if self.mode == super::Mode::ReadOnly {
             return Err(Error::read_only());
@@ -368,6 +376,13 @@ impl Store {
     /// entry of each key is that record; no key is in the journal alone),
     /// and lists orphan files. `progress(done, total)` is called after each
     /// record; returning `false` stops the check with [`UsageError::Cancelled`](crate::UsageError::Cancelled).
+    /// Writers of this process wait until it returns.
+    ///
+    /// # Errors
+    /// [`UsageError::Cancelled`](crate::UsageError::Cancelled); those of
+    /// every method (see [`Store`]) and I/O errors listing the store's
+    /// directories. Damaged records and payloads are not errors: they are
+    /// the report's `problems`.
     pub fn verify_with(
         &self,
         checksums: bool,
@@ -443,6 +458,9 @@ impl Store {
     }
 
     /// [`Store::verify_with`] with checksums and no progress reports.
+    ///
+    /// # Errors
+    /// As [`Store::verify_with`], [`UsageError::Cancelled`](crate::UsageError::Cancelled) aside.
     pub fn verify(&self) -> Result<VerifyReport> {
         self.verify_with(true, &mut |_, _| true)
     }
