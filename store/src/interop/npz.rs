@@ -206,6 +206,8 @@ fn check_manifest(
     members: &IndexMap<String, PlannedArray>,
     what: &str,
 ) -> Result<Vec<ManifestRecord>> {
+    // One piece (about 90 lines): a flat sequence of checks on one
+    // document, each refusing with its own message, read top to bottom.
     let Some(doc) = doc.as_object() else {
         return Err(invalid(what, format!("not a {NPZ_FORMAT} manifest")));
     };

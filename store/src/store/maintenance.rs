@@ -245,6 +245,9 @@ impl Store {
     /// journal (the compacted copy and the checkpoint are written before the
     /// old files go); other I/O errors.
     pub fn gc(&self) -> Result<GcReport> {
+        // One piece (about 80 lines): every step runs under the one writer
+        // lock taken below and relies on the step before (flush, index and
+        // journal agree, compact, checkpoint, clean up, remove orphans).
         if self.mode == super::Mode::ReadOnly {
             return Err(Error::read_only());
         }
@@ -511,6 +514,10 @@ impl Store {
     /// [`OpenError::NotFound`](crate::OpenError::NotFound) / [`OpenError::NotAStore`](crate::OpenError::NotAStore) for a path that is not a
     /// store, [`OpenError::Locked`](crate::OpenError::Locked) while a `Store` holds it, I/O errors.
     pub fn repair(path: impl AsRef<Path>) -> Result<RepairReport> {
+        // One piece (about 150 lines): the order of its steps is the
+        // crash-safety argument (check every input before anything moves,
+        // build the index aside, swap it in, checkpoint last), all under the
+        // lock taken here; split up, that order would hide across helpers.
         let root = path.as_ref().to_owned();
         if !root.exists() {
             return Err(Error::not_found(root));
