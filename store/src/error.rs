@@ -12,7 +12,8 @@ use lazyvault_schema::SchemaError;
 use crate::npy::NpyError;
 use crate::query::QueryError;
 
-/// Result alias of the engine.
+/// Result alias of the engine: every fallible engine function returns
+/// `Result<T>`, with [`Error`] as the error unless `E` is given.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong in the engine: one variant per concern.

@@ -32,8 +32,7 @@ mod writer;
 
 pub(crate) use commit::{read_committed, Committed};
 pub use entry::{decode, encode, Change, Entry};
-pub(crate) use segment::{numbered_files, read_segment_from};
-pub(crate) use segment::{read_segment, SEGMENT_HEADER_LEN};
+pub(crate) use segment::{numbered_files, read_segment, read_segment_from, SEGMENT_HEADER_LEN};
 pub use segment::{relpath, segments};
 pub(crate) use writer::JournalWriter;
 
