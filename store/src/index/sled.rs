@@ -7,6 +7,7 @@
 //! (`#pos`) and the secondary indexes (`#idx:`, `i`), so that a put or delete
 //! changes them all in one atomic batch and `len()` costs no scan.
 
+use std::fs;
 use std::path::Path;
 
 use std::sync::RwLock;
@@ -82,6 +83,40 @@ fn index_err(dir: &Path) -> impl Fn(sled::Error) -> Error + '_ {
     }
 }
 
+/// Removes the `snap.<lsn>.generating` files a killed sled left in `dir`.
+///
+/// sled 0.34.7 writes a snapshot to that name, fsyncs it and renames it to
+/// `snap.<lsn>`, removing older snapshots only after the rename; but at open
+/// it reads the snapshot file whose name sorts last, a `.generating` one
+/// included (sled issue 1527), and refuses to open ("Read corrupted data")
+/// when a kill cut it short. Such a file is never needed: until the rename,
+/// the previous snapshot and the log hold everything. Done only while no
+/// sled handle has the directory open (its `flock` on `db`, which a
+/// previous handle of this process may hold for a moment after close):
+/// otherwise that handle may be writing the file.
+fn drop_unfinished_snapshots(dir: &Path) -> Result<()> {
+    let db = dir.join("db");
+    let file = match fs::File::open(&db) {
+        Ok(file) => file,
+        // a new index: nothing to clean
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io(&db)(e)),
+    };
+    if crate::fsio::try_lock(&file, &db, false).is_err() {
+        return Ok(());
+    }
+    for entry in fs::read_dir(dir).map_err(Error::io(dir))? {
+        let entry = entry.map_err(Error::io(dir))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("snap.") && name.ends_with(".generating") {
+            let path = entry.path();
+            fs::remove_file(&path).map_err(Error::io(&path))?;
+        }
+    }
+    Ok(())
+}
+
 /// The sled-backed index of one store. Not `Clone` on purpose: sled's file
 /// lock is released only when the last handle drops, so exactly one owner
 /// holds it.
@@ -101,10 +136,12 @@ pub(crate) struct Index {
 impl Index {
     /// Opens or creates the index in `dir`.
     pub(crate) fn open(dir: &Path) -> Result<Index> {
+        drop_unfinished_snapshots(dir)?;
         // The caller holds the store's own exclusive lock, so a sled lock
         // still held here belongs to this process's previous Db, whose
         // threads may release it a moment after close(): retry briefly.
-        // (sled's error text is the only way to recognise it, NOTES.md.)
+        // (sled's error text, "could not acquire lock", is the only way to
+        // recognise it.)
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
         let repair_hint = "; `lazyvault repair PATH` rebuilds the index from the record journal";
         let opened = loop {
