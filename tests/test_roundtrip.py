@@ -198,6 +198,10 @@ DESCR_TEXTS = [
     "[('x', '<i4'), ('', '|V4'), ('y', '<f8')]",
     "[('s', [('a', '<M8[ns]'), ('b', '|S5')], (3,)), ('u', '<U3')]",
     "[ (\"x\",\"<i4\") , ((u'T', 'y'), '>f8', (2,3,),), ('z', [('a', '|b1', 4)]) ,]",
+    # a field whose dtype is itself a subarray (numpy's test_format.py)
+    "[('c', ('<f8', (5,)), (2,))]",
+    "('<f8', 3)",
+    "[('x', [('a', ('<i4', (2,))), ('b', '<f8')], (3,))]",
 ]
 
 
@@ -217,15 +221,33 @@ def test_descr_parser_agrees_with_literal_eval(text: str) -> None:
     _assert_parsers_agree(text)
 
 
+def _with_subarrays() -> st.SearchStrategy[np.dtype]:
+    """_dtypes() and subarray dtypes of them: as a field's dtype, numpy
+    writes a nested subarray descr, ``('c', ('<f8', (5,)), (2,))``."""
+    shapes = hnp.array_shapes(min_dims=1, max_dims=2, max_side=3)
+    return _dtypes() | st.builds(lambda d, shape: np.dtype((d, shape)), _dtypes(), shapes)
+
+
 @settings(max_examples=200, deadline=None)
-@given(dtype=hnp.nested_dtypes(subtype_strategy=_dtypes()))
+@given(dtype=hnp.nested_dtypes(subtype_strategy=_with_subarrays()))
 def test_property_descr_parser_agrees_with_literal_eval(dtype: np.dtype) -> None:
     _assert_parsers_agree(repr(np.lib.format.dtype_to_descr(dtype)))
 
 
 @pytest.mark.parametrize(
     "text",
-    ["", "'<f8", "3", "('<f8', 3)", "[('x',)]", "[('x', '<i4', (-1,))]", "'<q3'", "'<h2'", "{}"],
+    [
+        "",
+        "'<f8",
+        "3",
+        "('<f8',)",
+        "('<f8', 3, 4)",
+        "[('x',)]",
+        "[('x', '<i4', (-1,))]",
+        "'<q3'",
+        "'<h2'",
+        "{}",
+    ],
 )
 def test_bad_descr_is_corrupt(text: str) -> None:
     from lazyvault import _arrays

@@ -164,10 +164,10 @@ pub fn npy_header<'py>(
 
 /// The value of `.npy` descr text (`lazyvault_store::npy::parse_descr`), as
 /// `ast.literal_eval` would make it and `numpy.lib.format.descr_to_dtype`
-/// takes it: a type string, or a list of `(name, descr)` or
-/// `(name, descr, shape)` tuples, a name a string or a `(title, name)`
-/// tuple, a shape an int or a tuple of ints. Raises `ValueError` for text
-/// that is not a descr.
+/// takes it: a type string, a list of `(name, descr)` or
+/// `(name, descr, shape)` tuples (a name a string or a `(title, name)`
+/// tuple), or a `(descr, shape)` pair for a subarray dtype; a shape is an
+/// int or a tuple of ints. Raises `ValueError` for text that is not a descr.
 #[pyfunction]
 pub fn parse_descr<'py>(py: Python<'py>, descr: &str) -> PyResult<Bound<'py, PyAny>> {
     let value = lazyvault_store::npy::parse_descr(descr)
@@ -181,8 +181,18 @@ fn descr_object<'py>(
     descr: &lazyvault_store::npy::Descr,
 ) -> PyResult<Bound<'py, PyAny>> {
     use lazyvault_store::npy::{Descr, SubarrayShape};
+    let shape_object = |shape: &SubarrayShape| -> PyResult<Bound<'py, PyAny>> {
+        Ok(match shape {
+            SubarrayShape::Int(n) => n.into_pyobject(py)?.into_any(),
+            SubarrayShape::Tuple(dims) => PyTuple::new(py, dims)?.into_any(),
+        })
+    };
     let fields = match descr {
         Descr::Type(s) => return Ok(PyString::new(py, s).into_any()),
+        Descr::Subarray(base, shape) => {
+            let items = [descr_object(py, base)?, shape_object(shape)?];
+            return Ok(PyTuple::new(py, items)?.into_any());
+        }
         Descr::Fields(fields) => fields,
     };
     let list = PyList::empty(py);
@@ -192,12 +202,8 @@ fn descr_object<'py>(
             None => PyString::new(py, &field.name).into_any(),
         };
         let mut items = vec![name, descr_object(py, &field.descr)?];
-        match &field.shape {
-            None => {}
-            Some(SubarrayShape::Int(n)) => items.push(n.into_pyobject(py)?.into_any()),
-            Some(SubarrayShape::Tuple(dims)) => {
-                items.push(PyTuple::new(py, dims)?.into_any());
-            }
+        if let Some(shape) = &field.shape {
+            items.push(shape_object(shape)?);
         }
         list.append(PyTuple::new(py, items)?)?;
     }

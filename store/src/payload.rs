@@ -59,8 +59,16 @@ fn prepare_payload_of(src: &ArraySource<'_>, nbytes: u64) -> Result<(Vec<u8>, Ar
     if src.name.is_empty() {
         return Err(invalid("array names must be non-empty".into()));
     }
-    let header = npy::write_header(&src.descr, src.fortran_order, &src.shape)
-        .map_err(|e| invalid(e.to_string()))?;
+    // Any header numpy itself writes: a dtype of hundreds of fields is
+    // stored, and read back under the entry's own data offset (see
+    // `header_limit`).
+    let header = npy::write_header_with_limit(
+        &src.descr,
+        src.fortran_order,
+        &src.shape,
+        npy::FORMAT_MAX_HEADER_LEN,
+    )
+    .map_err(|e| invalid(e.to_string()))?;
     let len = src
         .shape
         .iter()
@@ -484,6 +492,16 @@ pub(crate) fn check_header_matches(
     Ok(())
 }
 
+/// The header-length limit for reading the payload of `entry`: numpy's
+/// default, or more when the store wrote a longer header for the entry's
+/// dtype (its data offset, recorded in the index, bounds the header). The
+/// reader never sizes a buffer from it beyond what the file holds.
+pub(crate) fn header_limit(entry: &ArrayEntry) -> usize {
+    usize::try_from(entry.data_offset)
+        .unwrap_or(usize::MAX)
+        .max(npy::NUMPY_MAX_HEADER_LEN)
+}
+
 /// Opens the payload of `entry` under `root` and checks it before any
 /// mapping: the id is well-formed, the `.npy` header agrees with the record,
 /// and the file holds all the data (a short file is an error, never SIGBUS).
@@ -494,7 +512,7 @@ pub fn open_payload(root: &Path, entry: &ArrayEntry) -> Result<(File, PathBuf)> 
     let path = root.join(entry.relpath());
     let mut file = open_existing(&path)?;
     let what = || format!("payload {}", path.display());
-    let header = npy::read_header(&mut file, npy::NUMPY_MAX_HEADER_LEN)
+    let header = npy::read_header(&mut file, header_limit(entry))
         .map_err(|e| Error::npy(what(), e).with_path(&path))?;
     check_header_matches(&header, entry)
         .map_err(|detail| Error::corrupt(what(), detail).with_path(&path))?;
@@ -522,7 +540,10 @@ pub fn open_payload(root: &Path, entry: &ArrayEntry) -> Result<(File, PathBuf)> 
 /// header that disagrees with the record; [`StorageError::Io`](crate::StorageError::Io) when the file
 /// cannot be read or mapped.
 pub fn load_payload(root: &Path, entry: &ArrayEntry) -> Result<MappedPayload> {
-    if entry.nbytes == 0 || entry.nbytes > READ_MAX_BYTES {
+    // A header past numpy's default (a dtype of hundreds of fields) goes
+    // the mapped way, which checks the file's length before reading it.
+    let long_header = entry.data_offset > (npy::NUMPY_MAX_HEADER_LEN + DATA_ALIGN) as u64;
+    if entry.nbytes == 0 || entry.nbytes > READ_MAX_BYTES || long_header {
         return map_payload(root, entry);
     }
     entry

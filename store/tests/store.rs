@@ -3,7 +3,9 @@
 use std::fs;
 
 use lazyvault_store::query::Query;
-use lazyvault_store::{map_payload, ArraySource, Error, Mode, OpenError, Store, UsageError};
+use lazyvault_store::{
+    load_payload, map_payload, ArraySource, Error, Mode, OpenError, Store, UsageError,
+};
 use serde_json::{json, Map, Value};
 
 fn meta(v: Value) -> Map<String, Value> {
@@ -494,4 +496,47 @@ fn replace_arrays_refuses_unknown_or_repeated_names_and_missing_keys() {
         "no file left by a refused call"
     );
     assert!(!store.contains("missing").unwrap());
+}
+
+/// A dtype of 500 long-named fields needs a 145 KB header (version 2.0 of
+/// the format): numpy writes it, and so does the store, which reads it back
+/// small (one read) and large (mapped), and through verify.
+#[test]
+fn a_header_past_numpys_default_limit_is_written_and_read_back() {
+    let fields: Vec<String> = (0..500)
+        .map(|i| format!("('{}', '<f8')", i.to_string().repeat(100)))
+        .collect();
+    let descr = format!("[{}]", fields.join(", "));
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("w.lv"), Mode::Append).unwrap();
+    for (key, len) in [("small", 2u64), ("large", 40)] {
+        let data: Vec<u8> = (0..len * 500 * 8).map(|i| (i % 251) as u8).collect();
+        let src = ArraySource {
+            name: "a".into(),
+            descr: descr.clone(),
+            dtype: "void32000".into(),
+            shape: vec![len],
+            fortran_order: false,
+            data: &data,
+            pickled: false,
+        };
+        store
+            .put(key, Map::new(), Value::Null, &[src], None)
+            .unwrap();
+        let record = store.get(key).unwrap().unwrap();
+        let entry = &record.arrays["a"];
+        assert!(entry.data_offset > 100_000, "{}", entry.data_offset);
+        let header = fs::read(store.root().join(entry.relpath())).unwrap();
+        assert_eq!(&header[6..8], &[2, 0], "version 2.0");
+        assert_eq!(
+            load_payload(store.root(), entry).unwrap().as_bytes(),
+            &data[..]
+        );
+        assert_eq!(
+            map_payload(store.root(), entry).unwrap().as_bytes(),
+            &data[..]
+        );
+    }
+    let report = store.verify().unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
 }

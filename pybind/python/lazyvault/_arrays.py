@@ -48,8 +48,6 @@ def payload_args(name: str, array: np.ndarray) -> tuple[Any, ...]:
         fortran = bool(array.flags.f_contiguous and not array.flags.c_contiguous)
         data: bytes | np.ndarray = pickle.dumps(array, protocol=_OBJECT_PICKLE_PROTOCOL)
         return (name, descr_of(dtype), dtype.name, shape, fortran, data, True)
-    if dtype.itemsize == 0 and dtype.kind in "SUV":
-        raise InvalidArrayError(f"array {name!r}: dtype {dtype} has no bytes per item")
     if array.flags.c_contiguous:
         fortran, flat = False, array.reshape(-1)
     elif array.flags.f_contiguous:

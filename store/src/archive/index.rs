@@ -518,8 +518,8 @@ impl ArchiveIndex {
         let what = self.member_what(entry);
         let member = &self.member(bytes, entry, &what)?.range;
         let data = &bytes[member.clone()];
-        let header =
-            npy::parse_header(data, npy::NUMPY_MAX_HEADER_LEN).map_err(|e| corrupt(&what, e))?;
+        let header = npy::parse_header(data, crate::payload::header_limit(entry))
+            .map_err(|e| corrupt(&what, e))?;
         crate::payload::check_header_matches(&header, entry).map_err(|d| corrupt(&what, d))?;
         let start = usize::try_from(entry.data_offset)
             .ok()

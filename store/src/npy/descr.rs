@@ -1,9 +1,11 @@
 //! The descr (dtype) grammar of `.npy` headers and the itemsize it implies.
 //!
 //! A descr is the Python literal `repr(numpy.lib.format.dtype_to_descr(dtype))`:
-//! a type string such as `'<f8'` (byte order, kind, size), or a list of
+//! a type string such as `'<f8'` (byte order, kind, size), a list of
 //! fields `[(name, descr), (name, descr, shape), ...]` for a structured
-//! dtype. See "descr" in schema/FORMAT.md.
+//! dtype, or a pair `(descr, shape)` for a subarray dtype, which numpy
+//! writes for a field whose dtype is itself a subarray
+//! (`[('c', ('<f8', (5,)), (2,))]`). See "descr" in schema/FORMAT.md.
 
 use super::literal::{render, snippet, Lit, Parser};
 use super::NpyError;
@@ -16,7 +18,8 @@ use super::NpyError;
 /// `U<n>` (4 bytes per character); `V<n>`; `O` (8, a pickled object pointer),
 /// each with an optional byte-order character `<`, `>`, `|` or `=`.
 /// Structured descrs: the sum of the field itemsizes, each times the product
-/// of its subarray shape (third element) if any. Surrounding whitespace is
+/// of its subarray shape (third element) if any; a `(descr, shape)` pair:
+/// the itemsize of `descr` times the product of `shape`. Surrounding whitespace is
 /// allowed; an itemsize that overflows a u64 is `None`.
 pub fn descr_itemsize(descr: &str) -> Option<u64> {
     // Fast path for the common case: a plain single-quoted type string.
@@ -48,6 +51,9 @@ pub enum Descr {
     Type(String),
     /// The fields of a structured dtype, in order.
     Fields(Vec<DescrField>),
+    /// A subarray dtype `(descr, shape)`: `shape` items of `descr` each
+    /// (numpy's `dtype((base, shape))`, written for nested subarray fields).
+    Subarray(Box<Descr>, SubarrayShape),
 }
 
 /// One field of a structured [`Descr`]: `(name, descr)`,
@@ -102,8 +108,8 @@ fn parse_descr_text(descr: &str) -> Result<Lit, NpyError> {
     })
 }
 
-/// The value of a literal that [`check_descr`] accepted.
-fn descr_value(lit: &Lit) -> Descr {
+/// The value of a subarray shape that [`check_descr`] accepted.
+fn subarray_shape(shape: &Lit) -> SubarrayShape {
     fn dim(lit: &Lit) -> u64 {
         match lit {
             Lit::Int {
@@ -112,6 +118,14 @@ fn descr_value(lit: &Lit) -> Descr {
             _ => 0,
         }
     }
+    match shape {
+        Lit::Tuple(dims) => SubarrayShape::Tuple(dims.iter().map(dim).collect()),
+        other => SubarrayShape::Int(dim(other)),
+    }
+}
+
+/// The value of a literal that [`check_descr`] accepted.
+fn descr_value(lit: &Lit) -> Descr {
     match lit {
         Lit::List(fields) => Descr::Fields(
             fields
@@ -128,10 +142,7 @@ fn descr_value(lit: &Lit) -> Descr {
                         Lit::Str(n) => (None, n.clone()),
                         _ => return None,
                     };
-                    let shape = items.get(2).map(|shape| match shape {
-                        Lit::Tuple(dims) => SubarrayShape::Tuple(dims.iter().map(dim).collect()),
-                        other => SubarrayShape::Int(dim(other)),
-                    });
+                    let shape = items.get(2).map(subarray_shape);
                     Some(DescrField {
                         title,
                         name,
@@ -142,6 +153,9 @@ fn descr_value(lit: &Lit) -> Descr {
                 .collect(),
         ),
         Lit::Str(s) => Descr::Type(s.clone()),
+        Lit::Tuple(pair) if pair.len() == 2 => {
+            Descr::Subarray(Box::new(descr_value(&pair[0])), subarray_shape(&pair[1]))
+        }
         // Not a descr: check_descr refuses it.
         _ => Descr::Fields(Vec::new()),
     }
@@ -165,10 +179,11 @@ pub(super) fn parse_descr_literal(descr: &str) -> Result<Lit, NpyError> {
     Ok(lit)
 }
 
-/// Checks that a literal has the shape of a descr: a type string, or a list
+/// Checks that a literal has the shape of a descr: a type string, a list
 /// of `(name, descr)` / `(name, descr, shape)` tuples where name is a string
 /// or a `(title, name)` pair of strings and shape an integer or a tuple of
-/// integers. Type strings are not checked here: a header whose type string
+/// integers, or a `(descr, shape)` pair (numpy's `descr_to_dtype` takes a
+/// tuple as a subarray dtype). Type strings are not checked here: a header whose type string
 /// is of a kind [`descr_itemsize`] does not know still parses (its itemsize
 /// is then `None`).
 fn check_descr(lit: &Lit) -> Result<(), String> {
@@ -180,9 +195,23 @@ fn check_descr(lit: &Lit) -> Result<(), String> {
             }
             Ok(())
         }
+        Lit::Tuple(pair) if pair.len() == 2 => {
+            check_descr(&pair[0])?;
+            check_subarray_shape(&pair[1])
+        }
         other => Err(format!(
-            "expected a type string or a list of fields, got {}",
+            "expected a type string, a list of fields or a (descr, shape) pair, got {}",
             snippet(other)
+        )),
+    }
+}
+
+fn check_subarray_shape(shape: &Lit) -> Result<(), String> {
+    match subarray_count(shape) {
+        Some(_) => Ok(()),
+        None => Err(format!(
+            "a subarray shape must be a non-negative integer or a tuple of them, got {}",
+            snippet(shape)
         )),
     }
 }
@@ -211,15 +240,10 @@ fn check_field(field: &Lit) -> Result<(), String> {
     if let Some(descr) = items.get(1) {
         check_descr(descr)?;
     }
-    if let Some(shape) = items.get(2) {
-        if subarray_count(shape).is_none() {
-            return Err(format!(
-                "a subarray shape must be a non-negative integer or a tuple of them, got {}",
-                snippet(shape)
-            ));
-        }
+    match items.get(2) {
+        Some(shape) => check_subarray_shape(shape),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Number of elements of a field's subarray shape (an int or a tuple of
@@ -258,6 +282,9 @@ fn literal_itemsize(lit: &Lit) -> Option<u64> {
             };
             acc.checked_add(size.checked_mul(count)?)
         }),
+        Lit::Tuple(pair) if pair.len() == 2 => {
+            literal_itemsize(&pair[0])?.checked_mul(subarray_count(&pair[1])?)
+        }
         _ => None,
     }
 }
@@ -410,6 +437,14 @@ mod tests {
                 "[('s', [('a', '<M8[ns]'), ('b', '|S5')], (3,)), ('u', '<U3')]",
                 Some(51),
             ),
+            // a field whose dtype is itself a subarray (numpy writes these
+            // for dtype([('c', ('<f8', (5,)), (2,))])): 2 x 5 x 8 bytes
+            ("[('c', ('<f8', (5,)), (2,))]", Some(80)),
+            ("[('c', (('<i2', 3), (2,)))]", Some(12)),
+            ("('<f8', (5,))", Some(40)),
+            ("('|V0', 3)", Some(0)),
+            ("[('c', ('<f8', (5,), 1))]", None),
+            ("[('c', ('<f8', (-5,)))]", None),
             ("[('x', '<i4'), ('y', '<f3')]", None),
             ("[('x', '<i4', (-1,))]", None),
             ("[('x', '<u8', (4294967296, 4294967296))]", None),
@@ -445,11 +480,27 @@ mod tests {
                 ),
             ])
         );
+        assert_eq!(
+            parse_descr("[('c', ('<f8', (5,)), (2,))]").unwrap(),
+            Descr::Fields(vec![field(
+                None,
+                "c",
+                Descr::Subarray(Box::new(t("<f8")), SubarrayShape::Tuple(vec![5])),
+                Some(SubarrayShape::Tuple(vec![2])),
+            )])
+        );
+        assert_eq!(
+            parse_descr("('|u1', 3)").unwrap(),
+            Descr::Subarray(Box::new(t("|u1")), SubarrayShape::Int(3))
+        );
         for bad in [
             "",
             "'<f8",
             "3",
-            "('<f8', 3)",
+            "('<f8',)",
+            "('<f8', 3, 4)",
+            "('<f8', -1)",
+            "(('<f8', 2), ('<f8', 2))",
             "[('x',)]",
             "[('x', '<i4', (-1,))]",
             "[(1, '<i4')]",

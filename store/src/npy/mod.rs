@@ -36,14 +36,21 @@ mod write;
 pub use descr::{descr_itemsize, parse_descr, Descr, DescrField, SubarrayShape};
 pub use error::NpyError;
 pub use header::{parse_header, read_header};
-pub use write::write_header;
+pub use write::{write_header, write_header_with_limit};
 
 /// numpy's default `max_header_size` (numpy/lib/format.py, after the DoS
 /// report), in bytes: the longest header text (`HEADER_LEN`, after the 10- or
 /// 12-byte prefix, padding and the final `'\n'` included) that `np.load`
 /// reads without a larger `max_header_size` or `allow_pickle=True`. The
-/// reader's default limit, and the writer's fixed one.
+/// reader's default limit, and [`write_header`]'s.
 pub const NUMPY_MAX_HEADER_LEN: usize = 10_000;
+
+/// The longest header text the format can hold (version 2.0 and 3.0 store
+/// its length in a u32), in bytes: the limit under which the store writes
+/// its own payloads, as `np.save` does. A dtype of hundreds of fields needs
+/// more than [`NUMPY_MAX_HEADER_LEN`]; `np.load` then reads the payload with
+/// a larger `max_header_size`.
+pub const FORMAT_MAX_HEADER_LEN: usize = u32::MAX as usize;
 
 /// Alignment of the data start, in bytes, that numpy >= 1.14 writes and that
 /// lazyvault requires of its payloads (the header is padded to it).
@@ -154,6 +161,9 @@ mod tests {
     enum TDescr {
         Simple(&'static str, u64),
         Struct(Vec<TField>),
+        /// `(descr, shape)`: a subarray dtype, as numpy writes a field whose
+        /// dtype is itself a subarray.
+        Sub(Box<TDescr>, TShape),
     }
 
     #[derive(Debug, Clone)]
@@ -186,20 +196,45 @@ mod tests {
         ("|O", 8),
     ];
 
+    impl TShape {
+        fn count(&self) -> u64 {
+            match self {
+                TShape::Int(n) => *n,
+                TShape::Tuple(dims) => dims.iter().product(),
+            }
+        }
+
+        fn lit(&self) -> Lit {
+            match self {
+                TShape::Int(n) => int(*n),
+                TShape::Tuple(dims) => Lit::Tuple(dims.iter().map(|d| int(*d)).collect()),
+            }
+        }
+
+        fn loose_text(&self, out: &mut String) {
+            match self {
+                TShape::Int(n) => {
+                    let _ = write!(out, "{n}L");
+                }
+                TShape::Tuple(dims) => {
+                    out.push('(');
+                    for d in dims {
+                        let _ = write!(out, "{d} ,");
+                    }
+                    out.push(')');
+                }
+            }
+        }
+    }
+
     impl TDescr {
         fn itemsize(&self) -> u64 {
             match self {
                 TDescr::Simple(_, size) => *size,
+                TDescr::Sub(descr, shape) => descr.itemsize() * shape.count(),
                 TDescr::Struct(fields) => fields
                     .iter()
-                    .map(|f| {
-                        let count = match &f.shape {
-                            None => 1,
-                            Some(TShape::Int(n)) => *n,
-                            Some(TShape::Tuple(dims)) => dims.iter().product(),
-                        };
-                        f.descr.itemsize() * count
-                    })
+                    .map(|f| f.descr.itemsize() * f.shape.as_ref().map_or(1, TShape::count))
                     .sum(),
             }
         }
@@ -208,6 +243,7 @@ mod tests {
         fn lit(&self) -> Lit {
             match self {
                 TDescr::Simple(t, _) => s(t),
+                TDescr::Sub(descr, shape) => Lit::Tuple(vec![descr.lit(), shape.lit()]),
                 TDescr::Struct(fields) => Lit::List(
                     fields
                         .iter()
@@ -219,13 +255,7 @@ mod tests {
                                 },
                                 f.descr.lit(),
                             ];
-                            match &f.shape {
-                                None => {}
-                                Some(TShape::Int(n)) => items.push(int(*n)),
-                                Some(TShape::Tuple(dims)) => {
-                                    items.push(Lit::Tuple(dims.iter().map(|d| int(*d)).collect()))
-                                }
-                            }
+                            items.extend(f.shape.as_ref().map(TShape::lit));
                             Lit::Tuple(items)
                         })
                         .collect(),
@@ -249,6 +279,13 @@ mod tests {
             }
             match self {
                 TDescr::Simple(t, _) => quoted(t, out),
+                TDescr::Sub(descr, shape) => {
+                    out.push_str("( ");
+                    descr.loose_text(out);
+                    out.push_str(" ,");
+                    shape.loose_text(out);
+                    out.push_str(" , )");
+                }
                 TDescr::Struct(fields) => {
                     out.push_str("[ ");
                     for f in fields {
@@ -265,18 +302,9 @@ mod tests {
                         }
                         out.push_str(" ,\n");
                         f.descr.loose_text(out);
-                        match &f.shape {
-                            None => {}
-                            Some(TShape::Int(n)) => {
-                                let _ = write!(out, ", {n}L");
-                            }
-                            Some(TShape::Tuple(dims)) => {
-                                out.push_str(", (");
-                                for d in dims {
-                                    let _ = write!(out, "{d} ,");
-                                }
-                                out.push(')');
-                            }
+                        if let Some(shape) = &f.shape {
+                            out.push_str(", ");
+                            shape.loose_text(out);
                         }
                         out.push_str(" , ) ,");
                     }
@@ -296,18 +324,23 @@ mod tests {
         ]
     }
 
-    fn shape_strategy() -> impl Strategy<Value = Option<TShape>> {
+    fn some_shape_strategy() -> impl Strategy<Value = TShape> {
         prop_oneof![
-            3 => Just(None),
-            1 => (0u64..5).prop_map(|n| Some(TShape::Int(n))),
-            1 => prop::collection::vec(0u64..4, 0..3).prop_map(|d| Some(TShape::Tuple(d))),
+            (0u64..5).prop_map(TShape::Int),
+            prop::collection::vec(0u64..4, 0..3).prop_map(TShape::Tuple),
         ]
+    }
+
+    fn shape_strategy() -> impl Strategy<Value = Option<TShape>> {
+        prop::option::weighted(0.4, some_shape_strategy())
     }
 
     fn descr_strategy() -> impl Strategy<Value = TDescr> {
         let leaf = prop::sample::select(SIMPLE).prop_map(|(t, n)| TDescr::Simple(t, n));
         leaf.prop_recursive(3, 24, 4, |inner| {
-            prop::collection::vec(
+            let sub = (inner.clone(), some_shape_strategy())
+                .prop_map(|(descr, shape)| TDescr::Sub(Box::new(descr), shape));
+            let fields = prop::collection::vec(
                 (
                     name_strategy(),
                     prop::option::weighted(0.2, name_strategy()),
@@ -322,7 +355,8 @@ mod tests {
                     }),
                 0..4,
             )
-            .prop_map(TDescr::Struct)
+            .prop_map(TDescr::Struct);
+            prop_oneof![3 => fields, 1 => sub]
         })
     }
 

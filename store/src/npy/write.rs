@@ -38,6 +38,22 @@ pub fn write_header(descr: &str, fortran_order: bool, shape: &[u64]) -> Result<V
     build_header(descr, fortran_order, shape, NUMPY_MAX_HEADER_LEN)
 }
 
+/// [`write_header`] with another limit on the header text, in bytes:
+/// [`FORMAT_MAX_HEADER_LEN`](super::FORMAT_MAX_HEADER_LEN) writes what
+/// `np.save` writes for any dtype (version 2.0 past 65,535 bytes), which
+/// `np.load` reads only with a `max_header_size` as large.
+///
+/// Errors: those of [`write_header`], [`NpyError::HeaderTooLong`] against
+/// `max_header_len`.
+pub fn write_header_with_limit(
+    descr: &str,
+    fortran_order: bool,
+    shape: &[u64],
+    max_header_len: usize,
+) -> Result<Vec<u8>, NpyError> {
+    build_header(descr, fortran_order, shape, max_header_len)
+}
+
 /// [`write_header`] with any limit on the header text, in bytes.
 pub(super) fn build_header(
     descr: &str,

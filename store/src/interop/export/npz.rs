@@ -182,7 +182,13 @@ pub fn write_npz<W: Write + Seek>(
                 // numpy (np.save) calls an array with at most one axis
                 // longer than 1 C-ordered, whatever its record says
                 let fortran = entry.fortran_order && !c_order_too(&entry.shape);
-                npy::write_header(&entry.descr, fortran, &entry.shape)
+                // as np.savez: any header the dtype needs
+                npy::write_header_with_limit(
+                    &entry.descr,
+                    fortran,
+                    &entry.shape,
+                    npy::FORMAT_MAX_HEADER_LEN,
+                )
             }
             .map_err(|e| {
                 Error::from(crate::UsageError::InvalidArray {
