@@ -522,3 +522,17 @@ def test_ls_escapes_control_characters_and_export_names_a_missing_key(tmp_path: 
     proc = cli("export", path, tmp_path / "o.lvz", "--keys", "nokey")
     assert proc.returncode == 1
     assert "no record with key 'nokey'" in proc.stderr
+
+
+def test_a_query_of_undecodable_bytes_is_an_error_on_an_archive_too(
+    small_store: Path, tmp_path: Path
+) -> None:
+    # argv bytes that are not UTF-8 reach Python as lone surrogates: the
+    # store said "not valid Unicode at column N", an archive died with a
+    # UnicodeEncodeError traceback
+    archive = tmp_path / "all.lvz"
+    assert cli("export", small_store, archive).returncode == 0
+    expr = os.fsdecode(b"material == '\xff'")
+    for path in (small_store, archive):
+        for command in ("ls", "find", "stats"):
+            assert_error(cli(command, path, expr), 1, "not valid Unicode at column 14")
