@@ -14,7 +14,7 @@ every one of them, and the text shows unprintable keys as ``repr``.
 from __future__ import annotations
 
 import html
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_COLUMNS",
     "MAX_ROWS",
+    "RecordsDisplay",
     "flatten",
     "human_size",
     "record_html",
@@ -175,26 +176,33 @@ def record_text(rec: Record, loaded: Collection[str]) -> str:
     """Several lines: the key, the metadata (nested fields as dotted names)
     and the arrays (shape, dtype, size, order, whether in ``loaded``)."""
     summary, meta_table, array_table = _record_parts(rec, loaded)
-    lines = [f"{_record_title(rec)}: {summary}"]
-    if meta_table.rows:
-        lines.extend(meta_table.text())
-    if array_table.rows:
-        lines.extend(array_table.text())
-    return "\n".join(lines)
+    return _text(f"{_record_title(rec)}: {summary}", (meta_table, array_table))
 
 
 def record_html(rec: Record, loaded: Collection[str]) -> str:
     """The same as :func:`record_text` as an HTML fragment (two tables)."""
     summary, meta_table, array_table = _record_parts(rec, loaded)
-    parts = [
-        '<div class="lazyvault-record">',
-        _STYLE,
-        f"<p><strong>{html.escape(_record_title(rec))}</strong>: {html.escape(summary)}</p>",
-    ]
-    if meta_table.rows:
-        parts.append(meta_table.html())
-    if array_table.rows:
-        parts.append(array_table.html())
+    heading = f"<strong>{html.escape(_record_title(rec))}</strong>: {html.escape(summary)}"
+    return _html("record", heading, (meta_table, array_table))
+
+
+def _text(title: str, tables: Iterable[_Table], note: str | None = None) -> str:
+    lines = [title]
+    for table in tables:
+        if table.rows:
+            lines.extend(table.text())
+    if note:
+        lines.append("  " + note)
+    return "\n".join(lines)
+
+
+def _html(kind: str, heading: str, tables: Iterable[_Table], note: str | None = None) -> str:
+    """A ``<div class="lazyvault-<kind>">``: ``heading`` (HTML), the tables
+    that have rows, ``note``."""
+    parts = [f'<div class="lazyvault-{kind}">', _STYLE, f"<p>{heading}</p>"]
+    parts.extend(table.html() for table in tables if table.rows)
+    if note:
+        parts.append(f"<p><em>{html.escape(note)}</em></p>")
     parts.append("</div>")
     return "".join(parts)
 
@@ -257,35 +265,44 @@ def records_text(
 ) -> str:
     """``title``, then a table of the first :data:`MAX_ROWS` of ``keys``
     (``get`` builds each record): key, metadata columns, arrays, size."""
-    total = len(keys) if total is None else total
-    table, note = _records_table(get, keys, total)
-    lines = [title]
-    if table.rows:
-        lines.extend(table.text())
-    if note:
-        lines.append("  " + note)
-    return "\n".join(lines)
+    table, note = _records_table(get, keys, len(keys) if total is None else total)
+    return _text(title, (table,), note)
 
 
 def records_html(
     title: str, get: Callable[[str], Record], keys: Sequence[str], total: int | None = None
 ) -> str:
     """:func:`records_text` as an HTML fragment."""
-    total = len(keys) if total is None else total
-    table, note = _records_table(get, keys, total)
-    parts = [
-        '<div class="lazyvault-records">',
-        _STYLE,
-        f"<p><strong>{html.escape(title)}</strong></p>",
-    ]
-    if table.rows:
-        parts.append(table.html())
-    if note:
-        parts.append(f"<p><em>{html.escape(note)}</em></p>")
-    parts.append("</div>")
-    return "".join(parts)
+    table, note = _records_table(get, keys, len(keys) if total is None else total)
+    return _html("records", f"<strong>{html.escape(title)}</strong>", (table,), note)
 
 
 def pretty(text: str, p: Any, cycle: bool) -> None:
     """Writes ``text`` to IPython's pretty printer ``p`` (``_repr_pretty_``)."""
     p.text("..." if cycle else text)
+
+
+class RecordsDisplay:
+    """The displays of many records (a store, an archive, query results):
+    ``str()``, IPython's text and the notebook's HTML, of what
+    ``_display_parts()`` returns: ``(title, get, keys)``. IPython takes the
+    first of ``_repr_pretty_`` and ``__repr__`` it meets in the MRO, so a
+    subclass defining ``__repr__`` sets ``_repr_pretty_`` again too."""
+
+    __slots__ = ()
+
+    def _display_parts(self) -> tuple[str, Callable[[str], Record], Sequence[str]]:
+        raise NotImplementedError
+
+    def __str__(self) -> str:
+        """Several lines: a title (what, where, how many records), then a
+        table of the first 20 records: key, metadata columns, arrays, size."""
+        return records_text(*self._display_parts())
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        """IPython's text display: :meth:`__str__`."""
+        pretty(str(self), p, cycle)
+
+    def _repr_html_(self) -> str:
+        """The notebook display: :meth:`__str__` as an HTML table."""
+        return records_html(*self._display_parts())
