@@ -129,10 +129,7 @@ class Archive(Handle):
     __setitem__ = __delitem__ = update = replace_arrays = _read_only
 
     def __init__(
-        self,
-        core: _lazyvault.ArchiveCore,
-        allow_pickle: bool = False,
-        path: str | None = None,
+        self, core: _lazyvault.ArchiveCore, allow_pickle: bool = False, path: str | None = None
     ) -> None:
         self._core: _lazyvault.ArchiveCore | None = core
         self._path = path if path is not None else core.path

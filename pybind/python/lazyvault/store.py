@@ -19,7 +19,7 @@ from collections.abc import (
     MutableMapping,
     Sequence,
 )
-from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, Self, cast, overload
 
 import numpy as np
 
@@ -129,6 +129,12 @@ def _query_text(expr: object) -> str:
     return expr
 
 
+def _field(field: object) -> str:
+    if not isinstance(field, str):
+        raise TypeError(f"field must be a str, not {type(field).__name__}")
+    return field
+
+
 class Handle(RecordsDisplay, Mapping[str, Record]):
     """What a :class:`Store` and a ``.lvz`` :class:`~lazyvault.Archive`
     share: queries, ``to_pandas`` and displays, all from the index alone (no
@@ -136,11 +142,11 @@ class Handle(RecordsDisplay, Mapping[str, Record]):
     (the ``Mapping`` default would compare every record, loading
     everything) and closes at the end of a ``with`` block."""
 
+    # What Store and Archive define: the core answering keys(), find(text),
+    # count(text) and len(), a display title, path, closed and close().
     _allow_pickle: bool
 
     def _index(self) -> Any:
-        """The core that answers ``keys()``, ``find(text)``, ``count(text)``
-        and ``len()``."""
         raise NotImplementedError
 
     def _title(self) -> str:
@@ -281,43 +287,34 @@ class Store(Handle, MutableMapping[str, Record]):
         if missing (default); ``"r"`` read-only, must exist; ``"w"`` create,
         must not exist.
 
-        An existing store opens as a **reader** (modes ``"r"`` and ``"a"``): no
-        lock taken, no file created or changed, so any number of processes open
-        it at once, on read-only media too. It shows the store as of the
-        writer's last ``flush()``/``close()`` (a *snapshot*: :attr:`version`)
-        and moves only on :meth:`refresh`. In mode ``"a"`` the first write
-        takes the **writer** role (as SQLite takes its write lock): from then on
-        the handle sees the latest state, its own changes included. One process
-        writes at a time; handles of one store in one process share the role.
+        An existing store opens as a **reader** (no lock, nothing written, on
+        read-only media too) showing a snapshot, the writer's last
+        ``flush()``/``close()`` (:attr:`version`), until :meth:`refresh`. In
+        mode ``"a"`` the first write takes the **writer** role: one process at a
+        time, shared by the handles of one process (README, "Sharing a store").
+        ``retention``: seconds superseded data is kept for readers on *other
+        machines*, whose locks this one cannot see (default: 900 on a network
+        file system, 0 on a local one). ``allow_pickle``: allow loading parts
+        that need unpickling (object arrays, class instances, pickled
+        remainders), off by default as unpickling can run arbitrary code.
 
-        ``retention``: seconds that superseded checkpoints and the payloads of
-        replaced records are kept for readers on *other machines*, whose locks
-        this machine cannot see (default: 900 on a network file system, 0 on a
-        local one, where every reader's lock protects it). ``allow_pickle``:
-        allow loading parts that need unpickling (object arrays, class
-        instances, pickled remainders); off by default because unpickling can
-        run arbitrary code (as ``np.load``).
-
-        An existing file that starts like a zip (a ``.lvz`` archive, whatever
-        its extension) opens as a read-only :class:`lazyvault.Archive` instead
-        (no lock); ``mode`` must then be ``"r"`` or left out, ``"a"``/``"w"``
-        raise :class:`ReadOnlyError`.
+        A file that starts like a zip (a ``.lvz``, whatever its extension)
+        opens as a read-only :class:`lazyvault.Archive` instead (no lock;
+        ``mode`` ``"a"``/``"w"`` raise :class:`ReadOnlyError`).
 
         Raises :class:`StoreExistsError` / :class:`StoreNotFoundError` by mode,
-        :class:`NotAStoreError`, :class:`FormatVersionError` for a store of a
-        newer major format version, ``ValueError`` for a bad mode,
-        ``TypeError`` / ``ValueError`` for a bad ``allow_pickle`` or
-        ``retention``.
+        :class:`NotAStoreError`, :class:`FormatVersionError` for a newer major
+        format version, ``ValueError`` for a bad mode, ``TypeError`` /
+        ``ValueError`` for a bad ``allow_pickle`` or ``retention``.
         """
         if mode is not None and mode not in ("r", "a", "w"):
             raise ValueError(f"mode must be 'r', 'a' or 'w', not {mode!r}")
         if type(allow_pickle) is not bool:
             raise TypeError(f"allow_pickle must be True or False, not {allow_pickle!r}")
         seconds = _retention_seconds(retention)  # checked before anything is opened
-        if _open_file is not None:
-            opened = _open_file(path, mode, allow_pickle)  # an .lvz archive
-            if opened is not None:
-                return opened
+        opened = _hook("open_file")(path, mode, allow_pickle)  # an .lvz archive
+        if opened is not None:
+            return opened
         if os.fspath(path).endswith(".lvz") and not os.path.exists(path):
             # a mistyped archive name must not become a new directory store
             raise StoreNotFoundError(f"{os.fspath(path)}: no such archive")
@@ -339,18 +336,16 @@ class Store(Handle, MutableMapping[str, Record]):
     @property
     def version(self) -> int:
         """The commit this handle shows: the number of commits (flushes and
-        closes that changed something, ``gc()``) since the store was created.
-        A reader's version moves only on :meth:`refresh`; the writer's is
-        its last commit."""
+        closes that changed something, ``gc()``) since the store was created;
+        a reader's moves only on :meth:`refresh`."""
         return self._core.version
 
     def refresh(self) -> int:
-        """Moves a reader to the writer's latest commit and returns the new
-        :attr:`version` (the writer already shows it). Records, arrays and
-        results taken before stay as they were; payloads only an older
-        snapshot referenced may be removed once no handle pins it, and
-        loading one then raises :class:`CorruptError` saying to take
-        ``store[key]`` again."""
+        """Moves a reader to the writer's latest commit; returns the new
+        :attr:`version`. Records and results taken before stay as they were,
+        but payloads only an older snapshot referenced may go once no handle
+        pins it (loading one then raises :class:`CorruptError`: take
+        ``store[key]`` again)."""
         if isinstance(self._core, _DeferredCore):
             # a pickled store not opened yet: the latest commit, whatever
             # version it was pinned to (that one may be gone)
@@ -359,14 +354,11 @@ class Store(Handle, MutableMapping[str, Record]):
 
     def begin_write(self) -> None:
         """Takes the writer role now rather than at the first write (as
-        SQLite's ``BEGIN IMMEDIATE``): the handle then shows the latest
-        state, and a crashed writer's leftovers are recovered.
-
-        Raises :class:`ReadOnlyError` in mode ``"r"``,
-        :class:`StoreLockedError` (naming the PID) while another process
-        writes, :class:`CorruptError` when the index needs ``repair``,
-        :class:`StorageError` when the store cannot be written (``EROFS``,
-        ``EACCES``; ``ENOLCK`` on a file system without locks)."""
+        SQLite's ``BEGIN IMMEDIATE``), recovering a crashed writer's leftovers.
+        Raises :class:`ReadOnlyError` in mode ``"r"``, :class:`StoreLockedError`
+        (naming the PID) while another process writes, :class:`CorruptError`
+        when the index needs ``repair``, :class:`StorageError` when the store
+        cannot be written (``EROFS``, ``EACCES``; ``ENOLCK`` without locks)."""
         self._core.begin_write()
 
     @property
@@ -376,10 +368,8 @@ class Store(Handle, MutableMapping[str, Record]):
 
     @property
     def retention(self) -> float:
-        """Seconds superseded data is kept for readers on other machines
-        (see :meth:`open`); settable, for this handle's later flushes,
-        closes and ``gc()`` (``TypeError``/``ValueError`` as in
-        :meth:`open`)."""
+        """``retention`` (see :meth:`open`); settable, for this handle's later
+        flushes, closes and ``gc()`` (``TypeError``/``ValueError`` as there)."""
         return self._core.retention
 
     @retention.setter
@@ -400,12 +390,10 @@ class Store(Handle, MutableMapping[str, Record]):
     # -- mapping ---------------------------------------------------------
 
     def __getitem__(self, key: str) -> Record:
-        """The lazy record of ``key``; reads only the index.
-
-        Raises :class:`MissingKeyError` (a ``KeyError``) if absent,
+        """The lazy record of ``key``, from the index. Raises
+        :class:`MissingKeyError` (a ``KeyError``) if absent,
         :class:`KeyTypeError` for a non-``str`` key, :class:`InvalidKeyError`
-        for ``""``.
-        """
+        for ``""``."""
         key = check_key(key)
         got = self._core.get_full(key)
         if got is None:
@@ -414,37 +402,31 @@ class Store(Handle, MutableMapping[str, Record]):
         return Record(self._source, key, json.loads(raw), self, remainder)
 
     def __setitem__(self, key: str, obj: Any) -> None:
-        """Stores ``obj`` under ``key``, replacing what was there.
-
-        Arrays anywhere in ``obj`` (attributes, nested dict/list/tuple) are
-        written as ``.npy`` payloads first, then the record (metadata, layout,
-        pickled remainder) goes into the index. Durable after :meth:`flush`
-        or :meth:`close`.
-        """
+        """Stores ``obj`` under ``key``, replacing what was there: arrays
+        anywhere in it (attributes, nested dict/list/tuple) as ``.npy``
+        payloads first, then the record (metadata, layout, pickled remainder)
+        into the index. Durable after :meth:`flush` or :meth:`close`."""
         key = check_key(key)
         if isinstance(obj, Record):
             # a record from this or another store (or an archive): copy it as
             # a record (metadata, layout, payloads), never pickle the proxy
-            _plugged(_copy_record, "record copies")(self, key, obj)
+            _hook("copy_record")(self, key, obj)
             return
         self._core.put(*_put_args(key, obj))
 
     def replace_arrays(self, key: str, arrays: Mapping[str, Any]) -> None:
-        """Replaces some arrays of the record under ``key`` and keeps the rest:
-        ``arrays`` maps array names as in ``store[key].arrays`` (``"labels"``,
-        ``"frames/0"``) to new ``numpy.ndarray`` values (dtype and shape may
-        change; ``object`` arrays are pickled and need ``allow_pickle`` to read
-        back). Only the new payloads are written, so replacing a small array of
-        an object that also holds gigabytes costs the small array only (h5py's
-        ``del group[name]; group[name] = new``). The replaced payloads are
-        removed at the next :meth:`flush` (mappings already made of them stay
-        valid; a proxy taken before and not yet loaded then raises
-        ``CorruptError``: take ``store[key]`` again). Durable after :meth:`flush`.
+        """Replaces some arrays of the record under ``key``, keeping the rest
+        and writing only the new payloads (h5py's ``del group[name];
+        group[name] = new``). ``arrays``: ``{name as in store[key].arrays:
+        numpy.ndarray}``, dtype and shape free (``object`` arrays are pickled:
+        reading back needs ``allow_pickle``). The old payloads go at the next
+        :meth:`flush` (mappings of them stay valid; a proxy not yet loaded
+        then raises ``CorruptError``: take ``store[key]`` again).
 
-        Raises, changing nothing, :class:`MissingKeyError` when there is no
-        record under ``key``; :class:`InvalidArrayError` (a ``ValueError``) for
-        a name the record has no array of (store the whole object to add one);
-        ``TypeError`` for a value that is not a plain ``numpy.ndarray``.
+        Raises, changing nothing, :class:`MissingKeyError` for no record;
+        :class:`InvalidArrayError` (a ``ValueError``) for a name the record has
+        no array of (store the whole object to add one); ``TypeError`` for a
+        value that is not a plain ``numpy.ndarray``.
         """
         key = check_key(key)
         for name, a in arrays.items():
@@ -471,23 +453,20 @@ class Store(Handle, MutableMapping[str, Record]):
         **kwargs: Any,
     ) -> None:
         """Stores every ``key, obj`` of ``other`` (a mapping, or an iterable of
-        pairs, read one at a time) and of ``kwargs``, as ``dict.update``.
+        pairs, read one at a time) and of ``kwargs``, as ``dict.update``, in
+        chunks of 1,000 records (ending early with the record that brings a
+        chunk over 256 MiB of arrays): one durability barrier and one index
+        batch a chunk, much faster than ``store[key] = obj`` each. A chunk is
+        all or nothing: if writing it fails (``StorageError``,
+        ``InvalidArrayError``, ...), one of its keys is invalid or splitting
+        one of its objects raises, none of its records is added and its
+        payload files are removed; earlier chunks stay. Durable after
+        :meth:`flush` or :meth:`close`.
 
-        Records are written in chunks of 1,000 records (ending early with the
-        record that brings a chunk over 256 MiB of array data): a chunk's
-        payloads are made durable with one barrier and its records enter the
-        index in one batch, much faster than one ``store[key] = obj`` each. A
-        chunk is all or nothing: if writing it fails (``StorageError`` for a
-        full disk, ``InvalidArrayError``, ...), or one of its keys is invalid,
-        or splitting one of its objects raises, none of its records is added
-        and its payload files are removed; earlier chunks stay stored. Durable
-        after :meth:`flush` or :meth:`close`.
-
-        ``progress`` (see :class:`Store`) counts records: ``done = 0`` first,
-        then after each chunk (``total`` None for an iterable without a
-        length); an exception it raises stops the update, the chunks stored
-        before stay. ``progress`` is this option, never a key: store a record
-        named so with ``store["progress"] = obj``.
+        ``progress`` (see :class:`Store`) counts records, ``0`` first, then
+        after each chunk; an exception it raises stops the update (earlier
+        chunks stay). It is this
+        option, never a key: ``store["progress"] = obj`` stores that record.
         """
         if isinstance(other, Mapping):
             pairs: Iterable[tuple[str, Any]] = ((k, other[k]) for k in other)
@@ -539,24 +518,19 @@ class Store(Handle, MutableMapping[str, Record]):
     # -- secondary indexes ------------------------------------------------
 
     def create_index(self, field: str) -> None:
-        """Indexes the metadata field ``field`` (a dotted path: ``"temperature"``,
-        ``"params.lr"``) so that ``find``/``count`` with ``==``, ``in [...]`` or
-        a range on it read only the matching records instead of scanning all.
-        Built now, kept current by every write, rebuilt by :meth:`repair`;
-        creating an existing index does nothing. Only scalar values (None,
-        bool, numbers, str) are indexed; answers are always those of a full
-        scan. Raises ``InvalidFieldError`` (a ``ValueError``) for a name that
-        is not a dotted field path, ``ReadOnlyError`` in mode ``"r"``.
+        """Indexes the metadata field ``field`` (a dotted path:
+        ``"params.lr"``) so that ``find``/``count`` with ``==``, ``in [...]``
+        or a range on it read only the matching records. Built now, kept by
+        every write, rebuilt by :meth:`repair`; an existing one is left as it
+        is. Only scalars (None, bool, numbers, str) are indexed; answers are
+        always those of a full scan. Raises ``InvalidFieldError`` (a
+        ``ValueError``) for a bad field path, ``ReadOnlyError`` in mode ``"r"``.
         """
-        if not isinstance(field, str):
-            raise TypeError(f"field must be a str, not {type(field).__name__}")
-        self._core.create_index(field)
+        self._core.create_index(_field(field))
 
     def drop_index(self, field: str) -> bool:
         """Removes the index on ``field``; returns whether there was one."""
-        if not isinstance(field, str):
-            raise TypeError(f"field must be a str, not {type(field).__name__}")
-        return self._core.drop_index(field)
+        return self._core.drop_index(_field(field))
 
     def indexes(self) -> list[str]:
         """The indexed fields, sorted."""
@@ -571,11 +545,10 @@ class Store(Handle, MutableMapping[str, Record]):
     # -- durability and maintenance ---------------------------------------
 
     def flush(self) -> None:
-        """Makes every change so far durable (survives a process crash) and
-        commits it: readers that open or :meth:`refresh` from now on see it.
-        Then removes the payloads of overwritten or deleted records that no
-        reader may still see. Nothing to do for a handle that has not
-        written."""
+        """Makes every change so far durable (it survives a crash) and commits
+        it for readers that open or :meth:`refresh` from now on, then removes
+        the payloads of replaced records no reader may still see. Nothing to do
+        for a handle that has not written."""
         self._core.flush()
 
     def close(self) -> None:
@@ -587,18 +560,17 @@ class Store(Handle, MutableMapping[str, Record]):
         _open_stores.discard(self)
 
     def verify(self, *, checksums: bool = True, progress: ProgressArg = None) -> dict[str, Any]:
-        """Checks every record against its payload files and the journal: each
-        payload exists, its ``.npy`` header agrees with the record and the file
-        holds all the data; with ``checksums`` (the default) the data is also
-        hashed against the XXH3-64 checksum recorded at write time, reading
-        every payload byte. The latest journal entry of each key must be its
-        record, and no record may be in the journal alone. Files no record
-        references are listed as orphans (``gc()`` removes them). ``progress``
-        (see :class:`Store`) counts records.
+        """Checks every record against its payload files (each exists, its
+        ``.npy`` header agrees with the record, it holds all the data; with
+        ``checksums``, the data hashed against the XXH3-64 recorded at write
+        time, reading every byte) and the journal (each key's latest entry is
+        its record; no record is in the journal alone). Files no record
+        references are orphans (``gc()`` removes them). ``progress`` (see
+        :class:`Store`) counts records.
 
         Returns ``{"ok": bool, "records": int, "arrays": int, "checksummed":
-        int, "problems": [str], "orphans": [path]}``. Raises ``TypeError`` for
-        a non-bool ``checksums``.
+        int, "problems": [str], "orphans": [path]}``; ``TypeError`` for a
+        non-bool ``checksums``.
         """
         if not isinstance(checksums, bool):
             raise TypeError(f"checksums must be a bool, not {type(checksums).__name__}")
@@ -606,14 +578,11 @@ class Store(Handle, MutableMapping[str, Record]):
             return self._core.verify(checksums, callback)
 
     def gc(self, *, progress: ProgressArg = None) -> dict[str, int]:
-        """Removes payload and temporary files no record references (left by
-        a crash or an overwrite) and compacts the record journal to one entry
-        per record. Flushes first. Returns ``{"removed_files": n,
-        "removed_bytes": n, "journal_bytes_freed": n}``.
-
-        ``progress`` (see :class:`Store`): ``(0, 1)``, then ``(1, 1)`` when
-        done (the core works in one step).
-        """
+        """Flushes, removes payload and temporary files no record references
+        (left by a crash or an overwrite) and compacts the journal to one entry
+        per record. Returns ``{"removed_files": n, "removed_bytes": n,
+        "journal_bytes_freed": n}``. ``progress`` (see :class:`Store`) gets
+        ``(0, 1)``, then ``(1, 1)``: the core works in one step."""
         with progress_callback(progress, "gc", "step") as report:
             if report is not None:
                 report(0, 1)
@@ -624,18 +593,14 @@ class Store(Handle, MutableMapping[str, Record]):
 
     @staticmethod
     def repair(path: str | os.PathLike[str]) -> dict[str, Any]:
-        """Rebuilds a lost or damaged index from the store's record journal
-        (the index is derived data: FORMAT.md, "Repair"). Takes the store's
-        lock, moves the old index directory aside to ``index.damaged-<n>``
-        (never deleting it), replays the journal keeping each key's latest
-        version (one whose payloads are missing or damaged gives way to the
-        previous one; deleted keys stay deleted), and rebuilds the secondary
-        indexes.
-
-        Returns ``{"records": n, "entries": n, "skipped": [str], "indexes":
-        [str], "moved_index": path or None}``. Raises ``StoreNotFoundError``,
-        ``NotAStoreError``, ``StoreLockedError`` while a Store holds it,
-        ``TypeError`` for a ``path`` that is not a str or ``os.PathLike``.
+        """Rebuilds a lost or damaged index from the record journal (FORMAT.md,
+        "Repair"): takes the lock, moves the old index aside to
+        ``index.damaged-<n>``, replays the journal keeping each key's latest
+        version whose payloads are sound (deleted keys stay deleted), rebuilds
+        the secondary indexes. Returns ``{"records": n, "entries": n,
+        "skipped": [str], "indexes": [str], "moved_index": path or None}``.
+        Raises ``StoreNotFoundError``, ``NotAStoreError``, ``StoreLockedError``
+        while a Store holds it, ``TypeError`` for a path of another type.
         """
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or os.PathLike, not {type(path).__name__}")
@@ -646,9 +611,7 @@ class Store(Handle, MutableMapping[str, Record]):
     def __reduce__(self) -> Any:
         """A Store pickles by path, version and allow_pickle; it comes back
         as a reader of that version (opened at its first use)."""
-        if _reduce_store is None:
-            raise RuntimeError("lazyvault._pickling is not loaded: import lazyvault")
-        return _reduce_store(self)
+        return _hook("reduce")(self)
 
     def export(
         self,
@@ -664,7 +627,7 @@ class Store(Handle, MutableMapping[str, Record]):
         ``keys`` or ``query`` select the records (all by default). ``progress``
         (see :class:`Store`) counts arrays written (a ``.lvz``: ``(0, n)``
         then ``(n, n)``, the core writes it in one step)."""
-        _plugged(_export, "export")(self, path, keys=keys, query=query, progress=progress)
+        _hook("export")(self, path, keys=keys, query=query, progress=progress)
 
     def import_file(
         self,
@@ -676,29 +639,20 @@ class Store(Handle, MutableMapping[str, Record]):
         max_ratio: int | None = None,
     ) -> list[str]:
         """Reads a ``.npy``, ``.npz``, ``.safetensors`` or ``.lvz`` file (format
-        from the content) into the store, streamed in bounded memory; returns
-        the keys written. ``key`` names the record (default: the file's stem);
-        a ``.lvz`` brings back all its records under their own keys. A
-        directory: every such file under it, keyed by its path relative to the
-        directory without the extension (``"run-1/weights"``; ``key`` not
-        allowed). ``progress`` (see :class:`Store`) counts files for a
-        directory, records for a multi-record file.
-
+        from the content), or every such file under a directory, into the
+        store in bounded memory; returns the keys written. ``key`` names the
+        record (default: the file's stem; under a directory, its path there
+        without the suffix, and ``key`` is not allowed; a ``.lvz`` keeps its
+        keys). ``progress`` (see :class:`Store`) counts files or records.
         ``max_header_size``: the largest ``.npy`` header read, in bytes
         (numpy's meaning, default 10,000); ``max_ratio``: the largest
         expansion a deflated ``.npz`` member may declare (default 1100). A
-        rejected file (:class:`InvalidFileError`, :class:`UnknownFormatError`)
-        leaves the store unchanged; the rules and every error raised are in
-        :func:`lazyvault._interop.import_file`.
+        rejected file leaves the store unchanged; the rules and the errors
+        raised are in :func:`lazyvault._interop.import_file`.
         """
-        return _plugged(_import_file, "import")(
-            self,
-            path,
-            key=key,
-            progress=progress,
-            max_header_size=max_header_size,
-            max_ratio=max_ratio,
-        )
+        limits = {"max_header_size": max_header_size, "max_ratio": max_ratio}
+        keys: list[str] = _hook("import_file")(self, path, key=key, progress=progress, **limits)
+        return keys
 
     # -- display (index only: no payload is opened) ---------------------------
 
@@ -745,60 +699,45 @@ def raw_record(store: Store, key: str) -> tuple[bytes, bytes | None] | None:
     return store._core.get_full(key)
 
 
-# -- seams: modules a layer up plug in here when imported (lazyvault/__init__
-# imports them before any store is opened) -----------------------------------
+# -- seams: the modules a layer up plug in here when imported (lazyvault/__init__
+# imports them all before any store is opened) ---------------------------------
 
-#: ``(path, mode, allow_pickle)`` -> the opened file, or None when ``path`` is
-#: not one: how ``Store.open`` opens an .lvz archive (_archive, whose Archive
-#: hands out Results).
-_open_file: Callable[[str | os.PathLike[str], str | None, bool], Any] | None = None
-#: ``Store.__reduce__`` (_pickling: unpickling opens a Store).
-_reduce_store: Callable[[Store], Any] | None = None
+#: ``"open_file"``: ``(path, mode, allow_pickle)`` -> an opened ``.lvz`` archive,
+#: or None when ``path`` is not one (_archive); ``"reduce"``: ``Store.__reduce__``
+#: (_pickling); ``"import_file"``: ``(store, path, key=, progress=,
+#: max_header_size=, max_ratio=)`` -> keys, and ``"copy_record"``: ``(store, key,
+#: record)`` (_interop); ``"export"``: ``(store, path, keys=, query=, progress=)``
+#: (_export).
+_hooks: dict[str, Callable[..., Any]] = {}
 
 
-#: ``(store, path, key=..., progress=..., max_header_size=..., max_ratio=...)``
-#: -> keys, and ``(store, key, record)``: import and record copies (_interop).
-_import_file: Callable[..., list[str]] | None = None
-_copy_record: Callable[[Store, str, Record], None] | None = None
-#: ``(store, path, keys=..., query=..., progress=...)``: export (_export).
-_export: Callable[..., None] | None = None
+def _hook(name: str) -> Callable[..., Any]:
+    hook = _hooks.get(name)
+    if hook is None:
+        raise RuntimeError(f"lazyvault's {name} is not plugged in: import lazyvault")
+    return hook
 
 
 def plug_interop(
     *, import_file: Callable[..., list[str]], copy_record: Callable[[Store, str, Record], None]
 ) -> None:
     """Makes these the store's import and record copy (``_interop``)."""
-    global _import_file, _copy_record
-    _import_file, _copy_record = import_file, copy_record
+    _hooks.update(import_file=import_file, copy_record=copy_record)
 
 
 def plug_export(export: Callable[..., None]) -> None:
     """Makes ``export`` the store's export (``_export``)."""
-    global _export
-    _export = export
-
-
-_F = TypeVar("_F")
-
-
-def _plugged(hook: _F | None, what: str) -> _F:
-    """``hook``, which a module a layer up plugged in when imported
-    (``import lazyvault`` imports them all)."""
-    if hook is None:
-        raise RuntimeError(f"lazyvault's {what} module is not loaded: import lazyvault")
-    return hook
+    _hooks["export"] = export
 
 
 def plug_file_opener(opener: Callable[[str | os.PathLike[str], str | None, bool], Any]) -> None:
     """Makes ``opener`` the way ``Store.open`` opens a file (``_archive``)."""
-    global _open_file
-    _open_file = opener
+    _hooks["open_file"] = opener
 
 
 def plug_pickling(reduce: Callable[[Store], Any]) -> None:
     """Makes ``reduce`` the way a store pickles (``_pickling``)."""
-    global _reduce_store
-    _reduce_store = reduce
+    _hooks["reduce"] = reduce
 
 
 class Results(RecordsDisplay, Sequence[Record]):
