@@ -1,9 +1,11 @@
 """The ``lazyvault`` command line (also ``python -m lazyvault``).
 
-Subcommands and examples: ``lazyvault --help`` (``_EPILOG`` below).
-``ls``, ``find``, ``show``, ``stats``, ``export`` and ``verify`` open the
-store read-only; ``ls``, ``find``, ``show`` and ``stats`` read the index
-only, never a payload. Every command that prints data takes ``--json``.
+Subcommands and examples: ``lazyvault --help``; each is declared once, with
+its arguments, by ``@_command`` on the function that runs it and returns an
+:class:`_Output` (printed as text, or as JSON with ``--json``, which every
+command takes). ``ls``, ``find``, ``show``, ``stats``, ``export`` and
+``verify`` open the store read-only; ``ls``, ``find``, ``show`` and
+``stats`` read the index only, never a payload.
 
 Exit codes: 0 success; 1 a lazyvault error or an OS error (message on stderr as
 ``lazyvault: <message>``, no traceback) or problems found by ``verify``;
@@ -17,7 +19,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, TextIO
+from typing import Any, NamedTuple
 
 from . import _display
 from ._lazyvault import __version__
@@ -50,24 +52,21 @@ exit status: 0 ok, 1 lazyvault error or verify problems, 2 usage error.
 """
 
 
-def _json_default(value: Any) -> Any:
-    # numpy scalars and other oddities that metadata should not hold, shown, not crashed on.
-    item = getattr(value, "item", None)
-    if callable(item):
-        return item()
-    return repr(value)
+class _Output(NamedTuple):
+    """What a command prints: ``value`` with ``--json``, else ``text``."""
+
+    value: Any
+    text: str
+    status: int = 0
 
 
-def _dump(value: Any, out: TextIO) -> None:
-    json.dump(value, out, indent=2, ensure_ascii=False, default=_json_default)
-    out.write("\n")
+class _UsageError(Exception):
+    """A usage error argparse cannot see (exit status 2)."""
 
-
-# -- arguments ------------------------------------------------------------------
 
 #: One argument: the flags and the keywords of ``add_argument``.
 Option = tuple[tuple[str, ...], dict[str, Any]]
-Run = Callable[[argparse.Namespace, TextIO], int]
+Run = Callable[[argparse.Namespace], _Output]
 
 
 class _Command(NamedTuple):
@@ -77,7 +76,7 @@ class _Command(NamedTuple):
     options: tuple[Option | list[Option], ...]
 
 
-#: The subcommands in the order ``--help`` lists them (declared by ``@_command``).
+#: The subcommands in the order ``--help`` lists them.
 _COMMANDS: dict[str, _Command] = {}
 
 
@@ -125,8 +124,20 @@ _NO_PROGRESS = _opt("--no-progress", action="store_true", help="no progress bar"
 # -- helpers ----------------------------------------------------------------------
 
 
+def _json_default(value: Any) -> Any:
+    # numpy scalars and other oddities that metadata should not hold, shown, not crashed on.
+    item = getattr(value, "item", None)
+    if callable(item):
+        return item()
+    return repr(value)
+
+
 def _keys(store: Any, expr: str | None) -> list[str]:
     return list(store.keys()) if expr is None else store.keys(expr)
+
+
+def _lines(lines: Sequence[str]) -> str:
+    return "".join(line + "\n" for line in lines)
 
 
 def _printable(text: str) -> str:
@@ -172,11 +183,6 @@ def _progress(args: argparse.Namespace) -> bool | None:
     return False if args.json or args.no_progress else None
 
 
-def _usage_error(command: str, message: str) -> int:
-    print(f"{PROG} {command}: error: {message}", file=sys.stderr)
-    return 2
-
-
 # -- subcommands ------------------------------------------------------------------
 
 
@@ -188,15 +194,10 @@ def _usage_error(command: str, message: str) -> int:
     _opt("expr", metavar="EXPR", nargs="?", help=_QUERY),
     _json("print a JSON list"),
 )
-def _cmd_ls(args: argparse.Namespace, out: TextIO) -> int:
+def _cmd_ls(args: argparse.Namespace) -> _Output:
     with Store.open(args.path, mode="r") as store:
         keys = _keys(store, args.expr)
-    if args.json:
-        _dump(keys, out)
-    else:
-        for key in keys:
-            out.write(_printable(key) + "\n")
-    return 0
+    return _Output(keys, _lines([_printable(key) for key in keys]))
 
 
 @_command(
@@ -207,15 +208,10 @@ def _cmd_ls(args: argparse.Namespace, out: TextIO) -> int:
     _opt("expr", metavar="EXPR", help=_QUERY),
     _json("print a JSON list of {key, meta, arrays}"),
 )
-def _cmd_find(args: argparse.Namespace, out: TextIO) -> int:
+def _cmd_find(args: argparse.Namespace) -> _Output:
     with Store.open(args.path, mode="r") as store:
-        results = store.find(args.expr)
-        if args.json:
-            _dump([_as_json(rec) for rec in results], out)
-            return 0
-        for rec in results:
-            out.write(_summary_line(rec) + "\n")
-    return 0
+        results = list(store.find(args.expr))
+    return _Output([_as_json(r) for r in results], _lines([_summary_line(r) for r in results]))
 
 
 @_command(
@@ -227,29 +223,23 @@ def _cmd_find(args: argparse.Namespace, out: TextIO) -> int:
     _opt("key", metavar="KEY", help="the record's key"),
     _json("print one JSON object"),
 )
-def _cmd_show(args: argparse.Namespace, out: TextIO) -> int:
+def _cmd_show(args: argparse.Namespace) -> _Output:
     with Store.open(args.path, mode="r") as store:
         try:
             rec = store[args.key]
         except MissingKeyError:
             raise MissingKeyError(f"no record {args.key!r} in {args.path}") from None
         shown = _as_json(rec, repr=repr(rec))
-    if args.json:
-        _dump(shown, out)
-        return 0
-    out.write(shown["repr"] + "\n\nmeta:\n")
-    out.write(json.dumps(shown["meta"], indent=2, ensure_ascii=False, default=_json_default))
-    out.write("\n\narrays:\n")
+    meta = json.dumps(shown["meta"], indent=2, ensure_ascii=False, default=_json_default)
+    lines = [shown["repr"], "", "meta:", meta, "", "arrays:"]
     arrays = shown["arrays"]
-    if not arrays:
-        out.write("  (none)\n")
     width = max((len(n) for n in arrays), default=0)
-    for name, a in arrays.items():
-        out.write(
-            f"  {name:<{width}}  shape={tuple(a['shape'])}  dtype={a['dtype']}  "
-            f"nbytes={a['nbytes']:,}  order={a['order']}\n"
-        )
-    return 0
+    lines += [
+        f"  {name:<{width}}  shape={tuple(a['shape'])}  dtype={a['dtype']}  "
+        f"nbytes={a['nbytes']:,}  order={a['order']}"
+        for name, a in arrays.items()
+    ] or ["  (none)"]
+    return _Output(shown, _lines(lines))
 
 
 @_command(
@@ -260,7 +250,7 @@ def _cmd_show(args: argparse.Namespace, out: TextIO) -> int:
     _opt("expr", metavar="EXPR", nargs="?", help="count only the records matching this query"),
     _json("print one JSON object"),
 )
-def _cmd_stats(args: argparse.Namespace, out: TextIO) -> int:
+def _cmd_stats(args: argparse.Namespace) -> _Output:
     with Store.open(args.path, mode="r") as store:
         # the commit these figures describe (an archive has none)
         version = getattr(store, "version", None)
@@ -275,30 +265,21 @@ def _cmd_stats(args: argparse.Namespace, out: TextIO) -> int:
                 entry["arrays"] += 1
                 entry["bytes"] += info.nbytes
     dtypes = dict(sorted(dtypes.items(), key=lambda kv: (-kv[1]["bytes"], kv[0])))
-    stats = {
-        "path": args.path,
-        "version": version,
-        "records": len(keys),
-        "arrays": arrays,
-        "bytes": nbytes,
-        "dtypes": dtypes,
-    }
-    if args.json:
-        _dump(stats, out)
-        return 0
-    out.write(
+    stats = {"path": args.path, "version": version, "records": len(keys)}
+    stats |= {"arrays": arrays, "bytes": nbytes, "dtypes": dtypes}
+    human = _display.human_size
+    lines = [
         f"{args.path}: {len(keys):,} records, {arrays:,} arrays, "
-        f"{_display.human_size(nbytes)} of array data ({nbytes:,} bytes)\n"
-    )
+        f"{human(nbytes)} of array data ({nbytes:,} bytes)"
+    ]
     if dtypes:
         width = max(len("dtype"), *(len(d) for d in dtypes))
-        out.write(f"  {'dtype':<{width}}  {'arrays':>10}  {'bytes':>16}\n")
-        for dtype, entry in dtypes.items():
-            out.write(
-                f"  {dtype:<{width}}  {entry['arrays']:>10,}  {entry['bytes']:>16,}  "
-                f"({_display.human_size(entry['bytes'])})\n"
-            )
-    return 0
+        lines.append(f"  {'dtype':<{width}}  {'arrays':>10}  {'bytes':>16}")
+        lines += [
+            f"  {dtype:<{width}}  {e['arrays']:>10,}  {e['bytes']:>16,}  ({human(e['bytes'])})"
+            for dtype, e in dtypes.items()
+        ]
+    return _Output(stats, _lines(lines))
 
 
 @_command(
@@ -315,7 +296,7 @@ def _cmd_stats(args: argparse.Namespace, out: TextIO) -> int:
     _NO_PROGRESS,
     _json("print a JSON summary"),
 )
-def _cmd_export(args: argparse.Namespace, out: TextIO) -> int:
+def _cmd_export(args: argparse.Namespace) -> _Output:
     with Store.open(args.path, mode="r") as store:
         if not isinstance(store, Store):
             raise InteropError(
@@ -324,16 +305,11 @@ def _cmd_export(args: argparse.Namespace, out: TextIO) -> int:
             )
         if args.keys is not None:
             count = len(dict.fromkeys(args.keys))
-        elif args.query is not None:
-            count = store.count(args.query)
         else:
-            count = len(store)
+            count = store.count(args.query)
         store.export(args.out, keys=args.keys, query=args.query, progress=_progress(args))
-    if args.json:
-        _dump({"path": args.path, "out": args.out, "records": count}, out)
-    else:
-        out.write(f"{args.out}: wrote {count:,} record(s) from {args.path}\n")
-    return 0
+    summary = {"path": args.path, "out": args.out, "records": count}
+    return _Output(summary, f"{args.out}: wrote {count:,} record(s) from {args.path}\n")
 
 
 @_command(
@@ -365,27 +341,19 @@ def _cmd_export(args: argparse.Namespace, out: TextIO) -> int:
     _NO_PROGRESS,
     _json("print the keys written per file as JSON"),
 )
-def _cmd_import(args: argparse.Namespace, out: TextIO) -> int:
+def _cmd_import(args: argparse.Namespace) -> _Output:
     if args.key is not None and len(args.files) != 1:
-        return _usage_error("import", "--key names the record of a single FILE")
+        raise _UsageError("import", "--key names the record of a single FILE")
+    limits = {"max_header_size": args.max_header_size, "max_ratio": args.max_ratio}
     imported: dict[str, list[str]] = {}
     with Store.open(args.path, mode="a") as store:
         for file in args.files:
             imported[file] = store.import_file(
-                file,
-                key=args.key,
-                progress=_progress(args),
-                max_header_size=args.max_header_size,
-                max_ratio=args.max_ratio,
+                file, key=args.key, progress=_progress(args), **limits
             )
-    if args.json:
-        records = sum(len(keys) for keys in imported.values())
-        _dump({"path": args.path, "records": records, "files": imported}, out)
-    else:
-        for keys in imported.values():
-            for key in keys:
-                out.write(key + "\n")
-    return 0
+    keys = [key for keys in imported.values() for key in keys]
+    summary = {"path": args.path, "records": len(keys), "files": imported}
+    return _Output(summary, _lines(keys))
 
 
 @_command(
@@ -402,33 +370,27 @@ def _cmd_import(args: argparse.Namespace, out: TextIO) -> int:
     _NO_PROGRESS,
     _json("print the report as JSON"),
 )
-def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
+def _cmd_verify(args: argparse.Namespace) -> _Output:
     with Store.open(args.path, mode="r") as store:
         if isinstance(store, Store):
             report = store.verify(checksums=not args.quick, progress=_progress(args))
         else:  # a .lvz archive: CRC-32 of every member
             report = store.verify()
-    if args.json:
-        _dump(report, out)
-    else:
-        status = "ok" if report["ok"] else f"{len(report['problems'])} problem(s)"
-        out.write(
-            f"{args.path}: {status}: {report['records']:,} records, "
-            f"{report['arrays']:,} arrays checked"
-            + (f", {report['checksummed']:,} checksums" if "checksummed" in report else "")
-            + "\n"
+    status = "ok" if report["ok"] else f"{len(report['problems'])} problem(s)"
+    checksums = f", {report['checksummed']:,} checksums" if "checksummed" in report else ""
+    lines = [
+        f"{args.path}: {status}: {report['records']:,} records, "
+        f"{report['arrays']:,} arrays checked{checksums}",
+        *(f"  problem: {problem}" for problem in report["problems"]),
+    ]
+    orphans = report.get("orphans", [])  # archives have none
+    if orphans:
+        lines.append(
+            f"  {len(orphans):,} orphan file(s), referenced by no record "
+            f"(`{PROG} gc {args.path}` removes them):"
         )
-        for problem in report["problems"]:
-            out.write(f"  problem: {problem}\n")
-        orphans = report.get("orphans", [])  # archives have none
-        if orphans:
-            out.write(
-                f"  {len(orphans):,} orphan file(s), referenced by no record "
-                f"(`{PROG} gc {args.path}` removes them):\n"
-            )
-            for orphan in orphans:
-                out.write(f"    {orphan}\n")
-    return 0 if report["ok"] else 1
+        lines += [f"    {orphan}" for orphan in orphans]
+    return _Output(report, _lines(lines), 0 if report["ok"] else 1)
 
 
 @_command(
@@ -438,21 +400,18 @@ def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
     _path("the store (opened for writing)"),
     _json("print the report as JSON"),
 )
-def _cmd_gc(args: argparse.Namespace, out: TextIO) -> int:
+def _cmd_gc(args: argparse.Namespace) -> _Output:
     if not os.path.exists(os.path.join(args.path, "lazyvault.json")):
         # mode "a" would create an empty store at a mistyped path
         raise StoreNotFoundError(f"{args.path}: no such store")
     with Store.open(args.path, mode="a") as store:
         report = store.gc()
-    if args.json:
-        _dump(report, out)
-    else:
-        out.write(
-            f"{args.path}: removed {report['removed_files']:,} orphan file(s), "
-            f"{report['removed_bytes']:,} bytes; journal compacted, "
-            f"{report['journal_bytes_freed']:,} bytes freed\n"
-        )
-    return 0
+    return _Output(
+        report,
+        f"{args.path}: removed {report['removed_files']:,} orphan file(s), "
+        f"{report['removed_bytes']:,} bytes; journal compacted, "
+        f"{report['journal_bytes_freed']:,} bytes freed\n",
+    )
 
 
 @_command(
@@ -463,24 +422,20 @@ def _cmd_gc(args: argparse.Namespace, out: TextIO) -> int:
     _path(),
     _json("print the report as JSON"),
 )
-def _cmd_repair(args: argparse.Namespace, out: TextIO) -> int:
+def _cmd_repair(args: argparse.Namespace) -> _Output:
     report = Store.repair(args.path)
-    if args.json:
-        _dump(report, out)
-        return 0
-    out.write(
+    lines = [
         f"{args.path}: index rebuilt: {report['records']:,} records from "
-        f"{report['entries']:,} journal entries\n"
-    )
+        f"{report['entries']:,} journal entries"
+    ]
     if report["moved_index"]:
-        out.write(f"  the old index was moved to {report['moved_index']} (remove it when done)\n")
-    for skipped in report["skipped"]:
-        out.write(f"  skipped: {skipped}\n")
-    out.write(f"  next: `{PROG} verify {args.path}`, then `{PROG} gc {args.path}`\n")
-    return 0
+        lines.append(f"  the old index was moved to {report['moved_index']} (remove it when done)")
+    lines += [f"  skipped: {skipped}" for skipped in report["skipped"]]
+    lines.append(f"  next: `{PROG} verify {args.path}`, then `{PROG} gc {args.path}`")
+    return _Output(report, _lines(lines))
 
 
-# -- parser -----------------------------------------------------------------------
+# -- parser and main ----------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -526,7 +481,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: a command is required (try '{PROG} --help')", file=sys.stderr)
         return 2
     try:
-        return int(args.func(args, sys.stdout))
+        output = args.func(args)
+        if args.json:
+            json.dump(output.value, sys.stdout, indent=2, ensure_ascii=False, default=_json_default)
+            sys.stdout.write("\n")
+        else:
+            sys.stdout.write(output.text)
+        sys.stdout.flush()  # a closed pipe raises here, not at exit
+        return int(output.status)
+    except _UsageError as e:
+        print(f"{PROG} {e.args[0]}: error: {e.args[1]}", file=sys.stderr)
+        return 2
     except LazyvaultError as e:
         print(f"{PROG}: {_message(e)}", file=sys.stderr)
         return 1
