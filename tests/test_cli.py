@@ -536,3 +536,13 @@ def test_a_query_of_undecodable_bytes_is_an_error_on_an_archive_too(
     for path in (small_store, archive):
         for command in ("ls", "find", "stats"):
             assert_error(cli(command, path, expr), 1, "not valid Unicode at column 14")
+
+
+def test_show_of_an_undecodable_key_is_an_error_on_an_archive_too(
+    small_store: Path, tmp_path: Path
+) -> None:
+    # as above for a key: an archive died with a UnicodeEncodeError traceback
+    archive = tmp_path / "all.lvz"
+    assert cli("export", small_store, archive).returncode == 0
+    for path in (small_store, archive):
+        assert_error(cli("show", path, os.fsdecode(b"\xff")), 1, "not valid Unicode text")
