@@ -1,14 +1,11 @@
 """``.lvz`` archives: a store's records in one zip file, and one object in
 memory (``lazyvault.dumps`` / ``lazyvault.loads``).
 
-An archive is a zip of uncompressed members (schema/FORMAT.md, "Archives
-(.lvz)"): one standard ``.npy`` file per array, named by payload id
-(``arrays/<id>.npy``) with its data 64-byte aligned in the file, plus
-``lazyvault/records.jsonl`` (key, record, pickled remainder per line) and
-``lazyvault/manifest.json``. ``np.load("x.lvz")`` reads it as an npz (the
-arrays under ``arrays/<id>``); :class:`Archive` maps it once and hands out
-read-only arrays that view the mapping, with no lock, so any number of
-processes may read one archive at once.
+An archive (schema/FORMAT.md, "Archives (.lvz)") is a zip of uncompressed
+``.npy`` members, one per array, data 64-byte aligned, plus the records:
+``np.load("x.lvz")`` reads it as an npz; :class:`Archive` maps it once and
+hands out read-only arrays viewing the mapping, with no lock, so any number
+of processes may read one archive at once.
 """
 
 from __future__ import annotations
@@ -26,13 +23,12 @@ from ._source import corrupt_array, entry_args, refuse_pickled_array
 from .errors import (
     ClosedError,
     CorruptError,
-    KeyTypeError,
     LazyvaultError,
     MissingKeyError,
     ReadOnlyError,
 )
 from .record import Record
-from .store import Handle, Store, check_key, plug_file_opener, raw_record
+from .store import Handle, Store, check_allow_pickle, check_key, plug_file_opener, raw_record
 
 __all__ = [
     "Archive",
@@ -162,8 +158,7 @@ class Archive(Handle):
         return self._index().nbytes
 
     def __getitem__(self, key: str) -> Record:
-        if not isinstance(key, str):
-            raise KeyTypeError(f"keys are str, not {type(key).__name__}")
+        key = check_key(key)
         raw = self._index().get(key)
         if raw is None:
             raise MissingKeyError(key)
@@ -259,19 +254,14 @@ def export_lvz(
 ) -> list[str]:
     """Writes the records ``keys`` (or those matching ``query``; all by
     default) of ``store`` to the archive ``path``; returns the keys written.
-
-    Payload files are copied byte for byte, streamed; the archive is written
-    to a temporary file, fsynced, checked (every array 64-byte aligned and
-    matching its record) and renamed into place. A key without a record
-    raises :class:`MissingKeyError` and leaves ``path`` untouched.
-    """
-    selected = [check_key(k) for k in _resolve_keys(store, keys, query)]
+    Payloads are copied byte for byte, streamed, to a temporary file, which
+    is fsynced, checked (every array aligned and matching its record) and
+    renamed into place. Raises ``ValueError`` for both ``keys`` and
+    ``query``, ``TypeError`` for ``keys`` given as one str,
+    :class:`MissingKeyError` for a key without a record (``path`` left as
+    it was)."""
     items = []
-    seen = set()
-    for key in selected:
-        if key in seen:
-            continue
-        seen.add(key)
+    for key in dict.fromkeys(check_key(k) for k in _resolve_keys(store, keys, query)):
         got = raw_record(store, key)
         if got is None:
             raise MissingKeyError(key)
@@ -290,16 +280,14 @@ def dumps(obj: Any) -> bytes:
 
 def loads(buffer: Any, *, allow_pickle: bool = False) -> Any:
     """The object stored by :func:`dumps` in ``buffer`` (``bytes``,
-    ``bytearray``, ``memoryview``, ``mmap``, ``uint8`` array: anything with
-    a contiguous buffer; never written to).
-
-    Arrays come back as read-only views into ``buffer`` (no copy) that keep
-    it alive. Rebuilding class instances or a pickled remainder needs
-    ``allow_pickle=True`` (as ``np.load``), otherwise
-    :class:`PickleNotAllowedError`.
-    """
-    if type(allow_pickle) is not bool:
-        raise TypeError(f"allow_pickle must be True or False, not {allow_pickle!r}")
+    ``bytearray``, ``memoryview``, ``mmap``, ``uint8`` array: anything with a
+    contiguous buffer; never written to), its arrays read-only views into
+    ``buffer`` (no copy) that keep it alive. Raises
+    :class:`PickleNotAllowedError` when rebuilding needs unpickling (class
+    instances, a pickled remainder) without ``allow_pickle=True``;
+    ``TypeError`` for another buffer; :class:`LazyvaultError` for an archive
+    of more than one record."""
+    check_allow_pickle(allow_pickle)
     try:
         core = _lazyvault.ArchiveCore.from_buffer(buffer)
     except (TypeError, BufferError) as e:

@@ -1,14 +1,12 @@
-"""What a record, a store or query results look like in a terminal and in a
-notebook: the ``_repr_pretty_`` text (IPython's ``text/plain``, also
-``str()``) and the ``_repr_html_`` table.
+"""What a record, a store, an archive or query results look like in a
+terminal and in a notebook: the ``_repr_pretty_`` text (IPython's
+``text/plain``, also ``str()``) and the ``_repr_html_`` table.
 
-Everything here reads the index only: metadata, and each array's shape,
-dtype and size as the record holds them. No payload is opened or mapped;
-whether an array is loaded (mapped, or read if small) is read from the
-proxy's cache. Large stores and
-results are paged (the first :data:`MAX_ROWS` rows, then "... N more").
-Keys, field names, values and dtype names are user data: the HTML escapes
-every one of them, and the text shows unprintable keys as ``repr``.
+All from the index (metadata; each array's shape, dtype and size as the
+record holds them) and the proxy's cache (whether an array is loaded): no
+payload is opened. Large tables are paged (:data:`MAX_ROWS` rows, then
+"... N more"). Keys, names, values and dtypes are user data: the HTML
+escapes them all, the text shows unprintable ones as ``repr``.
 """
 
 from __future__ import annotations

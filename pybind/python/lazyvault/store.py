@@ -83,6 +83,13 @@ def check_key(key: object) -> str:
     return key
 
 
+def check_allow_pickle(value: object) -> bool:
+    """``value`` if it is True or False, else ``TypeError``."""
+    if type(value) is not bool:
+        raise TypeError(f"allow_pickle must be True or False, not {value!r}")
+    return value
+
+
 class _DeferredCore:
     """Stands in for the core of a Store until its first use, then opens it
     and replaces itself."""
@@ -261,11 +268,9 @@ class Store(Handle, MutableMapping[str, Record]):
     def __init__(self, core: _lazyvault.StoreCore, allow_pickle: bool = False) -> None:
         if not isinstance(core, (_lazyvault.StoreCore, _DeferredCore)):
             raise TypeError("open a store with lazyvault.Store.open(path, mode)")
-        if type(allow_pickle) is not bool:
-            raise TypeError(f"allow_pickle must be True or False, not {allow_pickle!r}")
         self._core = core
         self._path = core.root
-        self._allow_pickle = bool(allow_pickle)
+        self._allow_pickle = check_allow_pickle(allow_pickle)
         # a weak reference: a Store dropped without close() must be freed (and
         # its lock released) at once, not when the cycle collector runs
         this = weakref.ref(self)
@@ -309,8 +314,7 @@ class Store(Handle, MutableMapping[str, Record]):
         """
         if mode is not None and mode not in ("r", "a", "w"):
             raise ValueError(f"mode must be 'r', 'a' or 'w', not {mode!r}")
-        if type(allow_pickle) is not bool:
-            raise TypeError(f"allow_pickle must be True or False, not {allow_pickle!r}")
+        check_allow_pickle(allow_pickle)
         seconds = _retention_seconds(retention)  # checked before anything is opened
         opened = _hook("open_file")(path, mode, allow_pickle)  # an .lvz archive
         if opened is not None:
