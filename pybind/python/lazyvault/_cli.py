@@ -160,7 +160,7 @@ def _as_json(rec: Record, **extra: Any) -> dict[str, Any]:
 
 def _compact(value: Any) -> str:
     text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=_json_default)
-    return text if len(text) <= 40 else text[:37] + "..."
+    return _display.cut(text, 40)
 
 
 def _summary_line(rec: Record) -> str:

@@ -22,6 +22,7 @@ __all__ = [
     "MAX_COLUMNS",
     "MAX_ROWS",
     "RecordsDisplay",
+    "cut",
     "flatten",
     "human_size",
     "record_html",
@@ -77,7 +78,8 @@ def flatten(meta: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _cut(text: str, limit: int = MAX_CELL) -> str:
+def cut(text: str, limit: int = MAX_CELL) -> str:
+    """``text``, or its first ``limit - 3`` characters and ``...``."""
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -89,7 +91,7 @@ def _name(text: str) -> str:
 
 def short_repr(value: Any) -> str:
     """``repr(value)``, cut to :data:`MAX_CELL` characters."""
-    return _cut(repr(value))
+    return cut(repr(value))
 
 
 def _shape(shape: Sequence[int]) -> str:
@@ -147,15 +149,15 @@ def _record_parts(rec: Record, loaded: Collection[str]) -> tuple[str, _Table, _T
     )
     meta_table = _Table(["field", "value"])
     for name, value in list(fields.items())[:MAX_ROWS]:
-        meta_table.rows.append([_cut(_name(name)), short_repr(value)])
+        meta_table.rows.append([cut(_name(name)), short_repr(value)])
     meta_table.more = _more(len(fields), MAX_ROWS, "fields")
     array_table = _Table(["array", "shape", "dtype", "size", "order", "loaded"])
     for name, info in list(arrays.items())[:MAX_ROWS]:
         array_table.rows.append(
             [
-                _cut(_name(name)),
+                cut(_name(name)),
                 _shape(info.shape),
-                _cut(str(info.dtype)),
+                cut(str(info.dtype)),
                 human_size(info.nbytes),
                 info.order,
                 "yes" if name in loaded else "no",
@@ -211,7 +213,7 @@ def _html(kind: str, heading: str, tables: Iterable[_Table], note: str | None = 
 def _arrays_cell(rec: Record) -> str:
     arrays = rec.arrays
     cells = [
-        f"{_cut(_name(n), 20)} {_cut(str(i.dtype), 20)} {_shape(i.shape)}"
+        f"{cut(_name(n), 20)} {cut(str(i.dtype), 20)} {_shape(i.shape)}"
         for n, i in list(arrays.items())[:MAX_ARRAYS_IN_CELL]
     ]
     if len(arrays) > MAX_ARRAYS_IN_CELL:
@@ -239,15 +241,15 @@ def _records_table(
     names = sorted(counts, key=lambda n: -counts[n])  # stable: ties keep first-seen order
     columns = names[:MAX_COLUMNS]
     hidden = len(names) - len(columns)
-    table = _Table(["key", *(_cut(_name(c)) for c in columns), "arrays", "size"])
+    table = _Table(["key", *(cut(_name(c)) for c in columns), "arrays", "size"])
     for rec, fields in zip(shown, flat, strict=True):
         if isinstance(rec, str):
-            table.rows.append([_cut(_name(rec)), *([""] * len(columns)), "(deleted)", ""])
+            table.rows.append([cut(_name(rec)), *([""] * len(columns)), "(deleted)", ""])
             continue
         size = sum(info.nbytes for info in rec.arrays.values())
         table.rows.append(
             [
-                _cut(_name(rec.key)),
+                cut(_name(rec.key)),
                 *(short_repr(fields[c]) if c in fields else "" for c in columns),
                 _arrays_cell(rec),
                 human_size(size),
