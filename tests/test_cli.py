@@ -15,7 +15,6 @@ import pytest
 
 import lazyvault as lv
 from lazyvault._cli import main
-from lazyvault.demo import DEFAULT_DATA_DIR
 
 KEYS = ["a/b c", "f", "run-001", "run-002", "run-003"]  # code point order
 
@@ -382,6 +381,48 @@ def test_import_errors(small_store: Path, tmp_path: Path) -> None:
         assert list(store) == KEYS
 
 
+def npy_with_header(path: Path, header_size: int) -> None:
+    """A valid ``.npy`` of ``arange(3)`` whose header text is padded with
+    spaces to ``header_size`` bytes (version 2.0: a 4-byte header length)."""
+    text = "{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }"
+    text += " " * (header_size - len(text) - 1) + "\n"
+    preamble = b"\x93NUMPY\x02\x00" + len(text).to_bytes(4, "little")
+    path.write_bytes(preamble + text.encode() + np.arange(3, dtype="<i8").tobytes())
+
+
+def test_import_max_header_size(tmp_path: Path) -> None:
+    big = tmp_path / "big.npy"
+    npy_with_header(big, 20_032)  # 12 + 20,032 bytes: the data stays 64-byte aligned
+    assert np.load(big, max_header_size=30_000).tolist() == [0, 1, 2]
+    store = tmp_path / "s.lv"
+    assert_error(cli("import", store, big), 1, "big.npy", "header")
+    proc = cli("import", store, big, "--max-header-size", "30000")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "big\n"
+    with lv.Store.open(store, mode="r") as s:
+        assert s["big"].data.tolist() == [0, 1, 2]
+    assert_error(cli("import", store, big, "--max-header-size", "20000", "--key", "b2"), 1, "big")
+
+
+def test_import_max_ratio(tmp_path: Path) -> None:
+    packed = tmp_path / "zeros.npz"
+    np.savez_compressed(packed, z=np.zeros(100_000))  # deflates about 800:1
+    store = tmp_path / "s.lv"
+    assert_error(cli("import", store, packed, "--max-ratio", "10"), 1, "zeros.npz")
+    assert not store.exists() or cli("ls", store).stdout == ""
+    proc = cli("import", store, packed, "--max-ratio", "1000")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "zeros\n"
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "x", "1.5"])
+@pytest.mark.parametrize("option", ["--max-header-size", "--max-ratio"])
+def test_import_limits_must_be_positive_integers(tmp_path: Path, option: str, value: str) -> None:
+    proc = cli("import", tmp_path / "s.lv", tmp_path / "a.npy", option, value)
+    assert proc.returncode == 2 and "not a positive integer" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "s.lv").exists()
+
+
 # -- usage --------------------------------------------------------------------------
 
 
@@ -393,7 +434,6 @@ def test_import_errors(small_store: Path, tmp_path: Path) -> None:
         ["ls"],
         ["show", "x.lv"],
         ["verify", "a", "b"],
-        ["demo", "--limit", "x"],
         ["find", "x.lv"],
         ["stats"],
         ["export", "x.lv"],
@@ -406,7 +446,6 @@ def test_import_errors(small_store: Path, tmp_path: Path) -> None:
         "ls-no-path",
         "show-no-key",
         "verify-extra",
-        "demo-bad-limit",
         "find-no-expr",
         "stats-no-path",
         "export-no-out",
@@ -425,7 +464,6 @@ def test_help_has_an_example_per_subcommand() -> None:
     proc = cli("--help")
     assert proc.returncode == 0
     for command in (
-        "demo",
         "ls",
         "find",
         "show",
@@ -464,33 +502,6 @@ def test_main_in_process(small_store: Path, capsys: pytest.CaptureFixture[str]) 
     assert main(["show"]) == 2
 
 
-# -- demo -------------------------------------------------------------------------------
-
-
-def test_demo_without_data_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--data", str(tmp_path / "nope")]) == 2
-    err = capsys.readouterr().err
-    assert "apt-get install visp-images-data" in err and "--data" in err
-    proc = cli("demo", "--data", tmp_path / "nope")
-    assert proc.returncode == 2 and "apt-get install visp-images-data" in proc.stderr
-
-
-@pytest.mark.skipif(not Path(DEFAULT_DATA_DIR).is_dir(), reason="apt-get install visp-images-data")
-def test_demo_json(tmp_path: Path) -> None:
-    proc = cli("demo", "--limit", "12", "--json", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    figures = json.loads(proc.stdout)
-    assert figures["records"] == 12 and figures["kept"] is False
-    assert not Path(figures["store"]).exists()
-    assert [q["expr"] for q in figures["queries"]]
-    store = tmp_path / "kept.lv"
-    proc = cli("demo", "--limit", "12", "--store", store)
-    assert proc.returncode == 0, proc.stderr
-    assert "payload bytes faulted in vs stored" in proc.stdout
-    assert cli("ls", store).stdout.count("\n") == 12
-    assert_error(cli("demo", "--limit", "12", "--store", store), 1, "kept.lv")
-
-
 def test_gc_on_a_mistyped_path_creates_nothing(tmp_path: Path) -> None:
     # found by a fresh-user trial: gc created an empty store at the typo
     missing = tmp_path / "typo.lv"
@@ -511,3 +522,27 @@ def test_ls_escapes_control_characters_and_export_names_a_missing_key(tmp_path: 
     proc = cli("export", path, tmp_path / "o.lvz", "--keys", "nokey")
     assert proc.returncode == 1
     assert "no record with key 'nokey'" in proc.stderr
+
+
+def test_a_query_of_undecodable_bytes_is_an_error_on_an_archive_too(
+    small_store: Path, tmp_path: Path
+) -> None:
+    # argv bytes that are not UTF-8 reach Python as lone surrogates: the
+    # store said "not valid Unicode at column N", an archive died with a
+    # UnicodeEncodeError traceback
+    archive = tmp_path / "all.lvz"
+    assert cli("export", small_store, archive).returncode == 0
+    expr = os.fsdecode(b"material == '\xff'")
+    for path in (small_store, archive):
+        for command in ("ls", "find", "stats"):
+            assert_error(cli(command, path, expr), 1, "not valid Unicode at column 14")
+
+
+def test_show_of_an_undecodable_key_is_an_error_on_an_archive_too(
+    small_store: Path, tmp_path: Path
+) -> None:
+    # as above for a key: an archive died with a UnicodeEncodeError traceback
+    archive = tmp_path / "all.lvz"
+    assert cli("export", small_store, archive).returncode == 0
+    for path in (small_store, archive):
+        assert_error(cli("show", path, os.fsdecode(b"\xff")), 1, "not valid Unicode text")

@@ -1,4 +1,5 @@
-"""Tests of ``lazyvault.demo``: the ViSP frame ingest, its figures, the PGM reader.
+"""Tests of the demo ``examples/visp_demo.py``: the ViSP frame ingest, its
+figures, the PGM reader, its command line.
 
 The tests marked ``needs_visp`` run the demo on Debian's ``visp-images-data``
 (skipped when it is not installed); the others build small data sets of
@@ -7,18 +8,38 @@ their own.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
 
 import lazyvault as lv
-from lazyvault import demo
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def load_example(name: str) -> ModuleType:
+    """``examples/<name>.py`` as a module: the examples are scripts beside
+    the package, not part of it."""
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+demo = load_example("visp_demo")
 
 DATA = Path(os.environ.get("LAZYVAULT_VISP_DATA", demo.DEFAULT_DATA_DIR))
 LIMIT = 60
@@ -360,3 +381,58 @@ def test_missing_data(tmp_path: Path) -> None:
     with pytest.raises(demo.DataMissingError):
         demo.find_sequences(tmp_path / "empty")
     assert not list(tmp_path.glob("**/*.lv"))
+
+
+# -- the command line -------------------------------------------------------------
+
+
+def script(*args: str | os.PathLike[str]) -> subprocess.CompletedProcess:
+    """Runs ``python examples/visp_demo.py ARGS`` and returns the completed process."""
+    return subprocess.run(
+        [sys.executable, EXAMPLES / "visp_demo.py", *map(os.fspath, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_main_without_data_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert demo.main(["--data", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert "apt-get install visp-images-data" in err and "--data" in err
+    proc = script("--data", tmp_path / "nope")
+    assert proc.returncode == 2 and "apt-get install visp-images-data" in proc.stderr
+
+
+@pytest.mark.parametrize("limit", ["x", "-1"])
+def test_bad_limit_is_a_usage_error(limit: str) -> None:
+    proc = script("--limit", limit)
+    assert proc.returncode == 2
+    assert "usage: visp_demo.py" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_help_has_an_example() -> None:
+    proc = script("--help")
+    assert proc.returncode == 0
+    assert "example:" in proc.stdout and "visp_demo.py --limit" in proc.stdout
+
+
+@pytest.mark.skipif(
+    not Path(demo.DEFAULT_DATA_DIR).is_dir(), reason="apt-get install visp-images-data"
+)
+def test_script_json(tmp_path: Path) -> None:
+    proc = script("--limit", "12", "--json")
+    assert proc.returncode == 0, proc.stderr
+    figures = json.loads(proc.stdout)
+    assert figures["records"] == 12 and figures["kept"] is False
+    assert not Path(figures["store"]).exists()
+    assert [q["expr"] for q in figures["queries"]]
+    store = tmp_path / "kept.lv"
+    proc = script("--limit", "12", "--store", store)
+    assert proc.returncode == 0, proc.stderr
+    assert "payload bytes faulted in vs stored" in proc.stdout
+    with lv.Store.open(store, mode="r") as kept:
+        assert len(kept) == 12
+    proc = script("--limit", "12", "--store", store)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("visp_demo.py: ") and "kept.lv" in proc.stderr

@@ -1,40 +1,34 @@
 """``.lvz`` archives: a store's records in one zip file, and one object in
 memory (``lazyvault.dumps`` / ``lazyvault.loads``).
 
-An archive is a zip of uncompressed members (schema/FORMAT.md, "Archives
-(.lvz)"): one standard ``.npy`` file per array, named by payload id
-(``arrays/<id>.npy``) with its data 64-byte aligned in the file, plus
-``lazyvault/records.jsonl`` (key, record, pickled remainder per line) and
-``lazyvault/manifest.json``. ``np.load("x.lvz")`` reads it as an npz (the
-arrays under ``arrays/<id>``); :class:`Archive` maps it once and hands out
-read-only arrays that view the mapping, with no lock, so any number of
-processes may read one archive at once.
+An archive (schema/FORMAT.md, "Archives (.lvz)") is a zip of uncompressed
+``.npy`` members, one per array, data 64-byte aligned, plus the records:
+``np.load("x.lvz")`` reads it as an npz; :class:`Archive` maps it once and
+hands out read-only arrays viewing the mapping, with no lock, so any number
+of processes may read one archive at once.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Iterator, KeysView, Mapping
-from typing import TYPE_CHECKING, Any, overload
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
-from . import _arrays, _display, _frame, _layout, _lazyvault
+from . import _arrays, _layout, _lazyvault
+from ._display import RecordsDisplay
 from ._source import corrupt_array, entry_args, refuse_pickled_array
 from .errors import (
     ClosedError,
     CorruptError,
-    KeyTypeError,
     LazyvaultError,
     MissingKeyError,
     ReadOnlyError,
 )
 from .record import Record
-from .store import Results, Store, check_key, plug_file_opener, raw_record
-
-if TYPE_CHECKING:
-    import pandas as pd
+from .store import Handle, Store, check_allow_pickle, check_key, plug_file_opener, raw_record
 
 __all__ = [
     "Archive",
@@ -113,50 +107,32 @@ class ArchiveSource:
         )
 
 
-class Archive(Mapping[str, Record]):
+class Archive(Handle):
     """A ``.lvz`` archive opened read-only: a ``Mapping`` from key to
     :class:`Record`, like a store opened with ``mode="r"`` but without a
     lock. Open with :func:`lazyvault.Store.open` (or :func:`open_archive`).
 
-    ``find``, ``count`` and ``keys(expr)`` take the same queries as
-    :class:`Store` (evaluated in Rust over the records, no array touched).
-    Keys iterate in archive order (the order they were exported in).
-    ``close()`` drops the archive; arrays already handed out stay valid
-    (they keep the mapping alive).
+    ``find``, ``count``, ``keys(expr)`` and ``to_pandas`` work as on a
+    :class:`Store` (see there), but in archive order (the order the keys
+    were exported in). ``close()`` drops the archive; arrays already handed
+    out stay valid (they keep the mapping alive).
     """
 
-    def __setitem__(self, key: str, value: Any) -> None:
-        raise ReadOnlyError("a .lvz archive is read-only: import it into a store to change it")
-
-    def __delitem__(self, key: str) -> None:
-        raise ReadOnlyError("a .lvz archive is read-only: import it into a store to change it")
-
-    def update(self, *args: Any, **kwargs: Any) -> None:
+    def _read_only(self, *args: Any, **kwargs: Any) -> None:
         """Raises :class:`ReadOnlyError`: archives are read-only."""
         raise ReadOnlyError("a .lvz archive is read-only: import it into a store to change it")
 
-    def replace_arrays(self, key: str, arrays: Any) -> None:
-        """Raises :class:`ReadOnlyError`: archives are read-only."""
-        raise ReadOnlyError("a .lvz archive is read-only: import it into a store to change it")
+    __setitem__ = __delitem__ = update = replace_arrays = _read_only
 
     def __init__(
-        self,
-        core: _lazyvault.ArchiveCore,
-        allow_pickle: bool = False,
-        path: str | None = None,
+        self, core: _lazyvault.ArchiveCore, allow_pickle: bool = False, path: str | None = None
     ) -> None:
         self._core: _lazyvault.ArchiveCore | None = core
         self._path = path if path is not None else core.path
         self._allow_pickle = bool(allow_pickle)
         self._source = ArchiveSource(core, self._allow_pickle)
 
-    # An archive is a handle, like a file: equal only to itself.
-    def __eq__(self, other: object) -> bool:
-        return self is other
-
-    __hash__ = object.__hash__
-
-    def _live(self) -> _lazyvault.ArchiveCore:
+    def _index(self) -> _lazyvault.ArchiveCore:
         if self._core is None:
             raise ClosedError("archive is closed")
         return self._core
@@ -172,100 +148,45 @@ class Archive(Mapping[str, Record]):
         return "r"
 
     @property
-    def allow_pickle(self) -> bool:
-        return self._allow_pickle
-
-    @property
     def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
         return self._core is None
 
     @property
     def nbytes(self) -> int:
         """Size of the archive in bytes."""
-        return self._live().nbytes
+        return self._index().nbytes
 
     def __getitem__(self, key: str) -> Record:
-        if not isinstance(key, str):
-            raise KeyTypeError(f"keys are str, not {type(key).__name__}")
-        raw = self._live().get(key)
+        key = check_key(key)
+        raw = self._index().get(key)
         if raw is None:
             raise MissingKeyError(key)
         return Record(self._source, key, json.loads(raw))
 
     def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and self._live().contains(key)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._live().keys())
-
-    def __len__(self) -> int:
-        return len(self._live())
-
-    @overload
-    def keys(self) -> KeysView[str]: ...
-    @overload
-    def keys(self, expr: str) -> list[str]: ...
-    def keys(self, expr: str | None = None) -> KeysView[str] | list[str]:
-        """All keys, or with ``expr`` the keys of the matching records."""
-        if expr is None:
-            return KeysView(self)
-        return self._live().find(expr)
-
-    def find(self, expr: str | Callable[[Record], bool]) -> Results:
-        """Records whose metadata match ``expr`` (a query string, or a
-        callable taking a :class:`Record`), in archive order."""
-        core = self._live()
-        if callable(expr):
-            keys = [k for k in core.keys() if expr(self[k])]
-        elif isinstance(expr, str):
-            keys = core.find(expr)
-        else:
-            raise TypeError(f"find() takes a query string or a callable, not {type(expr).__name__}")
-        return Results(self, keys)  # type: ignore[arg-type]
-
-    def count(self, expr: str | None = None) -> int:
-        """Number of records matching ``expr`` (all records without one)."""
-        if expr is None:
-            return len(self)
-        return self._live().count(expr)
+        return isinstance(key, str) and self._index().contains(key)
 
     def get_pickle(self, key: str) -> bytes | None:
         """The pickled remainder bytes of ``key`` (not unpickled), if any."""
-        return self._live().get_pickle(key)
+        return self._index().get_pickle(key)
 
     def verify(self) -> dict[str, Any]:
         """Checks every array of every record against its member (``.npy``
         header, size, 64-byte alignment) without building any array.
         Returns ``{"ok": bool, "records": int, "arrays": int, "problems":
         [str]}``."""
-        return self._live().verify()
+        return self._index().verify()
 
     def close(self) -> None:
         """Drops the archive. Idempotent. Arrays already returned stay
         valid: the mapping goes when the last of them does."""
         self._core = None
 
-    def __enter__(self) -> Archive:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __reduce__(self) -> Any:
         if self._path is None:
             raise TypeError("an archive read from a buffer cannot be pickled; pickle its records")
         return (open_archive, (self._path, self._allow_pickle))
-
-    # -- display and pandas (index only: no array is built) --------------------
-
-    def to_pandas(self, expr: str | None = None) -> pd.DataFrame:
-        """The records (or those matching ``expr``) as a pandas DataFrame,
-        as :meth:`lazyvault.Store.to_pandas`."""
-        keys = self._live().keys() if expr is None else self.keys(expr)
-        return _frame.records_frame(self.__getitem__, keys)
-
-    def _ipython_key_completions_(self) -> list[str]:
-        return self._live().keys()
 
     def _title(self) -> str:
         where = repr(self._path) if self._path is not None else "<buffer>"
@@ -274,18 +195,7 @@ class Archive(Mapping[str, Record]):
         n = len(self)
         return f"lazyvault.Archive {where}: {n:,} record{'s' * (n != 1)}"
 
-    def _keys_for_display(self) -> list[str]:
-        return [] if self._core is None else self._core.keys()
-
-    def __str__(self) -> str:
-        """Several lines: a table of the first 20 records."""
-        return _display.records_text(self._title(), self.__getitem__, self._keys_for_display())
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        _display.pretty(str(self), p, cycle)
-
-    def _repr_html_(self) -> str:
-        return _display.records_html(self._title(), self.__getitem__, self._keys_for_display())
+    _repr_pretty_ = RecordsDisplay._repr_pretty_  # before __repr__ (see RecordsDisplay)
 
     def __repr__(self) -> str:
         where = repr(self._path) if self._path is not None else "<buffer>"
@@ -344,19 +254,14 @@ def export_lvz(
 ) -> list[str]:
     """Writes the records ``keys`` (or those matching ``query``; all by
     default) of ``store`` to the archive ``path``; returns the keys written.
-
-    Payload files are copied byte for byte, streamed; the archive is written
-    to a temporary file, fsynced, checked (every array 64-byte aligned and
-    matching its record) and renamed into place. A key without a record
-    raises :class:`MissingKeyError` and leaves ``path`` untouched.
-    """
-    selected = [check_key(k) for k in _resolve_keys(store, keys, query)]
+    Payloads are copied byte for byte, streamed, to a temporary file, which
+    is fsynced, checked (every array aligned and matching its record) and
+    renamed into place. Raises ``ValueError`` for both ``keys`` and
+    ``query``, ``TypeError`` for ``keys`` given as one str,
+    :class:`MissingKeyError` for a key without a record (``path`` left as
+    it was)."""
     items = []
-    seen = set()
-    for key in selected:
-        if key in seen:
-            continue
-        seen.add(key)
+    for key in dict.fromkeys(check_key(k) for k in _resolve_keys(store, keys, query)):
         got = raw_record(store, key)
         if got is None:
             raise MissingKeyError(key)
@@ -375,16 +280,14 @@ def dumps(obj: Any) -> bytes:
 
 def loads(buffer: Any, *, allow_pickle: bool = False) -> Any:
     """The object stored by :func:`dumps` in ``buffer`` (``bytes``,
-    ``bytearray``, ``memoryview``, ``mmap``, ``uint8`` array: anything with
-    a contiguous buffer; never written to).
-
-    Arrays come back as read-only views into ``buffer`` (no copy) that keep
-    it alive. Rebuilding class instances or a pickled remainder needs
-    ``allow_pickle=True`` (as ``np.load``), otherwise
-    :class:`PickleNotAllowedError`.
-    """
-    if type(allow_pickle) is not bool:
-        raise TypeError(f"allow_pickle must be True or False, not {allow_pickle!r}")
+    ``bytearray``, ``memoryview``, ``mmap``, ``uint8`` array: anything with a
+    contiguous buffer; never written to), its arrays read-only views into
+    ``buffer`` (no copy) that keep it alive. Raises
+    :class:`PickleNotAllowedError` when rebuilding needs unpickling (class
+    instances, a pickled remainder) without ``allow_pickle=True``;
+    ``TypeError`` for another buffer; :class:`LazyvaultError` for an archive
+    of more than one record."""
+    check_allow_pickle(allow_pickle)
     try:
         core = _lazyvault.ArchiveCore.from_buffer(buffer)
     except (TypeError, BufferError) as e:

@@ -34,13 +34,12 @@ def dtype_from_descr(descr: str) -> np.dtype:
 
 
 def payload_args(name: str, array: np.ndarray) -> tuple[Any, ...]:
-    """The tuple the core's ``put`` takes for one array:
-    ``(name, descr, dtype_name, shape, fortran_order, data, pickled)``.
-
-    ``data`` is a C-contiguous ``uint8`` view of the array's bytes (no copy
-    for C- or Fortran-contiguous input; other layouts are copied to C order,
-    as ``np.save`` does), or the pickle of an ``object`` array.
-    """
+    """The tuple the core's ``put`` takes for one array: ``(name, descr,
+    dtype_name, shape, fortran_order, data, pickled)``; ``data`` is a
+    C-contiguous ``uint8`` view of the array's bytes (no copy for C- or
+    Fortran-contiguous input; other layouts copied to C order, as
+    ``np.save`` does), or the pickle of an ``object`` array. Raises
+    :class:`InvalidArrayError` for a dtype that cannot be stored."""
     array = np.asarray(array)  # np.memmap and other subclasses: their data
     dtype = array.dtype
     shape = tuple(int(d) for d in array.shape)
@@ -65,10 +64,8 @@ def array_from_buffer(
     buffer: Any, descr: str, shape: tuple[int, ...], fortran_order: bool
 ) -> np.ndarray:
     """A read-only ndarray viewing ``buffer`` (a payload's bytes, mapped or
-    copied) with no further copy.
-
-    ``buffer`` is ``None`` for a zero-size array (nothing is read).
-    """
+    copied) with no further copy; ``buffer`` is ``None`` for a zero-size
+    array (nothing is read)."""
     dtype = dtype_from_descr(descr)
     order: Literal["C", "F"] = "F" if fortran_order else "C"
     if buffer is None:

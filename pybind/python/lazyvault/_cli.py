@@ -1,13 +1,15 @@
 """The ``lazyvault`` command line (also ``python -m lazyvault``).
 
-Subcommands and examples: ``lazyvault --help`` (``_EPILOG`` below).
-``ls``, ``find``, ``show``, ``stats``, ``export`` and ``verify`` open the
-store read-only; ``ls``, ``find``, ``show`` and ``stats`` read the index
-only, never a payload. Every command that prints data takes ``--json``.
+Subcommands and examples: ``lazyvault --help``; each is declared once, with
+its arguments, by ``@_command`` on the function that runs it and returns an
+:class:`_Output` (printed as text, or as JSON with ``--json``, which every
+command takes). ``ls``, ``find``, ``show``, ``stats``, ``export`` and
+``verify`` open the store read-only; ``ls``, ``find``, ``show`` and
+``stats`` read the index only, never a payload.
 
 Exit codes: 0 success; 1 a lazyvault error or an OS error (message on stderr as
 ``lazyvault: <message>``, no traceback) or problems found by ``verify``;
-2 a usage error (argparse's convention) or, for ``demo``, missing data.
+2 a usage error (argparse's convention).
 """
 
 from __future__ import annotations
@@ -17,11 +19,10 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO
+from typing import Any, NamedTuple
 
-from . import _display, demo
+from . import _display
 from ._lazyvault import __version__
-from .demo import DEFAULT_DATA_DIR
 from .errors import InteropError, LazyvaultError, MissingKeyError, StoreNotFoundError
 from .record import Record
 from .store import Store
@@ -36,7 +37,6 @@ JSON records in an index, arrays as .npy files loaded on first access (memory-ma
 
 _EPILOG = """\
 examples:
-  lazyvault demo --limit 100                 ingest 100 ViSP camera frames into a temporary store
   lazyvault ls runs.lv                       list every key
   lazyvault ls runs.lv "temperature > 250"   list the keys of the matching records
   lazyvault find runs.lv "material == 'Si'"  matching records, one line of metadata each
@@ -52,6 +52,78 @@ exit status: 0 ok, 1 lazyvault error or verify problems, 2 usage error.
 """
 
 
+class _Output(NamedTuple):
+    """What a command prints: ``value`` with ``--json``, else ``text``."""
+
+    value: Any
+    text: str
+    status: int = 0
+
+
+class _UsageError(Exception):
+    """A usage error argparse cannot see (exit status 2)."""
+
+
+#: One argument: the flags and the keywords of ``add_argument``.
+Option = tuple[tuple[str, ...], dict[str, Any]]
+Run = Callable[[argparse.Namespace], _Output]
+
+
+class _Command(NamedTuple):
+    summary: str
+    example: str
+    run: Run
+    options: tuple[Option | list[Option], ...]
+
+
+#: The subcommands in the order ``--help`` lists them.
+_COMMANDS: dict[str, _Command] = {}
+
+
+def _command(
+    name: str, summary: str, example: str, *options: Option | list[Option]
+) -> Callable[[Run], Run]:
+    """Declares the subcommand ``name``, run by the decorated function, and
+    its arguments in order (a list: a mutually exclusive group)."""
+
+    def register(run: Run) -> Run:
+        _COMMANDS[name] = _Command(summary, example, run, options)
+        return run
+
+    return register
+
+
+def _opt(*flags: str, **kwargs: Any) -> Option:
+    return flags, kwargs
+
+
+def _path(help: str = "the store") -> Option:
+    return _opt("path", metavar="PATH", help=help)
+
+
+def _json(help: str) -> Option:
+    return _opt("--json", action="store_true", help=help)
+
+
+def _positive_int(text: str) -> int:
+    """A whole number >= 1 (an argparse ``type``: the core takes no other)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"not a positive integer: {text!r}")
+    return value
+
+
+_STORE_OR_ARCHIVE = "the store, or a .lvz archive"
+_QUERY = "a query (see store/QUERY.md)"
+_NO_PROGRESS = _opt("--no-progress", action="store_true", help="no progress bar")
+
+
+# -- helpers ----------------------------------------------------------------------
+
+
 def _json_default(value: Any) -> Any:
     # numpy scalars and other oddities that metadata should not hold, shown, not crashed on.
     item = getattr(value, "item", None)
@@ -60,44 +132,12 @@ def _json_default(value: Any) -> Any:
     return repr(value)
 
 
-def _dump(value: Any, out: TextIO) -> None:
-    json.dump(value, out, indent=2, ensure_ascii=False, default=_json_default)
-    out.write("\n")
+def _keys(store: Any, expr: str | None) -> list[str]:
+    return list(store.keys()) if expr is None else store.keys(expr)
 
 
-# -- subcommands ----------------------------------------------------------------
-
-
-def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
-    if args.limit is not None and args.limit < 0:
-        print(f"{PROG}: --limit must be >= 0", file=sys.stderr)
-        return 2
-    try:
-        figures = demo.run(args.data, store_path=args.store, limit=args.limit, keep=args.keep)
-    except demo.DataMissingError as e:
-        print(
-            f"{PROG}: no ViSP image data: {e}\n"
-            f"  install it with: apt-get install visp-images-data\n"
-            f"  or point to a copy with: {PROG} demo --data DIR",
-            file=sys.stderr,
-        )
-        return 2
-    if args.json:
-        _dump(figures, out)
-    else:
-        out.write(demo.format_report(figures) + "\n")
-    return 0
-
-
-def _cmd_ls(args: argparse.Namespace, out: TextIO) -> int:
-    with Store.open(args.path, mode="r") as store:
-        keys = list(store.keys()) if args.expr is None else store.find(args.expr).keys()
-    if args.json:
-        _dump(keys, out)
-    else:
-        for key in keys:
-            out.write(_printable(key) + "\n")
-    return 0
+def _lines(lines: Sequence[str]) -> str:
+    return "".join(line + "\n" for line in lines)
 
 
 def _printable(text: str) -> str:
@@ -109,23 +149,18 @@ def _printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def _array_info(info: Any) -> dict[str, Any]:
-    return {
-        "shape": list(info.shape),
-        "dtype": str(info.dtype),
-        "nbytes": info.nbytes,
-        "order": info.order,
+def _as_json(rec: Record, **extra: Any) -> dict[str, Any]:
+    """``{"key", **extra, "meta", "arrays": {name: {shape, dtype, nbytes, order}}}``."""
+    arrays = {
+        name: {"shape": list(i.shape), "dtype": str(i.dtype), "nbytes": i.nbytes, "order": i.order}
+        for name, i in rec.arrays.items()
     }
-
-
-def _usage_error(command: str, message: str) -> int:
-    print(f"{PROG} {command}: error: {message}", file=sys.stderr)
-    return 2
+    return {"key": rec.key, **extra, "meta": rec.meta, "arrays": arrays}
 
 
 def _compact(value: Any) -> str:
     text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=_json_default)
-    return text if len(text) <= 40 else text[:37] + "..."
+    return _display.cut(text, 40)
 
 
 def _summary_line(rec: Record) -> str:
@@ -144,32 +179,82 @@ def _summary_line(rec: Record) -> str:
     return line.replace("\n", "\\n")
 
 
-def _cmd_find(args: argparse.Namespace, out: TextIO) -> int:
+def _progress(args: argparse.Namespace) -> bool | None:
+    return False if args.json or args.no_progress else None
+
+
+# -- subcommands ------------------------------------------------------------------
+
+
+@_command(
+    "ls",
+    "list the keys of a store, or of the records matching a query",
+    "lazyvault ls runs.lv \"temperature > 250 and material == 'Si'\"",
+    _path(),
+    _opt("expr", metavar="EXPR", nargs="?", help=_QUERY),
+    _json("print a JSON list"),
+)
+def _cmd_ls(args: argparse.Namespace) -> _Output:
     with Store.open(args.path, mode="r") as store:
-        results = store.find(args.expr)
-        if args.json:
-            _dump(
-                [
-                    {
-                        "key": rec.key,
-                        "meta": rec.meta,
-                        "arrays": {n: _array_info(i) for n, i in rec.arrays.items()},
-                    }
-                    for rec in results
-                ],
-                out,
-            )
-            return 0
-        for rec in results:
-            out.write(_summary_line(rec) + "\n")
-    return 0
+        keys = _keys(store, args.expr)
+    return _Output(keys, _lines([_printable(key) for key in keys]))
 
 
-def _cmd_stats(args: argparse.Namespace, out: TextIO) -> int:
+@_command(
+    "find",
+    "the records matching a query, one line each: key, metadata, arrays; reads no payload",
+    "lazyvault find runs.lv \"temperature > 250 and material == 'Si'\" --json",
+    _path(_STORE_OR_ARCHIVE),
+    _opt("expr", metavar="EXPR", help=_QUERY),
+    _json("print a JSON list of {key, meta, arrays}"),
+)
+def _cmd_find(args: argparse.Namespace) -> _Output:
+    with Store.open(args.path, mode="r") as store:
+        results = list(store.find(args.expr))
+    return _Output([_as_json(r) for r in results], _lines([_summary_line(r) for r in results]))
+
+
+@_command(
+    "show",
+    "show one record: repr, metadata as JSON, arrays (shape, dtype, nbytes, order); "
+    "reads no payload",
+    "lazyvault show runs.lv run-001",
+    _path(),
+    _opt("key", metavar="KEY", help="the record's key"),
+    _json("print one JSON object"),
+)
+def _cmd_show(args: argparse.Namespace) -> _Output:
+    with Store.open(args.path, mode="r") as store:
+        try:
+            rec = store[args.key]
+        except MissingKeyError:
+            raise MissingKeyError(f"no record {args.key!r} in {args.path}") from None
+        shown = _as_json(rec, repr=repr(rec))
+    meta = json.dumps(shown["meta"], indent=2, ensure_ascii=False, default=_json_default)
+    lines = [shown["repr"], "", "meta:", meta, "", "arrays:"]
+    arrays = shown["arrays"]
+    width = max((len(n) for n in arrays), default=0)
+    lines += [
+        f"  {name:<{width}}  shape={tuple(a['shape'])}  dtype={a['dtype']}  "
+        f"nbytes={a['nbytes']:,}  order={a['order']}"
+        for name, a in arrays.items()
+    ] or ["  (none)"]
+    return _Output(shown, _lines(lines))
+
+
+@_command(
+    "stats",
+    "count records, arrays and bytes, per dtype, from the index alone (no payload read)",
+    "lazyvault stats runs.lv \"material == 'Si'\" --json",
+    _path(_STORE_OR_ARCHIVE),
+    _opt("expr", metavar="EXPR", nargs="?", help="count only the records matching this query"),
+    _json("print one JSON object"),
+)
+def _cmd_stats(args: argparse.Namespace) -> _Output:
     with Store.open(args.path, mode="r") as store:
         # the commit these figures describe (an archive has none)
         version = getattr(store, "version", None)
-        keys = list(store.keys()) if args.expr is None else store.keys(args.expr)
+        keys = _keys(store, args.expr)
         arrays = nbytes = 0
         dtypes: dict[str, dict[str, int]] = {}
         for key in keys:
@@ -180,33 +265,38 @@ def _cmd_stats(args: argparse.Namespace, out: TextIO) -> int:
                 entry["arrays"] += 1
                 entry["bytes"] += info.nbytes
     dtypes = dict(sorted(dtypes.items(), key=lambda kv: (-kv[1]["bytes"], kv[0])))
-    stats = {
-        "path": args.path,
-        "version": version,
-        "records": len(keys),
-        "arrays": arrays,
-        "bytes": nbytes,
-        "dtypes": dtypes,
-    }
-    if args.json:
-        _dump(stats, out)
-        return 0
-    out.write(
+    stats = {"path": args.path, "version": version, "records": len(keys)}
+    stats |= {"arrays": arrays, "bytes": nbytes, "dtypes": dtypes}
+    human = _display.human_size
+    lines = [
         f"{args.path}: {len(keys):,} records, {arrays:,} arrays, "
-        f"{_display.human_size(nbytes)} of array data ({nbytes:,} bytes)\n"
-    )
+        f"{human(nbytes)} of array data ({nbytes:,} bytes)"
+    ]
     if dtypes:
         width = max(len("dtype"), *(len(d) for d in dtypes))
-        out.write(f"  {'dtype':<{width}}  {'arrays':>10}  {'bytes':>16}\n")
-        for dtype, entry in dtypes.items():
-            out.write(
-                f"  {dtype:<{width}}  {entry['arrays']:>10,}  {entry['bytes']:>16,}  "
-                f"({_display.human_size(entry['bytes'])})\n"
-            )
-    return 0
+        lines.append(f"  {'dtype':<{width}}  {'arrays':>10}  {'bytes':>16}")
+        lines += [
+            f"  {dtype:<{width}}  {e['arrays']:>10,}  {e['bytes']:>16,}  ({human(e['bytes'])})"
+            for dtype, e in dtypes.items()
+        ]
+    return _Output(stats, _lines(lines))
 
 
-def _cmd_export(args: argparse.Namespace, out: TextIO) -> int:
+@_command(
+    "export",
+    "write records to one file, format by OUT's extension: .lvz (lazyvault's archive), "
+    ".npz or .safetensors",
+    "lazyvault export runs.lv si.lvz --query \"material == 'Si'\"",
+    _path(),
+    _opt("out", metavar="OUT", help="the file to write (.lvz, .npz or .safetensors)"),
+    [
+        _opt("--query", metavar="EXPR", help="export the records matching a query"),
+        _opt("--keys", metavar="K", nargs="+", help="export these keys"),
+    ],
+    _NO_PROGRESS,
+    _json("print a JSON summary"),
+)
+def _cmd_export(args: argparse.Namespace) -> _Output:
     with Store.open(args.path, mode="r") as store:
         if not isinstance(store, Store):
             raise InteropError(
@@ -215,133 +305,137 @@ def _cmd_export(args: argparse.Namespace, out: TextIO) -> int:
             )
         if args.keys is not None:
             count = len(dict.fromkeys(args.keys))
-        elif args.query is not None:
-            count = store.count(args.query)
         else:
-            count = len(store)
+            count = store.count(args.query)
         store.export(args.out, keys=args.keys, query=args.query, progress=_progress(args))
-    if args.json:
-        _dump({"path": args.path, "out": args.out, "records": count}, out)
-    else:
-        out.write(f"{args.out}: wrote {count:,} record(s) from {args.path}\n")
-    return 0
+    summary = {"path": args.path, "out": args.out, "records": count}
+    return _Output(summary, f"{args.out}: wrote {count:,} record(s) from {args.path}\n")
 
 
-def _cmd_import(args: argparse.Namespace, out: TextIO) -> int:
+@_command(
+    "import",
+    "read .npy, .npz, .safetensors or .lvz files (format from the content), or every such "
+    "file under a directory, into a store (created if missing); prints the keys written",
+    "lazyvault import runs.lv model.safetensors --key bert",
+    _path("the store (opened for writing; created if missing)"),
+    _opt("files", metavar="FILE", nargs="+", help="files or directories to import"),
+    _opt(
+        "--key",
+        metavar="K",
+        help="the key of the record (one FILE only; default: the file name without extension)",
+    ),
+    _opt(
+        "--max-header-size",
+        metavar="N",
+        type=_positive_int,
+        help="read .npy headers (files and .npz members) of up to N bytes (default: 10000, "
+        "numpy's limit)",
+    ),
+    _opt(
+        "--max-ratio",
+        metavar="R",
+        type=_positive_int,
+        help="accept deflated .npz members that declare up to R times their compressed size "
+        "(default: 1100)",
+    ),
+    _NO_PROGRESS,
+    _json("print the keys written per file as JSON"),
+)
+def _cmd_import(args: argparse.Namespace) -> _Output:
     if args.key is not None and len(args.files) != 1:
-        return _usage_error("import", "--key names the record of a single FILE")
+        raise _UsageError("import", "--key names the record of a single FILE")
+    limits = {"max_header_size": args.max_header_size, "max_ratio": args.max_ratio}
     imported: dict[str, list[str]] = {}
     with Store.open(args.path, mode="a") as store:
         for file in args.files:
-            imported[file] = store.import_file(file, key=args.key, progress=_progress(args))
-    if args.json:
-        records = sum(len(keys) for keys in imported.values())
-        _dump({"path": args.path, "records": records, "files": imported}, out)
-    else:
-        for keys in imported.values():
-            for key in keys:
-                out.write(key + "\n")
-    return 0
+            imported[file] = store.import_file(
+                file, key=args.key, progress=_progress(args), **limits
+            )
+    keys = [key for keys in imported.values() for key in keys]
+    summary = {"path": args.path, "records": len(keys), "files": imported}
+    return _Output(summary, _lines(keys))
 
 
-def _cmd_show(args: argparse.Namespace, out: TextIO) -> int:
-    with Store.open(args.path, mode="r") as store:
-        try:
-            rec = store[args.key]
-        except MissingKeyError:
-            raise MissingKeyError(f"no record {args.key!r} in {args.path}") from None
-        shown = {
-            "key": rec.key,
-            "repr": repr(rec),
-            "meta": rec.meta,
-            "arrays": {name: _array_info(info) for name, info in rec.arrays.items()},
-        }
-    if args.json:
-        _dump(shown, out)
-        return 0
-    out.write(shown["repr"] + "\n\nmeta:\n")
-    out.write(json.dumps(shown["meta"], indent=2, ensure_ascii=False, default=_json_default))
-    out.write("\n\narrays:\n")
-    arrays = shown["arrays"]
-    if not arrays:
-        out.write("  (none)\n")
-    width = max((len(n) for n in arrays), default=0)
-    for name, a in arrays.items():
-        out.write(
-            f"  {name:<{width}}  shape={tuple(a['shape'])}  dtype={a['dtype']}  "
-            f"nbytes={a['nbytes']:,}  order={a['order']}\n"
-        )
-    return 0
-
-
-def _progress(args: argparse.Namespace) -> bool | None:
-    return False if args.json or args.no_progress else None
-
-
-def _cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
+@_command(
+    "verify",
+    "check every record against the journal and its payload files, hashing the data "
+    "against the checksums recorded at write time (exit 1 if there are problems)",
+    "lazyvault verify runs.lv --quick --json",
+    _path(_STORE_OR_ARCHIVE),
+    _opt(
+        "--quick",
+        action="store_true",
+        help="check headers and sizes only, do not read the data to check its checksum",
+    ),
+    _NO_PROGRESS,
+    _json("print the report as JSON"),
+)
+def _cmd_verify(args: argparse.Namespace) -> _Output:
     with Store.open(args.path, mode="r") as store:
         if isinstance(store, Store):
             report = store.verify(checksums=not args.quick, progress=_progress(args))
         else:  # a .lvz archive: CRC-32 of every member
             report = store.verify()
-    if args.json:
-        _dump(report, out)
-    else:
-        status = "ok" if report["ok"] else f"{len(report['problems'])} problem(s)"
-        out.write(
-            f"{args.path}: {status}: {report['records']:,} records, "
-            f"{report['arrays']:,} arrays checked"
-            + (f", {report['checksummed']:,} checksums" if "checksummed" in report else "")
-            + "\n"
+    status = "ok" if report["ok"] else f"{len(report['problems'])} problem(s)"
+    checksums = f", {report['checksummed']:,} checksums" if "checksummed" in report else ""
+    lines = [
+        f"{args.path}: {status}: {report['records']:,} records, "
+        f"{report['arrays']:,} arrays checked{checksums}",
+        *(f"  problem: {problem}" for problem in report["problems"]),
+    ]
+    orphans = report.get("orphans", [])  # archives have none
+    if orphans:
+        lines.append(
+            f"  {len(orphans):,} orphan file(s), referenced by no record "
+            f"(`{PROG} gc {args.path}` removes them):"
         )
-        for problem in report["problems"]:
-            out.write(f"  problem: {problem}\n")
-        orphans = report.get("orphans", [])  # archives have none
-        if orphans:
-            out.write(
-                f"  {len(orphans):,} orphan file(s), referenced by no record "
-                f"(`{PROG} gc {args.path}` removes them):\n"
-            )
-            for orphan in orphans:
-                out.write(f"    {orphan}\n")
-    return 0 if report["ok"] else 1
+        lines += [f"    {orphan}" for orphan in orphans]
+    return _Output(report, _lines(lines), 0 if report["ok"] else 1)
 
 
-def _cmd_gc(args: argparse.Namespace, out: TextIO) -> int:
+@_command(
+    "gc",
+    "remove payload files that no record references (left by a crash), compact the journal",
+    "lazyvault gc runs.lv",
+    _path("the store (opened for writing)"),
+    _json("print the report as JSON"),
+)
+def _cmd_gc(args: argparse.Namespace) -> _Output:
     if not os.path.exists(os.path.join(args.path, "lazyvault.json")):
         # mode "a" would create an empty store at a mistyped path
         raise StoreNotFoundError(f"{args.path}: no such store")
     with Store.open(args.path, mode="a") as store:
         report = store.gc()
-    if args.json:
-        _dump(report, out)
-    else:
-        out.write(
-            f"{args.path}: removed {report['removed_files']:,} orphan file(s), "
-            f"{report['removed_bytes']:,} bytes; journal compacted, "
-            f"{report['journal_bytes_freed']:,} bytes freed\n"
-        )
-    return 0
-
-
-def _cmd_repair(args: argparse.Namespace, out: TextIO) -> int:
-    report = Store.repair(args.path)
-    if args.json:
-        _dump(report, out)
-        return 0
-    out.write(
-        f"{args.path}: index rebuilt: {report['records']:,} records from "
-        f"{report['entries']:,} journal entries\n"
+    return _Output(
+        report,
+        f"{args.path}: removed {report['removed_files']:,} orphan file(s), "
+        f"{report['removed_bytes']:,} bytes; journal compacted, "
+        f"{report['journal_bytes_freed']:,} bytes freed\n",
     )
+
+
+@_command(
+    "repair",
+    "rebuild a lost or damaged index from the record journal (the old index is moved "
+    "aside, nothing is deleted)",
+    "lazyvault repair runs.lv && lazyvault verify runs.lv && lazyvault gc runs.lv",
+    _path(),
+    _json("print the report as JSON"),
+)
+def _cmd_repair(args: argparse.Namespace) -> _Output:
+    report = Store.repair(args.path)
+    lines = [
+        f"{args.path}: index rebuilt: {report['records']:,} records from "
+        f"{report['entries']:,} journal entries"
+    ]
     if report["moved_index"]:
-        out.write(f"  the old index was moved to {report['moved_index']} (remove it when done)\n")
-    for skipped in report["skipped"]:
-        out.write(f"  skipped: {skipped}\n")
-    out.write(f"  next: `{PROG} verify {args.path}`, then `{PROG} gc {args.path}`\n")
-    return 0
+        lines.append(f"  the old index was moved to {report['moved_index']} (remove it when done)")
+    lines += [f"  skipped: {skipped}" for skipped in report["skipped"]]
+    lines.append(f"  next: `{PROG} verify {args.path}`, then `{PROG} gc {args.path}`")
+    return _Output(report, _lines(lines))
 
 
-# -- parser ---------------------------------------------------------------------
+# -- parser and main ----------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -352,154 +446,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
-    def add(
-        name: str, summary: str, example: str, func: Callable[[argparse.Namespace, TextIO], int]
-    ) -> argparse.ArgumentParser:
+    for name, command in _COMMANDS.items():
         p = sub.add_parser(
             name,
-            help=summary,
-            description=summary,
-            epilog=f"example:\n  {example}",
+            help=command.summary,
+            description=command.summary,
+            epilog=f"example:\n  {command.example}",
             formatter_class=fmt,
         )
-        p.set_defaults(func=func)
-        return p
-
-    p = add(
-        "demo",
-        "ingest Debian's visp-images-data camera frames, query them, print the figures",
-        "lazyvault demo --limit 100 --keep   # then: lazyvault ls <store> 'width >= 640'",
-        _cmd_demo,
-    )
-    p.add_argument(
-        "--data",
-        metavar="DIR",
-        default=DEFAULT_DATA_DIR,
-        help=f"the ViSP-images directory (default: {DEFAULT_DATA_DIR})",
-    )
-    p.add_argument(
-        "--store",
-        metavar="PATH",
-        default=None,
-        help="create the store here (must not exist; kept). Default: a new temporary "
-        "directory, removed at the end unless --keep",
-    )
-    p.add_argument("--limit", metavar="N", type=int, default=None, help="ingest at most N frames")
-    p.add_argument("--keep", action="store_true", help="keep the temporary store")
-    p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
-
-    p = add(
-        "ls",
-        "list the keys of a store, or of the records matching a query",
-        "lazyvault ls runs.lv \"temperature > 250 and material == 'Si'\"",
-        _cmd_ls,
-    )
-    p.add_argument("path", metavar="PATH", help="the store")
-    p.add_argument("expr", metavar="EXPR", nargs="?", help="a query (see store/QUERY.md)")
-    p.add_argument("--json", action="store_true", help="print a JSON list")
-
-    p = add(
-        "find",
-        "the records matching a query, one line each: key, metadata, arrays; reads no payload",
-        "lazyvault find runs.lv \"temperature > 250 and material == 'Si'\" --json",
-        _cmd_find,
-    )
-    p.add_argument("path", metavar="PATH", help="the store, or a .lvz archive")
-    p.add_argument("expr", metavar="EXPR", help="a query (see store/QUERY.md)")
-    p.add_argument("--json", action="store_true", help="print a JSON list of {key, meta, arrays}")
-
-    p = add(
-        "show",
-        "show one record: repr, metadata as JSON, arrays (shape, dtype, nbytes, order); "
-        "reads no payload",
-        "lazyvault show runs.lv run-001",
-        _cmd_show,
-    )
-    p.add_argument("path", metavar="PATH", help="the store")
-    p.add_argument("key", metavar="KEY", help="the record's key")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-
-    p = add(
-        "stats",
-        "count records, arrays and bytes, per dtype, from the index alone (no payload read)",
-        "lazyvault stats runs.lv \"material == 'Si'\" --json",
-        _cmd_stats,
-    )
-    p.add_argument("path", metavar="PATH", help="the store, or a .lvz archive")
-    p.add_argument(
-        "expr", metavar="EXPR", nargs="?", help="count only the records matching this query"
-    )
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-
-    p = add(
-        "export",
-        "write records to one file, format by OUT's extension: .lvz (lazyvault's archive), "
-        ".npz or .safetensors",
-        "lazyvault export runs.lv si.lvz --query \"material == 'Si'\"",
-        _cmd_export,
-    )
-    p.add_argument("path", metavar="PATH", help="the store")
-    p.add_argument("out", metavar="OUT", help="the file to write (.lvz, .npz or .safetensors)")
-    which = p.add_mutually_exclusive_group()
-    which.add_argument("--query", metavar="EXPR", help="export the records matching a query")
-    which.add_argument("--keys", metavar="K", nargs="+", help="export these keys")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--json", action="store_true", help="print a JSON summary")
-
-    p = add(
-        "import",
-        "read .npy, .npz, .safetensors or .lvz files (format from the content), or every such "
-        "file under a directory, into a store (created if missing); prints the keys written",
-        "lazyvault import runs.lv model.safetensors --key bert",
-        _cmd_import,
-    )
-    p.add_argument(
-        "path", metavar="PATH", help="the store (opened for writing; created if missing)"
-    )
-    p.add_argument("files", metavar="FILE", nargs="+", help="files or directories to import")
-    p.add_argument(
-        "--key",
-        metavar="K",
-        help="the key of the record (one FILE only; default: the file name without extension)",
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--json", action="store_true", help="print the keys written per file as JSON")
-
-    p = add(
-        "verify",
-        "check every record against the journal and its payload files, hashing the data "
-        "against the checksums recorded at write time (exit 1 if there are problems)",
-        "lazyvault verify runs.lv --quick --json",
-        _cmd_verify,
-    )
-    p.add_argument("path", metavar="PATH", help="the store, or a .lvz archive")
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="check headers and sizes only, do not read the data to check its checksum",
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-
-    p = add(
-        "gc",
-        "remove payload files that no record references (left by a crash), compact the journal",
-        "lazyvault gc runs.lv",
-        _cmd_gc,
-    )
-    p.add_argument("path", metavar="PATH", help="the store (opened for writing)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-
-    p = add(
-        "repair",
-        "rebuild a lost or damaged index from the record journal (the old index is moved "
-        "aside, nothing is deleted)",
-        "lazyvault repair runs.lv && lazyvault verify runs.lv && lazyvault gc runs.lv",
-        _cmd_repair,
-    )
-    p.add_argument("path", metavar="PATH", help="the store")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+        p.set_defaults(func=command.run)
+        for option in command.options:
+            group = p.add_mutually_exclusive_group() if isinstance(option, list) else p
+            for flags, kwargs in option if isinstance(option, list) else [option]:
+                group.add_argument(*flags, **kwargs)
     return parser
 
 
@@ -522,7 +481,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: a command is required (try '{PROG} --help')", file=sys.stderr)
         return 2
     try:
-        return int(args.func(args, sys.stdout))
+        output = args.func(args)
+        if args.json:
+            json.dump(output.value, sys.stdout, indent=2, ensure_ascii=False, default=_json_default)
+            sys.stdout.write("\n")
+        else:
+            sys.stdout.write(output.text)
+        sys.stdout.flush()  # a closed pipe raises here, not at exit
+        return int(output.status)
+    except _UsageError as e:
+        print(f"{PROG} {e.args[0]}: error: {e.args[1]}", file=sys.stderr)
+        return 2
     except LazyvaultError as e:
         print(f"{PROG}: {_message(e)}", file=sys.stderr)
         return 1

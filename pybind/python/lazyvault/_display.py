@@ -1,20 +1,18 @@
-"""What a record, a store or query results look like in a terminal and in a
-notebook: the ``_repr_pretty_`` text (IPython's ``text/plain``, also
-``str()``) and the ``_repr_html_`` table.
+"""What a record, a store, an archive or query results look like in a
+terminal and in a notebook: the ``_repr_pretty_`` text (IPython's
+``text/plain``, also ``str()``) and the ``_repr_html_`` table.
 
-Everything here reads the index only: metadata, and each array's shape,
-dtype and size as the record holds them. No payload is opened or mapped;
-whether an array is loaded (mapped, or read if small) is read from the
-proxy's cache. Large stores and
-results are paged (the first :data:`MAX_ROWS` rows, then "... N more").
-Keys, field names, values and dtype names are user data: the HTML escapes
-every one of them, and the text shows unprintable keys as ``repr``.
+All from the index (metadata; each array's shape, dtype and size as the
+record holds them) and the proxy's cache (whether an array is loaded): no
+payload is opened. Large tables are paged (:data:`MAX_ROWS` rows, then
+"... N more"). Keys, names, values and dtypes are user data: the HTML
+escapes them all, the text shows unprintable ones as ``repr``.
 """
 
 from __future__ import annotations
 
 import html
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -23,6 +21,8 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_COLUMNS",
     "MAX_ROWS",
+    "RecordsDisplay",
+    "cut",
     "flatten",
     "human_size",
     "record_html",
@@ -78,7 +78,8 @@ def flatten(meta: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _cut(text: str, limit: int = MAX_CELL) -> str:
+def cut(text: str, limit: int = MAX_CELL) -> str:
+    """``text``, or its first ``limit - 3`` characters and ``...``."""
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -90,7 +91,7 @@ def _name(text: str) -> str:
 
 def short_repr(value: Any) -> str:
     """``repr(value)``, cut to :data:`MAX_CELL` characters."""
-    return _cut(repr(value))
+    return cut(repr(value))
 
 
 def _shape(shape: Sequence[int]) -> str:
@@ -148,15 +149,15 @@ def _record_parts(rec: Record, loaded: Collection[str]) -> tuple[str, _Table, _T
     )
     meta_table = _Table(["field", "value"])
     for name, value in list(fields.items())[:MAX_ROWS]:
-        meta_table.rows.append([_cut(_name(name)), short_repr(value)])
+        meta_table.rows.append([cut(_name(name)), short_repr(value)])
     meta_table.more = _more(len(fields), MAX_ROWS, "fields")
     array_table = _Table(["array", "shape", "dtype", "size", "order", "loaded"])
     for name, info in list(arrays.items())[:MAX_ROWS]:
         array_table.rows.append(
             [
-                _cut(_name(name)),
+                cut(_name(name)),
                 _shape(info.shape),
-                _cut(str(info.dtype)),
+                cut(str(info.dtype)),
                 human_size(info.nbytes),
                 info.order,
                 "yes" if name in loaded else "no",
@@ -175,26 +176,33 @@ def record_text(rec: Record, loaded: Collection[str]) -> str:
     """Several lines: the key, the metadata (nested fields as dotted names)
     and the arrays (shape, dtype, size, order, whether in ``loaded``)."""
     summary, meta_table, array_table = _record_parts(rec, loaded)
-    lines = [f"{_record_title(rec)}: {summary}"]
-    if meta_table.rows:
-        lines.extend(meta_table.text())
-    if array_table.rows:
-        lines.extend(array_table.text())
-    return "\n".join(lines)
+    return _text(f"{_record_title(rec)}: {summary}", (meta_table, array_table))
 
 
 def record_html(rec: Record, loaded: Collection[str]) -> str:
     """The same as :func:`record_text` as an HTML fragment (two tables)."""
     summary, meta_table, array_table = _record_parts(rec, loaded)
-    parts = [
-        '<div class="lazyvault-record">',
-        _STYLE,
-        f"<p><strong>{html.escape(_record_title(rec))}</strong>: {html.escape(summary)}</p>",
-    ]
-    if meta_table.rows:
-        parts.append(meta_table.html())
-    if array_table.rows:
-        parts.append(array_table.html())
+    heading = f"<strong>{html.escape(_record_title(rec))}</strong>: {html.escape(summary)}"
+    return _html("record", heading, (meta_table, array_table))
+
+
+def _text(title: str, tables: Iterable[_Table], note: str | None = None) -> str:
+    lines = [title]
+    for table in tables:
+        if table.rows:
+            lines.extend(table.text())
+    if note:
+        lines.append("  " + note)
+    return "\n".join(lines)
+
+
+def _html(kind: str, heading: str, tables: Iterable[_Table], note: str | None = None) -> str:
+    """A ``<div class="lazyvault-<kind>">``: ``heading`` (HTML), the tables
+    that have rows, ``note``."""
+    parts = [f'<div class="lazyvault-{kind}">', _STYLE, f"<p>{heading}</p>"]
+    parts.extend(table.html() for table in tables if table.rows)
+    if note:
+        parts.append(f"<p><em>{html.escape(note)}</em></p>")
     parts.append("</div>")
     return "".join(parts)
 
@@ -205,7 +213,7 @@ def record_html(rec: Record, loaded: Collection[str]) -> str:
 def _arrays_cell(rec: Record) -> str:
     arrays = rec.arrays
     cells = [
-        f"{_cut(_name(n), 20)} {_cut(str(i.dtype), 20)} {_shape(i.shape)}"
+        f"{cut(_name(n), 20)} {cut(str(i.dtype), 20)} {_shape(i.shape)}"
         for n, i in list(arrays.items())[:MAX_ARRAYS_IN_CELL]
     ]
     if len(arrays) > MAX_ARRAYS_IN_CELL:
@@ -233,15 +241,15 @@ def _records_table(
     names = sorted(counts, key=lambda n: -counts[n])  # stable: ties keep first-seen order
     columns = names[:MAX_COLUMNS]
     hidden = len(names) - len(columns)
-    table = _Table(["key", *(_cut(_name(c)) for c in columns), "arrays", "size"])
+    table = _Table(["key", *(cut(_name(c)) for c in columns), "arrays", "size"])
     for rec, fields in zip(shown, flat, strict=True):
         if isinstance(rec, str):
-            table.rows.append([_cut(_name(rec)), *([""] * len(columns)), "(deleted)", ""])
+            table.rows.append([cut(_name(rec)), *([""] * len(columns)), "(deleted)", ""])
             continue
         size = sum(info.nbytes for info in rec.arrays.values())
         table.rows.append(
             [
-                _cut(_name(rec.key)),
+                cut(_name(rec.key)),
                 *(short_repr(fields[c]) if c in fields else "" for c in columns),
                 _arrays_cell(rec),
                 human_size(size),
@@ -257,35 +265,44 @@ def records_text(
 ) -> str:
     """``title``, then a table of the first :data:`MAX_ROWS` of ``keys``
     (``get`` builds each record): key, metadata columns, arrays, size."""
-    total = len(keys) if total is None else total
-    table, note = _records_table(get, keys, total)
-    lines = [title]
-    if table.rows:
-        lines.extend(table.text())
-    if note:
-        lines.append("  " + note)
-    return "\n".join(lines)
+    table, note = _records_table(get, keys, len(keys) if total is None else total)
+    return _text(title, (table,), note)
 
 
 def records_html(
     title: str, get: Callable[[str], Record], keys: Sequence[str], total: int | None = None
 ) -> str:
     """:func:`records_text` as an HTML fragment."""
-    total = len(keys) if total is None else total
-    table, note = _records_table(get, keys, total)
-    parts = [
-        '<div class="lazyvault-records">',
-        _STYLE,
-        f"<p><strong>{html.escape(title)}</strong></p>",
-    ]
-    if table.rows:
-        parts.append(table.html())
-    if note:
-        parts.append(f"<p><em>{html.escape(note)}</em></p>")
-    parts.append("</div>")
-    return "".join(parts)
+    table, note = _records_table(get, keys, len(keys) if total is None else total)
+    return _html("records", f"<strong>{html.escape(title)}</strong>", (table,), note)
 
 
 def pretty(text: str, p: Any, cycle: bool) -> None:
     """Writes ``text`` to IPython's pretty printer ``p`` (``_repr_pretty_``)."""
     p.text("..." if cycle else text)
+
+
+class RecordsDisplay:
+    """The displays of many records (a store, an archive, query results):
+    ``str()``, IPython's text and the notebook's HTML, of what
+    ``_display_parts()`` returns: ``(title, get, keys)``. IPython takes the
+    first of ``_repr_pretty_`` and ``__repr__`` it meets in the MRO, so a
+    subclass defining ``__repr__`` sets ``_repr_pretty_`` again too."""
+
+    __slots__ = ()
+
+    def _display_parts(self) -> tuple[str, Callable[[str], Record], Sequence[str]]:
+        raise NotImplementedError
+
+    def __str__(self) -> str:
+        """Several lines: a title (what, where, how many records), then a
+        table of the first 20 records: key, metadata columns, arrays, size."""
+        return records_text(*self._display_parts())
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        """IPython's text display: :meth:`__str__`."""
+        pretty(str(self), p, cycle)
+
+    def _repr_html_(self) -> str:
+        """The notebook display: :meth:`__str__` as an HTML table."""
+        return records_html(*self._display_parts())

@@ -30,16 +30,13 @@ def _pandas() -> Any:
 
 
 def records_frame(get: Callable[[str], Record], keys: Iterable[str]) -> pd.DataFrame:
-    """One row per key (``get`` builds its record), index ``"key"``.
-
-    Columns: the metadata, nested dicts flattened to dotted names
-    (``params.lr``; lists stay values), then for each array path
-    ``<path>.shape`` (a tuple) and ``<path>.dtype`` (its ``str``). An array
-    column wins over a metadata field of the same dotted name. Fields a
-    record lacks are missing values (NaN). Columns in first-seen order.
-
-    Raises ``ModuleNotFoundError`` (an ``ImportError``) naming
-    ``pip install pandas`` when pandas is missing.
+    """One row per key (``get`` builds its record), index ``"key"``; columns
+    in first-seen order: the metadata, nested dicts flattened to dotted names
+    (``params.lr``; lists stay values), then per array path ``<path>.shape``
+    (a tuple) and ``<path>.dtype`` (its ``str``), winning over a metadata
+    field of the same name. Fields a record lacks are missing values (NaN).
+    Raises ``ModuleNotFoundError`` (an ``ImportError``) naming ``pip install
+    pandas`` when pandas is missing.
     """
     pd = _pandas()
     index: list[str] = []

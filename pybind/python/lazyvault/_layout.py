@@ -1,23 +1,12 @@
-"""The object layout (schema/FORMAT.md, "Layout"): splitting an object into
-metadata, array payloads and a remainder, checking a layout read back, and
-joining the parts into the object again. The one module that walks layouts.
-
-An object becomes:
-
-- ``meta``: the JSON-able fields (what queries see), nested as in the object;
-- ``arrays``: every numpy array anywhere in it, by path name
-  (``"positions"``, ``"frames/0"``, ``"params/w"``); one array referenced
-  twice is stored once and comes back as one object;
-- ``layout``: a JSON tree that says how to rebuild the object (see
-  ``schema/FORMAT.md``, "Layout");
-- ``leftovers``: values JSON cannot hold (sets, complex numbers, custom
-  objects with their own pickling), pickled apart from the JSON so scans
-  never parse them. Arrays inside them still become payloads.
-
-A layout read back (from a store, an archive, a pickle) is checked by
-:func:`scan` before anything is built: a malformed one raises
-:class:`CorruptError`, and the same walk tells which nodes need
-``allow_pickle``.
+"""The object layout (schema/FORMAT.md, "Layout"), the one module that walks
+layouts: an object split into ``meta`` (its JSON-able fields, what queries
+see), ``arrays`` (every numpy array in it by path name, ``"frames/0"``; one
+array referenced twice is stored once and comes back as one object),
+``layout`` (the JSON tree that rebuilds it) and ``leftovers`` (values JSON
+cannot hold, pickled apart so scans never parse them; arrays inside them
+still become payloads); a layout read back checked by :func:`scan` (a
+malformed one raises :class:`CorruptError`; the same walk tells what needs
+``allow_pickle``); the parts joined into the object again.
 """
 
 from __future__ import annotations
@@ -48,7 +37,6 @@ class Split:
 
     meta: dict[str, Any]
     layout: Any
-    arrays: dict[str, np.ndarray]
     leftovers: list[Any]
 
     def meta_json(self) -> str:
@@ -179,18 +167,24 @@ class _Splitter:
         leftovers.append((value, path))
         return {"pickle": len(leftovers) - 1}, _MISSING
 
+    def _walk_fields(
+        self, fields: dict[str, Any], path: str, leftovers: list[Any], depth: int
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(nodes, meta)`` of the values of a dict or an instance's state."""
+        nodes: dict[str, Any] = {}
+        meta: dict[str, Any] = {}
+        for k, v in fields.items():
+            nodes[k], m = self.walk(v, _join_path(path, k), leftovers, depth)
+            if m is not _MISSING:
+                meta[k] = m
+        return nodes, meta
+
     def _walk_container(
         self, value: Any, path: str, leftovers: list[Any], depth: int
     ) -> tuple[Any, Any]:
         t = type(value)
         if t is dict and all(type(k) is str and text_ok(k) for k in value):
-            nodes: dict[str, Any] = {}
-            meta: dict[str, Any] = {}
-            for k, v in value.items():
-                node, m = self.walk(v, _join_path(path, k), leftovers, depth)
-                nodes[k] = node
-                if m is not _MISSING:
-                    meta[k] = m
+            nodes, meta = self._walk_fields(value, path, leftovers, depth)
             return {"dict": nodes}, meta
         if t is list or t is tuple:
             nodes_l, metas, complete = [], [], True
@@ -203,17 +197,9 @@ class _Splitter:
                     metas.append(m)
             return {("list" if t is list else "tuple"): nodes_l}, (metas if complete else _MISSING)
         if t is not dict:  # a plain-state instance
-            nodes_o: dict[str, Any] = {}
-            meta_o: dict[str, Any] = {}
-            for k, v in vars(value).items():
-                node, m = self.walk(v, _join_path(path, k), leftovers, depth)
-                nodes_o[k] = node
-                if m is not _MISSING:
-                    meta_o[k] = m
-            cls = type(value)
-            return {
-                "object": {"class": f"{cls.__module__}:{cls.__qualname__}", "state": nodes_o}
-            }, meta_o
+            state, meta = self._walk_fields(vars(value), path, leftovers, depth)
+            spec = f"{t.__module__}:{t.__qualname__}"
+            return {"object": {"class": spec, "state": state}}, meta
         leftovers.append((value, path))  # a dict whose keys are not all text
         return {"pickle": len(leftovers) - 1}, _MISSING
 
@@ -255,8 +241,7 @@ def split(obj: Any) -> tuple[Split, _Splitter]:
             pickle_whole.add(cycle.container_id)
     if not isinstance(meta, dict):
         meta = {}
-    result = Split(meta=meta, layout=layout, arrays={}, leftovers=leftovers)
-    return result, splitter
+    return Split(meta=meta, layout=layout, leftovers=leftovers), splitter
 
 
 def encode(obj: Any) -> tuple[str, str, list[tuple[Any, ...]], bytes | None]:

@@ -1,39 +1,26 @@
-"""Pickling records and stores (PEP 574, pickle protocol 5).
+"""Pickling records and stores (PEP 574, pickle protocol 5); plugged into
+``record`` and ``store`` when imported (unpickling builds Records and Stores).
 
-Three ways a :class:`~lazyvault.Record` leaves its process:
-
-- **By value** (``pickle.dumps(record, protocol=p)``, any protocol 0-5):
-  the pickle carries the record entry (metadata, array entries, layout,
-  pickle flag), the pickled remainder bytes and every array as the plain,
-  read-only ``numpy.ndarray`` that views the payload's bytes (a memory
-  map, or a private copy for arrays of at most 64 KiB). numpy's own
-  ``ndarray.__reduce_ex__`` then decides how the array bytes travel: with
-  protocol 5 and a ``buffer_callback`` each C- or Fortran-contiguous array
-  becomes one out-of-band :class:`pickle.PickleBuffer` viewing those bytes
-  (no copy: the main pickle holds only a few hundred bytes per
-  array, and nothing is read from disk while pickling); with protocol 5
-  and no callback, or protocols 0-4, the bytes are copied in-band.
-  ``datetime64``/``timedelta64`` arrays cannot export a buffer and always go
-  in-band. The unpickled record no longer needs the store (its arrays live
-  in a :class:`~lazyvault._source.MemorySource`); its arrays are read-only
-  whatever the protocol. Pickled bytes are deterministic: no ids, no
-  timestamps, dicts in stored order.
-- **By reference across processes**: ``multiprocessing`` pickles with its
-  ``ForkingPickler`` (``Pool`` arguments and results, queues, pipes, spawn
-  and fork start methods alike); for it a record of a store directory
-  travels as ``(store path, key, record entry, pickled remainder,
-  allow_pickle)`` and the receiving process loads the same payload files
-  (memory-mapping the large ones) without opening the index (no lock).
-  Other records (unpickled by value, from an archive) travel by value.
-  :meth:`Record.ref` returns the same reference explicitly as a
-  :class:`RecordRef`.
-- A :class:`~lazyvault.Store` pickles by path: unpickling opens it again.
-
-A reference stays valid while its payload files exist: overwriting or
-deleting the record in the store and flushing removes them.
-
-This module plugs itself into ``record`` and ``store`` (a layer down: it
-builds Records and Stores when unpickling) when imported.
+- **By value** (``pickle.dumps(record, protocol=p)``, protocols 0-5): the record
+  entry, the pickled remainder bytes and every array as the read-only ndarray
+  viewing its payload (a memory map, or a private copy of at most 64 KiB).
+  numpy's ``ndarray.__reduce_ex__`` moves the bytes: with protocol 5 and a
+  ``buffer_callback``, each C- or Fortran-contiguous array is one out-of-band
+  :class:`pickle.PickleBuffer` of those bytes (no copy, no page read; the main
+  pickle holds a few hundred bytes per array); otherwise, and always for
+  ``datetime64``/``timedelta64``, they are copied in-band. The unpickled record
+  needs no store (:class:`~lazyvault._source.MemorySource`), its arrays are
+  read-only whatever the protocol, and equal records give equal bytes (no ids,
+  no timestamps, dicts in stored order).
+- **By reference across processes**: for ``multiprocessing``'s
+  ``ForkingPickler`` (``Pool`` arguments and results, queues, pipes; spawn and
+  fork) a record of a store directory travels as ``(store path, key, record
+  entry, pickled remainder, allow_pickle)``, and the receiver loads the same
+  payload files (mapping large ones) without opening the index (no lock).
+  Other records travel by value. :meth:`Record.ref` gives the same reference
+  as a :class:`RecordRef`. It stays valid while its payload files exist:
+  overwriting or deleting the record and flushing removes them.
+- A :class:`~lazyvault.Store` pickles by path (:func:`reduce_store`).
 """
 
 from __future__ import annotations
@@ -48,37 +35,12 @@ import numpy as np
 
 from . import _arrays
 from ._source import DirectorySource, MemorySource
-from .record import (
-    PicklingHooks,
-    Record,
-    array_entries,
-    entry_of,
-    has_remainder,
-    remainder_of,
-    source_of,
-)
+from .record import PicklingHooks, Record, array_entries, entry_of, remainder_of, source_of
 from .record import plug_pickling as plug_record_pickling
 from .store import Store, open_deferred
 from .store import plug_pickling as plug_store_pickling
 
 __all__ = ["RecordRef", "record_ref", "reduce_record", "reduce_store"]
-
-
-def _arrays_of(record: Record) -> dict[str, np.ndarray]:
-    """Every array of ``record`` as the ndarray it maps (read-only, no copy).
-
-    Raises :class:`PickleNotAllowedError` for an object array when the
-    source does not allow unpickling (it is never loaded behind the user's
-    back, not even to pickle it again).
-    """
-    return {name: record.array(name) for name in array_entries(record)}
-
-
-def _pickle_of(record: Record) -> bytes | None:
-    """The pickled remainder bytes of ``record`` (not unpickled), if any."""
-    if not has_remainder(record):
-        return None
-    return remainder_of(record)
 
 
 def _rebuild_record(
@@ -88,14 +50,10 @@ def _rebuild_record(
     pickled: bytes | None,
     allow_pickle: bool,
 ) -> Record:
-    """Unpickles a record sent by value.
-
-    Its arrays are set read-only again (numpy gives writable arrays after
-    protocols 0-4 and for in-band datetimes; a record's arrays are always
-    read-only), and given back the stored byte order: numpy's protocol 0-4
-    path rebuilds a non-native array (``>i4`` on little-endian) with the
-    native dtype; it is converted back (one copy of an in-band copy).
-    """
+    """Unpickles a record sent by value: its arrays read-only again (numpy
+    gives writable ones after protocols 0-4 and for in-band datetimes) and in
+    the stored byte order (numpy's protocol 0-4 path rebuilds ``>i4`` as native
+    ``<i4`` on little-endian: converted back, one copy of an in-band copy)."""
     entries = record["arrays"]
     for name, array in list(arrays.items()):
         entry = entries.get(name)
@@ -108,33 +66,20 @@ def _rebuild_record(
 
 
 def reduce_record(record: Record, protocol: int) -> tuple[Any, ...]:
-    """``Record.__reduce_ex__``: the record by value, for every protocol.
+    """``Record.__reduce_ex__``, by value (see the module docstring):
+    ``(_rebuild_record, (key, record entry, {name: ndarray}, pickled remainder,
+    allow_pickle))`` whatever ``protocol`` (numpy reads the pickler's).
 
-    Returns ``(_rebuild_record, (key, record entry, {name: ndarray},
-    pickled remainder, allow_pickle))``. The arrays are the read-only
-    ndarrays viewing the payload mappings, so the pickler hands them to
-    numpy: with protocol 5 and a ``buffer_callback`` they leave out-of-band
-    as :class:`pickle.PickleBuffer` views of the mapping (PEP 574, zero
-    copies, no page read); otherwise their bytes are copied into the pickle.
-    ``protocol`` does not change the tuple (numpy reads the pickler's).
-
-    ``allow_pickle`` of the source travels along: a record read from a store
-    opened without it still refuses to unpickle its remainder after the
-    round trip (the remainder bytes travel, unopened). Raises
-    :class:`PickleNotAllowedError` for a record with an object array when
-    the source does not allow unpickling.
+    ``allow_pickle`` travels along: a record of a store opened without it still
+    refuses to unpickle its remainder after the round trip. Raises
+    :class:`PickleNotAllowedError` for an object array when the source does not
+    allow unpickling (never loaded behind the user's back, not even to pickle).
     """
     del protocol
-    return (
-        _rebuild_record,
-        (
-            record.key,
-            _without_payload_ids(entry_of(record)),
-            _arrays_of(record),
-            _pickle_of(record),
-            bool(source_of(record).allow_pickle),
-        ),
-    )
+    arrays = {name: record.array(name) for name in array_entries(record)}
+    entry = _without_payload_ids(entry_of(record))
+    allow = bool(source_of(record).allow_pickle)
+    return (_rebuild_record, (record.key, entry, arrays, remainder_of(record), allow))
 
 
 _NO_ID = "0" * 32
@@ -151,30 +96,13 @@ def _without_payload_ids(record: dict[str, Any]) -> dict[str, Any]:
 # -- by reference -------------------------------------------------------------
 
 
-class _FixedPickle:
-    """``get_pickle`` of a record that travelled by reference: the remainder
-    bytes came along (the index is not opened in the receiving process)."""
-
-    __slots__ = ("pickled",)
-
-    def __init__(self, pickled: bytes | None) -> None:
-        self.pickled = pickled
-
-    def __call__(self, key: str) -> bytes | None:
-        return self.pickled
-
-
 def _open_reference(
-    path: str,
-    key: str,
-    record: dict[str, Any],
-    pickled: bytes | None,
-    allow_pickle: bool,
+    path: str, key: str, record: dict[str, Any], pickled: bytes | None, allow_pickle: bool
 ) -> Record:
-    """A record of the store directory ``path`` rebuilt from its entry; its
-    arrays are loaded from the payload files on first access (large ones
-    memory-mapped)."""
-    source = DirectorySource(path, allow_pickle, _FixedPickle(pickled))
+    """A record of the store directory ``path`` rebuilt from its entry (the
+    remainder came along: the index is not opened); its arrays are loaded from
+    the payload files on first access (large ones memory-mapped)."""
+    source = DirectorySource(path, allow_pickle, lambda key: pickled)
     return Record(source, key, record)
 
 
@@ -189,7 +117,7 @@ def _reference_args(record: Record) -> tuple[str, str, dict[str, Any], bytes | N
         os.path.abspath(source.root),
         record.key,
         entry_of(record),
-        _pickle_of(record),
+        remainder_of(record),
         bool(source.allow_pickle),
     )
 
@@ -211,18 +139,17 @@ def register_record_class(cls: type[Record]) -> None:
 
 @dataclasses.dataclass(frozen=True, repr=False)
 class RecordRef:
-    """A small, picklable reference to a record of a store directory.
+    """A small, picklable reference to a record of a store directory: a few
+    hundred bytes with any protocol (0-5), no array data.
 
-    ``path``: the store's directory (absolute); ``key``; ``record``: the
-    record entry (metadata, array entries, layout); ``pickle``: the pickled
-    remainder bytes (``None`` if there is none); ``allow_pickle``: whether
-    :meth:`open`-ed records may unpickle (as the store it came from).
-
-    It pickles in a few hundred bytes with any protocol (0-5): no array data.
-    :meth:`open` reads the same payload files (mapping large ones) without
-    opening the index, so any number of processes can open it while a writer holds the
-    store. It stays valid while the payloads exist: overwriting or deleting
-    the record and flushing the store removes them (``CorruptError`` then).
+    ``path``: the store's directory (absolute); ``key``; ``record``: the record
+    entry (metadata, array entries, layout); ``pickle``: the pickled remainder
+    bytes (``None`` if there is none); ``allow_pickle``: whether :meth:`open`-ed
+    records may unpickle (as the store it came from). :meth:`open` reads the
+    payload files without opening the index, so any number of processes open it
+    while a writer holds the store; it stays valid while the payloads exist
+    (overwriting or deleting the record and flushing removes them:
+    ``CorruptError`` then).
     """
 
     path: str

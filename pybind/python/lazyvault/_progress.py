@@ -1,11 +1,9 @@
 """Progress bars for long operations, with tqdm (terminals and notebooks).
 
-``progress=None`` means "when someone is watching": a bar is shown when
-stderr is a terminal or the code runs in a Jupyter kernel, never in scripts
-whose output goes to a file or a pipe. ``True`` forces a bar, ``False``
-turns it off, and a callable ``f(done, total)`` receives the counts instead
-(``total`` is None when it is not known in advance, e.g. ``Store.update``
-from an iterator).
+``progress=None``: a bar when someone is watching (stderr is a terminal, or
+a Jupyter kernel runs the code), never when output goes to a file or pipe;
+``True`` forces one, ``False`` turns it off; a callable ``f(done, total)``
+gets the counts instead (``total`` None when unknown in advance).
 """
 
 from __future__ import annotations
@@ -34,11 +32,8 @@ def _interactive() -> bool:
 @contextmanager
 def progress_callback(progress: ProgressArg, desc: str, unit: str) -> Iterator[Report | None]:
     """A ``(done, total)`` callback (for the Rust core or a Python loop), or
-    None for no report. The tqdm bar is closed when the block ends.
-
-    Raises ``TypeError`` for a ``progress`` that is neither None, a bool nor
-    a callable.
-    """
+    None for no report; the tqdm bar closes when the block ends. Raises
+    ``TypeError`` for a ``progress`` not None, a bool or a callable."""
     if progress is None:
         progress = _interactive()
     if progress is False:

@@ -43,31 +43,28 @@ class ArrayInfo(NamedTuple):
         return len(self.shape)
 
 
-# Names the proxy itself uses; metadata fields with these names stay
-# reachable as rec.meta[name] and arrays as rec.array(name).
+# Names the proxy itself uses; fields so named stay reachable as
+# rec.meta[name] and arrays as rec.array(name).
 _OWN = frozenset({"key", "meta", "arrays", "load", "array", "store"})
-
-# Names that IPython, Jupyter and other tools probe with hasattr/getattr
-# to learn what an object can do. A field of that name would answer the
-# probe (and an array would be mapped): they are never fields as
-# attributes, only as rec.meta[name] / rec[name].
-_PROBE_PREFIXES = ("__", "_repr_", "_ipython_")
-_PROBES = frozenset({"trait_names", "_getAttributeNames", "getdoc"})
 
 
 def _is_probe(name: str) -> bool:
-    return name.startswith(_PROBE_PREFIXES) or name in _PROBES
+    # What IPython, Jupyter and other tools probe with hasattr/getattr: a
+    # field so named would answer (and map an array), so it is only ever
+    # rec.meta[name] / rec[name], never an attribute.
+    probes = ("trait_names", "_getAttributeNames", "getdoc")
+    return name.startswith(("__", "_repr_", "_ipython_")) or name in probes
 
 
 class Record:
     """A lazy proxy of the object stored under one key.
 
-    Metadata attributes (``rec.temperature``) and ``.meta`` come straight from
-    the index; ``.arrays`` describes the payloads without opening them; an
-    array attribute (``rec.positions``) loads its payload on first access and
-    returns a read-only ``numpy.ndarray``, cached on the proxy: a view of a
-    memory map of the payload (no copy) when it is over 64 KiB, a private
-    aligned copy when smaller. ``load()`` rebuilds the original object.
+    Metadata attributes (``rec.temperature``) and ``.meta`` come from the
+    index; ``.arrays`` describes the payloads without opening them; an array
+    attribute (``rec.positions``) loads its payload on first access as a
+    read-only ``numpy.ndarray``, cached on the proxy: a view of a memory map
+    (no copy) when over 64 KiB, a private aligned copy when smaller.
+    ``load()`` rebuilds the original object.
     """
 
     __slots__ = ("__weakref__", "_cache", "_key", "_pickle", "_record", "_source", "_store")
@@ -133,13 +130,10 @@ class Record:
         }
 
     def array(self, name: str) -> np.ndarray:
-        """The array stored at path ``name``, read-only: memory-mapped when
-        over 64 KiB, read into memory when smaller (see the class).
-
+        """The array stored at path ``name``, read-only (see the class).
         Raises ``KeyError`` if there is none, :class:`CorruptError` if its
         payload is missing or damaged, :class:`PickleNotAllowedError` for an
-        ``object`` array when the store was opened without ``allow_pickle``.
-        """
+        ``object`` array when the store was opened without ``allow_pickle``."""
         cached = self._cache.get(name)
         if cached is not None:
             return cached
@@ -153,11 +147,8 @@ class Record:
     def load(self) -> Any:
         """The original object rebuilt: dicts, lists, tuples, dataclasses and
         class instances as they were, arrays read-only (as :meth:`array`).
-
-        Raises :class:`PickleNotAllowedError` when rebuilding needs unpickling
-        (a class instance or a pickled remainder) and the store was opened
-        without ``allow_pickle=True``.
-        """
+        Raises :class:`PickleNotAllowedError` when that needs unpickling (a
+        class instance, a pickled remainder) without ``allow_pickle=True``."""
         return _layout.join(
             self._record["layout"],
             self.array,
@@ -229,13 +220,13 @@ class Record:
         _display.pretty(str(self), p, cycle)
 
     def _repr_html_(self) -> str:
-        """The notebook display: metadata and arrays (shape, dtype, size,
-        order, mapped yet or not) as HTML tables; opens no payload."""
+        """The notebook display: :meth:`__str__` as HTML tables."""
         return _display.record_html(self, self._cache.keys())
 
     def __str__(self) -> str:
         """Several lines: metadata (nested fields as dotted names, the first
-        20) and arrays (shape, dtype, size, order, mapped yet or not)."""
+        20) and arrays (shape, dtype, size, order, mapped yet or not); opens
+        no payload."""
         return _display.record_text(self, self._cache.keys())
 
     def __repr__(self) -> str:
@@ -294,10 +285,9 @@ def _with_array_properties(names: tuple[str, ...]) -> type[Record]:
     return cls
 
 
-# -- for the package's other modules ---------------------------------------------
-# A record's attribute names belong to the user's fields (``rec.layout`` is
-# the field "layout" of an object that has one), so what other modules read
-# off a record is offered here as functions, not as attributes.
+# -- for the package's other modules: a record's attribute names are the user's
+# fields (``rec.layout`` is a field "layout"), so what they read off a record is
+# offered as functions --------------------------------------------------------
 
 
 def entry_of(rec: Record) -> dict[str, Any]:
@@ -327,10 +317,8 @@ def source_of(rec: Record) -> Source:
     return rec._source
 
 
-# -- seam: pickling ----------------------------------------------------------------
-# How a record pickles is _pickling's business, a layer up (unpickling builds
-# Records); it plugs its functions in here when imported, which
-# lazyvault/__init__ does before any record exists.
+# -- seam: _pickling (a layer up: unpickling builds Records) plugs in here when
+# imported, which lazyvault/__init__ does before any record exists -------------
 
 
 class PicklingHooks(NamedTuple):

@@ -1,4 +1,5 @@
-"""``Store``: a ``MutableMapping`` from string keys to stored objects."""
+"""``Store``: a ``MutableMapping`` from string keys to stored objects, and
+``Results``, the records a query matched."""
 
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ from collections.abc import (
     MutableMapping,
     Sequence,
 )
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, Self, cast, overload
 
 import numpy as np
 
-from . import _arrays, _display, _frame, _layout, _lazyvault
+from . import _arrays, _frame, _layout, _lazyvault
+from ._display import RecordsDisplay
 from ._progress import ProgressArg, progress_callback
 from ._source import DirectorySource
 from .errors import (
@@ -81,7 +83,11 @@ def check_key(key: object) -> str:
     return key
 
 
-_check_key = check_key  # the name _interop imports, until it takes check_key
+def check_allow_pickle(value: object) -> bool:
+    """``value`` if it is True or False, else ``TypeError``."""
+    if type(value) is not bool:
+        raise TypeError(f"allow_pickle must be True or False, not {value!r}")
+    return value
 
 
 class _DeferredCore:
@@ -130,22 +136,141 @@ def _query_text(expr: object) -> str:
     return expr
 
 
-class Store(MutableMapping[str, Record]):
+def _field(field: object) -> str:
+    if not isinstance(field, str):
+        raise TypeError(f"field must be a str, not {type(field).__name__}")
+    return field
+
+
+class Handle(RecordsDisplay, Mapping[str, Record]):
+    """What a :class:`Store` and a ``.lvz`` :class:`~lazyvault.Archive`
+    share: queries, ``to_pandas`` and displays, all from the index alone (no
+    payload opened). A handle, like a file object, is equal only to itself
+    (the ``Mapping`` default would compare every record, loading
+    everything) and closes at the end of a ``with`` block."""
+
+    # What Store and Archive define: the core answering keys(), find(text),
+    # count(text) and len(), a display title, path, closed and close().
+    _allow_pickle: bool
+
+    def _index(self) -> Any:
+        raise NotImplementedError
+
+    def _title(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def path(self) -> str | None:
+        raise NotImplementedError
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    __hash__ = object.__hash__
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def allow_pickle(self) -> bool:
+        """Whether parts that need unpickling may be loaded."""
+        return self._allow_pickle
+
+    def __iter__(self) -> Iterator[str]:
+        """The keys, a snapshot taken now: in Unicode code point order (an
+        archive: in the order they were exported in)."""
+        return iter(self._index().keys())
+
+    def __len__(self) -> int:
+        return len(self._index())
+
+    @overload
+    def keys(self) -> KeysView[str]: ...
+    @overload
+    def keys(self, expr: str) -> list[str]: ...
+    def keys(self, expr: str | None = None) -> KeysView[str] | list[str]:
+        """All keys, or with ``expr`` the keys of the matching records."""
+        if expr is None:
+            return KeysView(self)
+        return self._index().find(_query_text(expr))
+
+    def find(self, expr: str | Callable[[Record], bool]) -> Results:
+        """Records whose metadata match ``expr``, in key (archive) order.
+
+        ``expr`` is a query (``"temperature > 250 and material == 'Si'"``,
+        grammar in store/QUERY.md) evaluated in Rust over the index, opening
+        no payload, with the GIL released (a full scan runs on two threads
+        when there are two cores); or a Python callable taking a
+        :class:`Record` (slower: each record crosses into Python). Raises
+        :class:`QueryError` (a ``ValueError`` with ``.column``) for a
+        malformed query, ``TypeError`` for anything else.
+        """
+        if callable(expr):
+            return Results(self, [k for k in self._index().keys() if expr(self[k])])
+        if not isinstance(expr, str):
+            raise TypeError(f"find() takes a query string or a callable, not {type(expr).__name__}")
+        return Results(self, self._index().find(_query_text(expr)))
+
+    def count(self, expr: str | Callable[[Record], bool] | None = None) -> int:
+        """Number of records matching ``expr`` (all records without one);
+        ``expr`` as in :meth:`find`."""
+        if expr is None:
+            return len(self)
+        if callable(expr):
+            return len(self.find(expr))
+        return int(self._index().count(_query_text(expr)))
+
+    def to_pandas(self, expr: str | None = None) -> pd.DataFrame:
+        """All records (or those matching the query ``expr``) as a pandas
+        DataFrame: one row per record, index ``key``, the metadata flattened
+        into dotted columns (``params.lr``), and ``<array>.shape`` (tuple)
+        and ``<array>.dtype`` (str) columns. Reads the index only.
+
+        Raises ``ModuleNotFoundError`` (an ``ImportError``) when pandas is
+        not installed, :class:`QueryError` for a malformed ``expr``.
+        """
+        keys = self._index().keys() if expr is None else self.keys(expr)
+        return _frame.records_frame(self.__getitem__, keys)
+
+    def _ipython_key_completions_(self) -> list[str]:
+        """What ``store["<tab>`` offers in IPython: the keys."""
+        return list(self._index().keys())
+
+    def _display_parts(self) -> tuple[str, Callable[[str], Record], Sequence[str]]:
+        return self._title(), self.__getitem__, [] if self.closed else self._index().keys()
+
+
+class Store(Handle, MutableMapping[str, Record]):
     """A store of objects made of metadata and numpy arrays (see the README).
 
     Open with :meth:`Store.open`. ``store[key] = obj`` splits ``obj`` into a
     JSON metadata record and ``.npy`` payloads; ``store[key]`` returns a lazy
     :class:`Record`. Keys are any non-empty ``str`` (never turned into paths).
+
+    ``progress=`` (:meth:`update`, :meth:`verify`, :meth:`gc`,
+    :meth:`export`, :meth:`import_file`): a tqdm bar when None and
+    interactive (a terminal or a notebook), or True; False for none; or a
+    callable ``f(done, total)`` given the counts instead (``total`` None
+    when unknown).
     """
 
     def __init__(self, core: _lazyvault.StoreCore, allow_pickle: bool = False) -> None:
         if not isinstance(core, (_lazyvault.StoreCore, _DeferredCore)):
             raise TypeError("open a store with lazyvault.Store.open(path, mode)")
-        if type(allow_pickle) is not bool:
-            raise TypeError(f"allow_pickle must be True or False, not {allow_pickle!r}")
         self._core = core
         self._path = core.root
-        self._allow_pickle = bool(allow_pickle)
+        self._allow_pickle = check_allow_pickle(allow_pickle)
         # a weak reference: a Store dropped without close() must be freed (and
         # its lock released) at once, not when the cycle collector runs
         this = weakref.ref(self)
@@ -153,13 +278,6 @@ class Store(MutableMapping[str, Record]):
             self._path, self._allow_pickle, lambda key: cast(Store, this())._core.get_pickle(key)
         )
         _open_stores.add(self)
-
-    # A Store is a handle, like a file object: equal only to itself (the
-    # Mapping default would compare every record, loading everything).
-    def __eq__(self, other: object) -> bool:
-        return self is other
-
-    __hash__ = object.__hash__
 
     @classmethod
     def open(
@@ -170,48 +288,37 @@ class Store(MutableMapping[str, Record]):
         allow_pickle: bool = False,
         retention: float | None = None,
     ) -> Any:
-        """Opens the store at ``path``.
+        """Opens the store at ``path``. ``mode``: ``"a"`` read/write, create
+        if missing (default); ``"r"`` read-only, must exist; ``"w"`` create,
+        must not exist.
 
-        ``mode``: ``"a"`` read/write, create if missing (default); ``"r"``
-        read-only, must exist; ``"w"`` create, must not exist.
+        An existing store opens as a **reader** (no lock, nothing written, on
+        read-only media too) showing a snapshot, the writer's last
+        ``flush()``/``close()`` (:attr:`version`), until :meth:`refresh`. In
+        mode ``"a"`` the first write takes the **writer** role: one process at a
+        time, shared by the handles of one process (README, "Sharing a store").
+        ``retention``: seconds superseded data is kept for readers on *other
+        machines*, whose locks this one cannot see (default: 900 on a network
+        file system, 0 on a local one). ``allow_pickle``: allow loading parts
+        that need unpickling (object arrays, class instances, pickled
+        remainders), off by default as unpickling can run arbitrary code.
 
-        An existing store opens as a **reader** (modes ``"r"`` and ``"a"``):
-        no lock taken, no file created or changed, so any number of
-        processes open it at once, on read-only media too. It shows the
-        store as of the writer's last ``flush()``/``close()`` (a
-        *snapshot*: :attr:`version`), and moves only on :meth:`refresh`. In
-        mode ``"a"`` the first write takes the **writer** role (SQLite
-        takes its write lock the same way): from then on the handle sees
-        the latest state, its own changes included. One process writes at
-        a time; handles of one store in one process share the role.
-
-        ``retention``: seconds that superseded checkpoints and the payloads
-        of replaced records are kept for readers on *other machines*, whose
-        locks this machine cannot see (default: 900 on a network file
-        system, 0 on a local one, where every reader's lock protects it).
-
-        When ``path`` is an existing file that starts like a zip (a ``.lvz``
-        archive, whatever its extension), returns a read-only
-        :class:`lazyvault.Archive` instead (no lock: any number of processes
-        may open it); ``mode`` must then be ``"r"`` or left out, and
-        ``"a"``/``"w"`` raise :class:`ReadOnlyError`.
-        ``allow_pickle``: allow loading parts that need unpickling (object
-        arrays, class instances, pickled remainders); off by default because
-        unpickling can run arbitrary code (as ``np.load``).
+        A file that starts like a zip (a ``.lvz``, whatever its extension)
+        opens as a read-only :class:`lazyvault.Archive` instead (no lock;
+        ``mode`` ``"a"``/``"w"`` raise :class:`ReadOnlyError`).
 
         Raises :class:`StoreExistsError` / :class:`StoreNotFoundError` by mode,
-        :class:`NotAStoreError`, :class:`FormatVersionError` for a store of a
-        newer major format version, ``ValueError`` for a bad mode.
+        :class:`NotAStoreError`, :class:`FormatVersionError` for a newer major
+        format version, ``ValueError`` for a bad mode, ``TypeError`` /
+        ``ValueError`` for a bad ``allow_pickle`` or ``retention``.
         """
         if mode is not None and mode not in ("r", "a", "w"):
             raise ValueError(f"mode must be 'r', 'a' or 'w', not {mode!r}")
-        if type(allow_pickle) is not bool:
-            raise TypeError(f"allow_pickle must be True or False, not {allow_pickle!r}")
+        check_allow_pickle(allow_pickle)
         seconds = _retention_seconds(retention)  # checked before anything is opened
-        if _open_file is not None:
-            opened = _open_file(path, mode, allow_pickle)  # an .lvz archive
-            if opened is not None:
-                return opened
+        opened = _hook("open_file")(path, mode, allow_pickle)  # an .lvz archive
+        if opened is not None:
+            return opened
         if os.fspath(path).endswith(".lvz") and not os.path.exists(path):
             # a mistyped archive name must not become a new directory store
             raise StoreNotFoundError(f"{os.fspath(path)}: no such archive")
@@ -233,18 +340,16 @@ class Store(MutableMapping[str, Record]):
     @property
     def version(self) -> int:
         """The commit this handle shows: the number of commits (flushes and
-        closes that changed something, ``gc()``) since the store was created.
-        A reader's version moves only on :meth:`refresh`; the writer's is
-        its last commit."""
+        closes that changed something, ``gc()``) since the store was created;
+        a reader's moves only on :meth:`refresh`."""
         return self._core.version
 
     def refresh(self) -> int:
-        """Moves a reader to the writer's latest commit and returns the new
-        :attr:`version` (the writer already shows it). Records, arrays and
-        results taken before stay as they were; payloads only an older
-        snapshot referenced may be removed once no handle pins it, and
-        loading one then raises :class:`CorruptError` saying to take
-        ``store[key]`` again."""
+        """Moves a reader to the writer's latest commit; returns the new
+        :attr:`version`. Records and results taken before stay as they were,
+        but payloads only an older snapshot referenced may go once no handle
+        pins it (loading one then raises :class:`CorruptError`: take
+        ``store[key]`` again)."""
         if isinstance(self._core, _DeferredCore):
             # a pickled store not opened yet: the latest commit, whatever
             # version it was pinned to (that one may be gone)
@@ -253,14 +358,11 @@ class Store(MutableMapping[str, Record]):
 
     def begin_write(self) -> None:
         """Takes the writer role now rather than at the first write (as
-        SQLite's ``BEGIN IMMEDIATE``): the handle then shows the latest
-        state, and a crashed writer's leftovers are recovered.
-
-        Raises :class:`ReadOnlyError` in mode ``"r"``,
-        :class:`StoreLockedError` (naming the PID) while another process
-        writes, :class:`CorruptError` when the index needs ``repair``,
-        :class:`StorageError` when the store cannot be written (``EROFS``,
-        ``EACCES``; ``ENOLCK`` on a file system without locks)."""
+        SQLite's ``BEGIN IMMEDIATE``), recovering a crashed writer's leftovers.
+        Raises :class:`ReadOnlyError` in mode ``"r"``, :class:`StoreLockedError`
+        (naming the PID) while another process writes, :class:`CorruptError`
+        when the index needs ``repair``, :class:`StorageError` when the store
+        cannot be written (``EROFS``, ``EACCES``; ``ENOLCK`` without locks)."""
         self._core.begin_write()
 
     @property
@@ -270,10 +372,8 @@ class Store(MutableMapping[str, Record]):
 
     @property
     def retention(self) -> float:
-        """Seconds superseded data is kept for readers on other machines
-        (see :meth:`open`); settable, for this handle's later flushes,
-        closes and ``gc()`` (``TypeError``/``ValueError`` as in
-        :meth:`open`)."""
+        """``retention`` (see :meth:`open`); settable, for this handle's later
+        flushes, closes and ``gc()`` (``TypeError``/``ValueError`` as there)."""
         return self._core.retention
 
     @retention.setter
@@ -284,23 +384,20 @@ class Store(MutableMapping[str, Record]):
         self._core.retention = checked
 
     @property
-    def allow_pickle(self) -> bool:
-        """Whether parts that need unpickling may be loaded."""
-        return self._allow_pickle
-
-    @property
     def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
         return self._core.closed
+
+    def _index(self) -> _lazyvault.StoreCore:
+        return self._core
 
     # -- mapping ---------------------------------------------------------
 
     def __getitem__(self, key: str) -> Record:
-        """The lazy record of ``key``; reads only the index.
-
-        Raises :class:`MissingKeyError` (a ``KeyError``) if absent,
+        """The lazy record of ``key``, from the index. Raises
+        :class:`MissingKeyError` (a ``KeyError``) if absent,
         :class:`KeyTypeError` for a non-``str`` key, :class:`InvalidKeyError`
-        for ``""``.
-        """
+        for ``""``."""
         key = check_key(key)
         got = self._core.get_full(key)
         if got is None:
@@ -309,41 +406,31 @@ class Store(MutableMapping[str, Record]):
         return Record(self._source, key, json.loads(raw), self, remainder)
 
     def __setitem__(self, key: str, obj: Any) -> None:
-        """Stores ``obj`` under ``key``, replacing what was there.
-
-        Arrays anywhere in ``obj`` (attributes, nested dict/list/tuple) are
-        written as ``.npy`` payloads first, then the record (metadata, layout,
-        pickled remainder) goes into the index. Durable after :meth:`flush`
-        or :meth:`close`.
-        """
+        """Stores ``obj`` under ``key``, replacing what was there: arrays
+        anywhere in it (attributes, nested dict/list/tuple) as ``.npy``
+        payloads first, then the record (metadata, layout, pickled remainder)
+        into the index. Durable after :meth:`flush` or :meth:`close`."""
         key = check_key(key)
         if isinstance(obj, Record):
             # a record from this or another store (or an archive): copy it as
             # a record (metadata, layout, payloads), never pickle the proxy
-            _plugged(_copy_record, "record copies")(self, key, obj)
+            _hook("copy_record")(self, key, obj)
             return
         self._core.put(*_put_args(key, obj))
 
     def replace_arrays(self, key: str, arrays: Mapping[str, Any]) -> None:
-        """Replaces some arrays of the record under ``key`` and keeps the
-        rest: ``arrays`` maps array names as in ``store[key].arrays``
-        (``"labels"``, ``"frames/0"``) to new ``numpy.ndarray`` values
-        (dtype and shape may change; ``object`` arrays are pickled and need
-        ``allow_pickle`` to read back). Only the new
-        payloads are written; the metadata, the layout, the pickled
-        remainder and every other payload stay as they are, so replacing a
-        small array of an object that also holds gigabytes costs the small
-        array only (h5py's ``del group[name]; group[name] = new``). The
-        replaced payloads are removed at the next :meth:`flush` (mappings
-        already made of them stay valid). Durable after :meth:`flush`.
+        """Replaces some arrays of the record under ``key``, keeping the rest
+        and writing only the new payloads (h5py's ``del group[name];
+        group[name] = new``). ``arrays``: ``{name as in store[key].arrays:
+        numpy.ndarray}``, dtype and shape free (``object`` arrays are pickled:
+        reading back needs ``allow_pickle``). The old payloads go at the next
+        :meth:`flush` (mappings of them stay valid; a proxy not yet loaded
+        then raises ``CorruptError``: take ``store[key]`` again).
 
-        Raises :class:`MissingKeyError` when there is no record under
-        ``key``; :class:`InvalidArrayError` (a ``ValueError``) for a name
-        the record has no array of (store the whole object to add one);
-        ``TypeError`` for a value that is not a plain ``numpy.ndarray``;
-        each changing nothing. A proxy taken before the call and not yet
-        loaded reads the replaced payload, which is gone after the next
-        :meth:`flush` (``CorruptError``): take ``store[key]`` again.
+        Raises, changing nothing, :class:`MissingKeyError` for no record;
+        :class:`InvalidArrayError` (a ``ValueError``) for a name the record has
+        no array of (store the whole object to add one); ``TypeError`` for a
+        value that is not a plain ``numpy.ndarray``.
         """
         key = check_key(key)
         for name, a in arrays.items():
@@ -369,28 +456,21 @@ class Store(MutableMapping[str, Record]):
         progress: ProgressArg = None,
         **kwargs: Any,
     ) -> None:
-        """Stores every ``key, obj`` of ``other`` (a mapping, or an iterable
-        of pairs, read one at a time) and of ``kwargs``, as ``dict.update``.
+        """Stores every ``key, obj`` of ``other`` (a mapping, or an iterable of
+        pairs, read one at a time) and of ``kwargs``, as ``dict.update``, in
+        chunks of 1,000 records (ending early with the record that brings a
+        chunk over 256 MiB of arrays): one durability barrier and one index
+        batch a chunk, much faster than ``store[key] = obj`` each. A chunk is
+        all or nothing: if writing it fails (``StorageError``,
+        ``InvalidArrayError``, ...), one of its keys is invalid or splitting
+        one of its objects raises, none of its records is added and its
+        payload files are removed; earlier chunks stay. Durable after
+        :meth:`flush` or :meth:`close`.
 
-        Records are written in chunks (1,000 records, or fewer once a
-        chunk holds 256 MiB of array data, so a chunk ends with the record
-        that crosses 256 MiB): the payloads of a whole chunk are made durable
-        with one barrier and its records enter the index in one batch, which
-        is much faster than one ``store[key] = obj`` each. A chunk is all or
-        nothing: if writing it fails (``StorageError`` for a full disk,
-        ``InvalidArrayError``, ...), or one of its keys is invalid, or
-        splitting one of its objects raises,
-        none of its records is added and its payload files are removed;
-        records of earlier chunks stay stored. Like ``__setitem__``, durable
-        after :meth:`flush` or :meth:`close`.
-
-        ``progress``: a tqdm bar when None and interactive, or True; False
-        for none; or a callable ``f(done, total)`` called with ``done = 0``
-        first, then after each chunk with the number of records stored so
-        far (``total`` is None for an iterable without a length). An
-        exception it raises stops the update; the chunks stored before stay.
-        ``progress`` is this option, never a key: store a record named so
-        with ``store["progress"] = obj``.
+        ``progress`` (see :class:`Store`) counts records, ``0`` first, then
+        after each chunk; an exception it raises stops the update (earlier
+        chunks stay). It is this
+        option, never a key: ``store["progress"] = obj`` stores that record.
         """
         if isinstance(other, Mapping):
             pairs: Iterable[tuple[str, Any]] = ((k, other[k]) for k in other)
@@ -439,73 +519,22 @@ class Store(MutableMapping[str, Record]):
     def __contains__(self, key: object) -> bool:
         return self._core.contains(check_key(key))
 
-    def __iter__(self) -> Iterator[str]:
-        """Keys in Unicode code point order (a snapshot taken now)."""
-        return iter(self._core.keys())
-
-    def __len__(self) -> int:
-        return len(self._core)
-
-    @overload
-    def keys(self) -> KeysView[str]: ...
-    @overload
-    def keys(self, expr: str) -> list[str]: ...
-    def keys(self, expr: str | None = None) -> KeysView[str] | list[str]:
-        """All keys, or with ``expr`` the keys of the matching records."""
-        if expr is None:
-            return KeysView(self)
-        return self._core.find(_query_text(expr))
-
-    # -- queries -----------------------------------------------------------
-
-    def find(self, expr: str | Callable[[Record], bool]) -> Results:
-        """Records whose metadata match ``expr``, in key order.
-
-        ``expr`` is a query (``"temperature > 250 and material == 'Si'"``,
-        grammar in store/QUERY.md) evaluated in Rust over the index, opening
-        no payload, with the GIL released (a full scan runs on two threads
-        when there are two cores); or a Python callable taking a :class:`Record` (slower:
-        each record crosses into Python). Raises :class:`QueryError` (a
-        ``ValueError`` with ``.column``) for a malformed query.
-        """
-        if callable(expr):
-            return Results(self, [k for k in self._core.keys() if expr(self[k])])
-        if not isinstance(expr, str):
-            raise TypeError(f"find() takes a query string or a callable, not {type(expr).__name__}")
-        return Results(self, self._core.find(_query_text(expr)))
-
-    def count(self, expr: str | Callable[[Record], bool] | None = None) -> int:
-        """Number of records matching ``expr`` (all records without one);
-        ``expr`` as in :meth:`find`."""
-        if expr is None:
-            return len(self)
-        if callable(expr):
-            return len(self.find(expr))
-        return self._core.count(_query_text(expr))
-
     # -- secondary indexes ------------------------------------------------
 
     def create_index(self, field: str) -> None:
         """Indexes the metadata field ``field`` (a dotted path:
-        ``"temperature"``, ``"params.lr"``) so that ``find``/``count`` with
-        ``==``, ``in [...]`` or a range on it read only the matching records
-        instead of scanning all. Built now from every record, then kept
-        current by every write, and rebuilt by :meth:`repair`. Creating an
-        existing index does nothing. Only scalar values (None, bool, numbers,
-        str) are indexed; answers are always those of a full scan.
-
-        Raises ``InvalidFieldError`` (a ``ValueError``) for a name that is not
-        a dotted field path, ``ReadOnlyError`` in mode ``"r"``.
+        ``"params.lr"``) so that ``find``/``count`` with ``==``, ``in [...]``
+        or a range on it read only the matching records. Built now, kept by
+        every write, rebuilt by :meth:`repair`; an existing one is left as it
+        is. Only scalars (None, bool, numbers, str) are indexed; answers are
+        always those of a full scan. Raises ``InvalidFieldError`` (a
+        ``ValueError``) for a bad field path, ``ReadOnlyError`` in mode ``"r"``.
         """
-        if not isinstance(field, str):
-            raise TypeError(f"field must be a str, not {type(field).__name__}")
-        self._core.create_index(field)
+        self._core.create_index(_field(field))
 
     def drop_index(self, field: str) -> bool:
         """Removes the index on ``field``; returns whether there was one."""
-        if not isinstance(field, str):
-            raise TypeError(f"field must be a str, not {type(field).__name__}")
-        return self._core.drop_index(field)
+        return self._core.drop_index(_field(field))
 
     def indexes(self) -> list[str]:
         """The indexed fields, sorted."""
@@ -520,11 +549,10 @@ class Store(MutableMapping[str, Record]):
     # -- durability and maintenance ---------------------------------------
 
     def flush(self) -> None:
-        """Makes every change so far durable (survives a process crash) and
-        commits it: readers that open or :meth:`refresh` from now on see it.
-        Then removes the payloads of overwritten or deleted records that no
-        reader may still see. Nothing to do for a handle that has not
-        written."""
+        """Makes every change so far durable (it survives a crash) and commits
+        it for readers that open or :meth:`refresh` from now on, then removes
+        the payloads of replaced records no reader may still see. Nothing to do
+        for a handle that has not written."""
         self._core.flush()
 
     def close(self) -> None:
@@ -535,29 +563,18 @@ class Store(MutableMapping[str, Record]):
             self._core.close()
         _open_stores.discard(self)
 
-    def __enter__(self) -> Store:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def verify(self, *, checksums: bool = True, progress: ProgressArg = None) -> dict[str, Any]:
-        """Checks every record against its payload files and the journal.
-
-        For each record: each payload exists, its ``.npy`` header agrees with
-        the record and the file holds all the data; with ``checksums`` (the
-        default) the data is also hashed against the XXH3-64 checksum
-        recorded at write time, which reads every payload byte. The latest
-        journal entry of each key must be its record, and no record may be
-        in the journal alone. Files no record references are listed as
-        orphans (``gc()`` removes them).
-
-        ``progress``: a tqdm bar when None and interactive, or True; False
-        for none; or a callable ``f(done, total)`` (records).
+        """Checks every record against its payload files (each exists, its
+        ``.npy`` header agrees with the record, it holds all the data; with
+        ``checksums``, the data hashed against the XXH3-64 recorded at write
+        time, reading every byte) and the journal (each key's latest entry is
+        its record; no record is in the journal alone). Files no record
+        references are orphans (``gc()`` removes them). ``progress`` (see
+        :class:`Store`) counts records.
 
         Returns ``{"ok": bool, "records": int, "arrays": int, "checksummed":
-        int, "problems": [str], "orphans": [path]}``. Raises ``TypeError``
-        for a non-bool ``checksums``.
+        int, "problems": [str], "orphans": [path]}``; ``TypeError`` for a
+        non-bool ``checksums``.
         """
         if not isinstance(checksums, bool):
             raise TypeError(f"checksums must be a bool, not {type(checksums).__name__}")
@@ -565,14 +582,11 @@ class Store(MutableMapping[str, Record]):
             return self._core.verify(checksums, callback)
 
     def gc(self, *, progress: ProgressArg = None) -> dict[str, int]:
-        """Removes payload and temporary files no record references (left by
-        a crash or an overwrite) and compacts the record journal to one entry
-        per record. Flushes first. Returns ``{"removed_files": n,
-        "removed_bytes": n, "journal_bytes_freed": n}``.
-
-        ``progress`` as in :meth:`verify`; the core works in one step, so the
-        report is ``(0, 1)`` then ``(1, 1)`` when done.
-        """
+        """Flushes, removes payload and temporary files no record references
+        (left by a crash or an overwrite) and compacts the journal to one entry
+        per record. Returns ``{"removed_files": n, "removed_bytes": n,
+        "journal_bytes_freed": n}``. ``progress`` (see :class:`Store`) gets
+        ``(0, 1)``, then ``(1, 1)``: the core works in one step."""
         with progress_callback(progress, "gc", "step") as report:
             if report is not None:
                 report(0, 1)
@@ -583,20 +597,14 @@ class Store(MutableMapping[str, Record]):
 
     @staticmethod
     def repair(path: str | os.PathLike[str]) -> dict[str, Any]:
-        """Rebuilds a lost or damaged index from the store's record journal.
-
-        Every put and delete is appended to the journal (``journal/``) before
-        its index entry, and ``flush()`` makes the journal durable before the
-        index, so the index is derived data (FORMAT.md, "Repair").
-        ``repair`` takes the store's lock, moves the old index directory
-        aside to ``index.damaged-<n>`` (never deleting it), replays the
-        journal keeping each key's latest version (a version whose payloads
-        are missing or damaged gives way to the previous one; deleted keys
-        stay deleted), and rebuilds the secondary indexes.
-
-        Returns ``{"records": n, "entries": n, "skipped": [str], "indexes":
-        [str], "moved_index": path or None}``. Raises ``StoreNotFoundError``,
-        ``NotAStoreError``, or ``StoreLockedError`` while a Store holds it.
+        """Rebuilds a lost or damaged index from the record journal (FORMAT.md,
+        "Repair"): takes the lock, moves the old index aside to
+        ``index.damaged-<n>``, replays the journal keeping each key's latest
+        version whose payloads are sound (deleted keys stay deleted), rebuilds
+        the secondary indexes. Returns ``{"records": n, "entries": n,
+        "skipped": [str], "indexes": [str], "moved_index": path or None}``.
+        Raises ``StoreNotFoundError``, ``NotAStoreError``, ``StoreLockedError``
+        while a Store holds it, ``TypeError`` for a path of another type.
         """
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or os.PathLike, not {type(path).__name__}")
@@ -607,9 +615,7 @@ class Store(MutableMapping[str, Record]):
     def __reduce__(self) -> Any:
         """A Store pickles by path, version and allow_pickle; it comes back
         as a reader of that version (opened at its first use)."""
-        if _reduce_store is None:
-            raise RuntimeError("lazyvault._pickling is not loaded: import lazyvault")
-        return _reduce_store(self)
+        return _hook("reduce")(self)
 
     def export(
         self,
@@ -622,12 +628,10 @@ class Store(MutableMapping[str, Record]):
         """Writes records to one file, format by extension: ``.lvz`` (a zip of
         64-byte aligned ``.npy`` members plus the records; ``Store.open`` maps
         it, ``np.load`` reads it as an npz), ``.npz`` or ``.safetensors``.
-        ``keys`` or ``query`` select the records (all by default).
-
-        ``progress`` as in :meth:`verify`, counting arrays written (a
-        ``.lvz`` is written by the core in one step: ``(0, n)`` then
-        ``(n, n)``)."""
-        _plugged(_export, "export")(self, path, keys=keys, query=query, progress=progress)
+        ``keys`` or ``query`` select the records (all by default). ``progress``
+        (see :class:`Store`) counts arrays written (a ``.lvz``: ``(0, n)``
+        then ``(n, n)``, the core writes it in one step)."""
+        _hook("export")(self, path, keys=keys, query=query, progress=progress)
 
     def import_file(
         self,
@@ -639,51 +643,22 @@ class Store(MutableMapping[str, Record]):
         max_ratio: int | None = None,
     ) -> list[str]:
         """Reads a ``.npy``, ``.npz``, ``.safetensors`` or ``.lvz`` file (format
-        from the content, not only the extension) into the store; returns the
-        keys written. ``key`` names the record (default: the file's stem);
-        a ``.lvz`` brings back all its records under their own keys.
-
-        ``path`` may be a directory: every ``.npy``, ``.npz``,
-        ``.safetensors`` and ``.lvz`` file in it and its subdirectories is
-        imported (other files are ignored), each record keyed by the file's
-        path relative to the directory without its extension
-        (``"run-1/weights"``); ``key`` is then not allowed.
-
-        ``progress`` as in :meth:`verify`, counting files for a directory,
-        records for a multi-record file (``.lvz``, lazyvault's ``.npz``).
+        from the content), or every such file under a directory, into the
+        store in bounded memory; returns the keys written. ``key`` names the
+        record (default: the file's stem; under a directory, its path there
+        without the suffix, and ``key`` is not allowed; a ``.lvz`` keeps its
+        keys). ``progress`` (see :class:`Store`) counts files or records.
         ``max_header_size``: the largest ``.npy`` header read, in bytes
-        (numpy's ``max_header_size``, default 10,000); ``max_ratio``: the
-        largest expansion a deflated ``.npz`` member may declare (default
-        1100:1; see :mod:`lazyvault._interop`). Arrays are streamed from the
-        file into the store in bounded memory; a rejected file leaves the
-        store unchanged.
+        (numpy's meaning, default 10,000); ``max_ratio``: the largest
+        expansion a deflated ``.npz`` member may declare (default 1100). A
+        rejected file leaves the store unchanged; the rules and the errors
+        raised are in :func:`lazyvault._interop.import_file`.
         """
-        return _plugged(_import_file, "import")(
-            self,
-            path,
-            key=key,
-            progress=progress,
-            max_header_size=max_header_size,
-            max_ratio=max_ratio,
-        )
+        limits = {"max_header_size": max_header_size, "max_ratio": max_ratio}
+        keys: list[str] = _hook("import_file")(self, path, key=key, progress=progress, **limits)
+        return keys
 
-    # -- display and pandas (index only: no payload is opened) -----------------
-
-    def to_pandas(self, expr: str | None = None) -> pd.DataFrame:
-        """All records (or those matching the query ``expr``) as a pandas
-        DataFrame: one row per record, index ``key``, the metadata flattened
-        into dotted columns (``params.lr``), and ``<array>.shape`` (tuple)
-        and ``<array>.dtype`` (str) columns. Reads the index only.
-
-        Raises ``ModuleNotFoundError`` (an ``ImportError``) when pandas is
-        not installed, :class:`QueryError` for a malformed ``expr``.
-        """
-        keys = self._core.keys() if expr is None else self.keys(expr)
-        return _frame.records_frame(self.__getitem__, keys)
-
-    def _ipython_key_completions_(self) -> list[str]:
-        """What ``store["<tab>`` offers in IPython: the keys."""
-        return self._core.keys()
+    # -- display (index only: no payload is opened) ---------------------------
 
     def _title(self) -> str:
         if self.closed:
@@ -691,21 +666,7 @@ class Store(MutableMapping[str, Record]):
         n = len(self)
         return f"lazyvault.Store {self._path!r} (mode {self.mode!r}): {n:,} record{'s' * (n != 1)}"
 
-    def _keys_for_display(self) -> list[str]:
-        return [] if self.closed else self._core.keys()
-
-    def __str__(self) -> str:
-        """Several lines: path, mode, number of records, and a table of the
-        first 20 records (key, metadata columns, arrays, size)."""
-        return _display.records_text(self._title(), self.__getitem__, self._keys_for_display())
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        """IPython's text display: :meth:`__str__`."""
-        _display.pretty(str(self), p, cycle)
-
-    def _repr_html_(self) -> str:
-        """The notebook display: :meth:`__str__` as an HTML table."""
-        return _display.records_html(self._title(), self.__getitem__, self._keys_for_display())
+    _repr_pretty_ = RecordsDisplay._repr_pretty_  # before __repr__ (see RecordsDisplay)
 
     def __repr__(self) -> str:
         # never raises: notebooks and debuggers call it on anything
@@ -742,67 +703,52 @@ def raw_record(store: Store, key: str) -> tuple[bytes, bytes | None] | None:
     return store._core.get_full(key)
 
 
-# -- seams: modules a layer up plug in here when imported (lazyvault/__init__
-# imports them before any store is opened) -----------------------------------
+# -- seams: the modules a layer up plug in here when imported (lazyvault/__init__
+# imports them all before any store is opened) ---------------------------------
 
-#: ``(path, mode, allow_pickle)`` -> the opened file, or None when ``path`` is
-#: not one: how ``Store.open`` opens an .lvz archive (_archive, whose Archive
-#: hands out Results).
-_open_file: Callable[[str | os.PathLike[str], str | None, bool], Any] | None = None
-#: ``Store.__reduce__`` (_pickling: unpickling opens a Store).
-_reduce_store: Callable[[Store], Any] | None = None
+#: ``"open_file"``: ``(path, mode, allow_pickle)`` -> an opened ``.lvz`` archive,
+#: or None when ``path`` is not one (_archive); ``"reduce"``: ``Store.__reduce__``
+#: (_pickling); ``"import_file"``: ``(store, path, key=, progress=,
+#: max_header_size=, max_ratio=)`` -> keys, and ``"copy_record"``: ``(store, key,
+#: record)`` (_interop); ``"export"``: ``(store, path, keys=, query=, progress=)``
+#: (_export).
+_hooks: dict[str, Callable[..., Any]] = {}
 
 
-#: ``(store, path, key=..., progress=..., max_header_size=..., max_ratio=...)``
-#: -> keys, and ``(store, key, record)``: import and record copies (_interop).
-_import_file: Callable[..., list[str]] | None = None
-_copy_record: Callable[[Store, str, Record], None] | None = None
-#: ``(store, path, keys=..., query=..., progress=...)``: export (_export).
-_export: Callable[..., None] | None = None
+def _hook(name: str) -> Callable[..., Any]:
+    hook = _hooks.get(name)
+    if hook is None:
+        raise RuntimeError(f"lazyvault's {name} is not plugged in: import lazyvault")
+    return hook
 
 
 def plug_interop(
     *, import_file: Callable[..., list[str]], copy_record: Callable[[Store, str, Record], None]
 ) -> None:
     """Makes these the store's import and record copy (``_interop``)."""
-    global _import_file, _copy_record
-    _import_file, _copy_record = import_file, copy_record
+    _hooks.update(import_file=import_file, copy_record=copy_record)
 
 
 def plug_export(export: Callable[..., None]) -> None:
     """Makes ``export`` the store's export (``_export``)."""
-    global _export
-    _export = export
-
-
-_F = TypeVar("_F")
-
-
-def _plugged(hook: _F | None, what: str) -> _F:
-    """``hook``, which a module a layer up plugged in when imported
-    (``import lazyvault`` imports them all)."""
-    if hook is None:
-        raise RuntimeError(f"lazyvault's {what} module is not loaded: import lazyvault")
-    return hook
+    _hooks["export"] = export
 
 
 def plug_file_opener(opener: Callable[[str | os.PathLike[str], str | None, bool], Any]) -> None:
     """Makes ``opener`` the way ``Store.open`` opens a file (``_archive``)."""
-    global _open_file
-    _open_file = opener
+    _hooks["open_file"] = opener
 
 
 def plug_pickling(reduce: Callable[[Store], Any]) -> None:
     """Makes ``reduce`` the way a store pickles (``_pickling``)."""
-    global _reduce_store
-    _reduce_store = reduce
+    _hooks["reduce"] = reduce
 
 
-class Results(Sequence[Record]):
+class Results(RecordsDisplay, Sequence[Record]):
     """The records a query matched: a sequence that builds each
     :class:`Record` only when asked (``len`` and ``keys()`` cost nothing)."""
 
-    def __init__(self, store: Store, keys: list[str]) -> None:
+    def __init__(self, store: Handle, keys: list[str]) -> None:
         self._store = store
         self._keys = keys
 
@@ -830,22 +776,12 @@ class Results(Sequence[Record]):
         """These records as a pandas DataFrame, as :meth:`Store.to_pandas`."""
         return _frame.records_frame(self._store.__getitem__, self._keys)
 
-    def _title(self) -> str:
+    def _display_parts(self) -> tuple[str, Callable[[str], Record], Sequence[str]]:
         n = len(self._keys)
-        return f"lazyvault.Results: {n:,} record{'s' * (n != 1)} of {self._store.path!r}"
+        title = f"lazyvault.Results: {n:,} record{'s' * (n != 1)} of {self._store.path!r}"
+        return title, self._store.__getitem__, self._keys
 
-    def __str__(self) -> str:
-        """Several lines: the number of records and a table of the first 20
-        (key, metadata columns, arrays, size)."""
-        return _display.records_text(self._title(), self._store.__getitem__, self._keys)
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        """IPython's text display: :meth:`__str__`."""
-        _display.pretty(str(self), p, cycle)
-
-    def _repr_html_(self) -> str:
-        """The notebook display: :meth:`__str__` as an HTML table."""
-        return _display.records_html(self._title(), self._store.__getitem__, self._keys)
+    _repr_pretty_ = RecordsDisplay._repr_pretty_
 
     def __repr__(self) -> str:
         shown = ", ".join(repr(k) for k in self._keys[:5])

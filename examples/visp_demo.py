@@ -1,4 +1,9 @@
-"""``lazyvault demo``: real camera frames into a store, queried by metadata.
+"""The lazyvault demo: real camera frames into a store, queried by metadata.
+
+Run it as a script (``./dev demo [ARGS]`` does, with the virtualenv's
+python): ``python examples/visp_demo.py [--data DIR] [--store PATH]
+[--limit N] [--keep] [--json]``; ``--help`` says more. Exit status: 0 ok,
+1 a lazyvault or OS error, 2 a usage error or missing data.
 
 The data is Debian's ``visp-images-data`` package (``apt-get install
 visp-images-data``): the image sequences ViSP, the visual servoing library,
@@ -30,11 +35,14 @@ the file's values. The reader keeps them as they are and records ``maxval``.
 
 The reusable pieces are :func:`find_sequences`, :func:`read_pgm`,
 :func:`read_depth`, :func:`read_pose`, :func:`ingest`, :func:`run` (returns
-the figures as a dict) and :func:`format_report` (the text the CLI prints).
+the figures as a dict), :func:`format_report` (the text printed) and
+:func:`main` (the command line).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import re
 import shlex
@@ -50,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from .store import Store
+from lazyvault import LazyvaultError, Store
 
 __all__ = [
     "DEFAULT_DATA_DIR",
@@ -62,6 +70,7 @@ __all__ = [
     "find_sequences",
     "format_report",
     "ingest",
+    "main",
     "parse_pgm",
     "payload_mappings",
     "read_depth",
@@ -451,7 +460,7 @@ def run(
         "data_dir": str(data),
         "store": str(path),
         "kept": temp_dir is None or keep,
-        "pgm_reader": "numpy (lazyvault.demo.read_pgm)",
+        "pgm_reader": "numpy (examples/visp_demo.py, read_pgm)",
     }
     try:
         with Store.open(path, mode="w") as store:
@@ -624,3 +633,61 @@ def format_report(fig: dict[str, Any]) -> str:
         "  faulted in: Rss of the mappings under $S/arrays in /proc/self/smaps, read by the demo",
     ]
     return "\n".join(lines)
+
+
+# -- the command line -----------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the demo with the command-line arguments ``argv`` (default
+    ``sys.argv[1:]``), prints the report (or ``--json`` figures) and returns
+    the exit status; usage errors exit with status 2 (argparse)."""
+    parser = argparse.ArgumentParser(
+        prog="visp_demo.py",
+        description="ingest Debian's visp-images-data camera frames into a lazyvault store, "
+        "query them, print the figures",
+        epilog="example:\n  visp_demo.py --limit 100 --keep   # then: lazyvault ls <store> "
+        "'width >= 640'",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--data",
+        metavar="DIR",
+        default=DEFAULT_DATA_DIR,
+        help=f"the ViSP-images directory (default: {DEFAULT_DATA_DIR})",
+    )
+    parser.add_argument(
+        "--store",
+        metavar="PATH",
+        help="create the store here (must not exist; kept). Default: a new temporary "
+        "directory, removed at the end unless --keep",
+    )
+    parser.add_argument("--limit", metavar="N", type=int, help="ingest at most N frames")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary store")
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    args = parser.parse_args(argv)
+    if args.limit is not None and args.limit < 0:
+        parser.error("--limit must be >= 0")
+    try:
+        figures = run(args.data, store_path=args.store, limit=args.limit, keep=args.keep)
+    except DataMissingError as e:
+        print(
+            f"{parser.prog}: no ViSP image data: {e}\n"
+            "  install it with: apt-get install visp-images-data\n"
+            f"  or point to a copy with: {parser.prog} --data DIR",
+            file=sys.stderr,
+        )
+        return 2
+    except (LazyvaultError, OSError) as e:
+        print(f"{parser.prog}: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        json.dump(figures, sys.stdout, indent=2, ensure_ascii=False)
+        print()
+    else:
+        print(format_report(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
