@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, overload
 import numpy as np
 
 from . import _arrays, _display, _frame, _layout, _lazyvault
-from ._source import corrupt_array, entry_args, refuse_pickled_array
+from ._source import array_entry, corrupt_array, refuse_pickled_array
 from .errors import (
     ClosedError,
     CorruptError,
@@ -94,18 +94,18 @@ class ArchiveSource:
         """The raw data bytes of an array (for an ``object`` array: its
         pickle, not unpickled), checked against the record."""
         try:
-            return self.core.read_array_bytes(*entry_args(entry), bool(entry.get("pickled")))
+            return self.core.read_array_bytes(array_entry(entry))
         except CorruptError as e:
             raise corrupt_array(e, key, name) from e
 
     def map_array(self, key: str, name: str, entry: dict[str, Any]) -> np.ndarray:
-        args = entry_args(entry)
+        core_entry = array_entry(entry)
         try:
             if entry.get("pickled"):
                 if not self.allow_pickle:
                     raise refuse_pickled_array(key, name)
-                return _arrays.load_pickled(self.core.read_array_bytes(*args, True))
-            buffer = self.core.map_array(*args)
+                return _arrays.load_pickled(self.core.read_array_bytes(core_entry))
+            buffer = self.core.map_array(core_entry)
         except CorruptError as e:
             raise corrupt_array(e, key, name) from e
         return _arrays.array_from_buffer(

@@ -10,7 +10,7 @@ carried in memory (records unpickled by value).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -32,11 +32,21 @@ class Source(Protocol):
         ...
 
 
-def entry_args(entry: dict[str, Any]) -> tuple[str, str, list[int], bool, int, int]:
-    """``(id, descr, shape, fortran_order, nbytes, data_offset)`` of an array
-    entry: the arguments of the core's payload readers."""
-    keys = ("id", "descr", "shape", "fortran_order", "nbytes", "data_offset")
-    return cast(tuple[str, str, list[int], bool, int, int], tuple(entry[k] for k in keys))
+def array_entry(entry: dict[str, Any]) -> _lazyvault.ArrayEntry:
+    """The core's :class:`~lazyvault._lazyvault.ArrayEntry` of a record's array
+    entry (a dict of its record JSON): what the core's payload readers take.
+    Raises ``TypeError`` for an entry missing a field."""
+    return _lazyvault.ArrayEntry(
+        id=entry["id"],
+        descr=entry["descr"],
+        dtype=entry["dtype"],
+        shape=entry["shape"],
+        fortran_order=entry["fortran_order"],
+        nbytes=entry["nbytes"],
+        data_offset=entry["data_offset"],
+        pickled=entry.get("pickled", False),
+        checksum=entry.get("checksum"),
+    )
 
 
 def corrupt_array(e: CorruptError, key: str, name: str) -> CorruptError:
@@ -72,13 +82,13 @@ class DirectorySource:
         return self._get_pickle(key)
 
     def map_array(self, key: str, name: str, entry: dict[str, Any]) -> np.ndarray:
-        args = (self.root, *entry_args(entry))
+        core_entry = array_entry(entry)
         try:
             if entry.get("pickled"):
                 if not self.allow_pickle:
                     raise refuse_pickled_array(key, name)
-                return _arrays.load_pickled(_lazyvault.read_array_bytes(*args))
-            buffer = _lazyvault.map_array(*args)
+                return _arrays.load_pickled(_lazyvault.read_array_bytes(self.root, core_entry))
+            buffer = _lazyvault.map_array(self.root, core_entry)
         except CorruptError as e:
             raise corrupt_array(e, key, name) from e
         return _arrays.array_from_buffer(
