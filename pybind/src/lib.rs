@@ -11,6 +11,7 @@ mod entry;
 mod errors;
 mod export;
 mod interop;
+mod progress;
 mod store;
 
 #[pymodule]
