@@ -211,22 +211,24 @@ impl Index {
         self.io_failed.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// The record JSON of `key`.
-    pub(crate) fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+    /// The value stored under `key` in the `kind` (`RECORD`, `PICKLE`) key
+    /// space.
+    fn value(&self, kind: u8, key: &str) -> Result<Option<Vec<u8>>> {
         Ok(self
             .tree
-            .get(prefixed(RECORD, key))
+            .get(prefixed(kind, key))
             .map_err(self.err())?
             .map(|v| v.to_vec()))
     }
 
+    /// The record JSON of `key`.
+    pub(crate) fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        self.value(RECORD, key)
+    }
+
     /// The pickled remainder of `key`.
     pub(crate) fn get_pickle(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        Ok(self
-            .tree
-            .get(prefixed(PICKLE, key))
-            .map_err(self.err())?
-            .map(|v| v.to_vec()))
+        self.value(PICKLE, key)
     }
 
     pub(crate) fn contains(&self, key: &str) -> Result<bool> {
