@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
-from . import _arrays, _display, _frame, _layout, _lazyvault
-from ._source import array_entry, corrupt_array, refuse_pickled_array
+from . import _display, _frame, _layout, _lazyvault
+from ._source import array_entry, corrupt_array, load_array
 from .errors import (
     ClosedError,
     CorruptError,
@@ -99,17 +99,8 @@ class ArchiveSource:
             raise corrupt_array(e, key, name) from e
 
     def map_array(self, key: str, name: str, entry: dict[str, Any]) -> np.ndarray:
-        core_entry = array_entry(entry)
-        try:
-            if entry.get("pickled"):
-                if not self.allow_pickle:
-                    raise refuse_pickled_array(key, name)
-                return _arrays.load_pickled(self.core.read_array_bytes(core_entry))
-            buffer = self.core.map_array(core_entry)
-        except CorruptError as e:
-            raise corrupt_array(e, key, name) from e
-        return _arrays.array_from_buffer(
-            buffer, entry["descr"], tuple(entry["shape"]), entry["fortran_order"]
+        return load_array(
+            key, name, entry, self.allow_pickle, self.core.read_array_bytes, self.core.map_array
         )
 
 

@@ -9,6 +9,7 @@ carried in memory (records unpickled by value).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -63,6 +64,34 @@ def refuse_pickled_array(key: str, name: str) -> PickleNotAllowedError:
     )
 
 
+def load_array(
+    key: str,
+    name: str,
+    entry: dict[str, Any],
+    allow_pickle: bool,
+    read_bytes: Callable[[_lazyvault.ArrayEntry], bytes],
+    map_buffer: Callable[[_lazyvault.ArrayEntry], object],
+) -> np.ndarray:
+    """The array ``name`` of record ``key`` from its ``entry`` (a dict of the
+    record JSON), read with a source's core readers: ``read_bytes`` (the
+    pickle of an ``object`` array, loaded only if ``allow_pickle``) or
+    ``map_buffer`` (the data, ``None`` for 0 bytes). Raises
+    ``PickleNotAllowedError``, and ``CorruptError`` naming the record and
+    array."""
+    core_entry = array_entry(entry)
+    try:
+        if entry.get("pickled"):
+            if not allow_pickle:
+                raise refuse_pickled_array(key, name)
+            return _arrays.load_pickled(read_bytes(core_entry))
+        buffer = map_buffer(core_entry)
+    except CorruptError as e:
+        raise corrupt_array(e, key, name) from e
+    return _arrays.array_from_buffer(
+        buffer, entry["descr"], tuple(entry["shape"]), entry["fortran_order"]
+    )
+
+
 class DirectorySource:
     """The payload files of the store directory ``root``, read without the
     index: each array is checked against its record and read into memory
@@ -82,17 +111,13 @@ class DirectorySource:
         return self._get_pickle(key)
 
     def map_array(self, key: str, name: str, entry: dict[str, Any]) -> np.ndarray:
-        core_entry = array_entry(entry)
-        try:
-            if entry.get("pickled"):
-                if not self.allow_pickle:
-                    raise refuse_pickled_array(key, name)
-                return _arrays.load_pickled(_lazyvault.read_array_bytes(self.root, core_entry))
-            buffer = _lazyvault.map_array(self.root, core_entry)
-        except CorruptError as e:
-            raise corrupt_array(e, key, name) from e
-        return _arrays.array_from_buffer(
-            buffer, entry["descr"], tuple(entry["shape"]), entry["fortran_order"]
+        return load_array(
+            key,
+            name,
+            entry,
+            self.allow_pickle,
+            functools.partial(_lazyvault.read_array_bytes, self.root),
+            functools.partial(_lazyvault.map_array, self.root),
         )
 
 
