@@ -309,6 +309,20 @@ impl<'r> PayloadWriter<'r> {
     }
 }
 
+/// Refuses two arrays of the same name among `arrays` (a record's arrays
+/// are keyed by name) with [`UsageError::InvalidArray`](crate::UsageError::InvalidArray).
+pub(crate) fn check_unique_names(arrays: &[ArraySource<'_>]) -> Result<()> {
+    let mut names = std::collections::HashSet::with_capacity(arrays.len());
+    match arrays.iter().find(|src| !names.insert(&src.name)) {
+        Some(src) => Err(crate::UsageError::InvalidArray {
+            name: src.name.clone(),
+            detail: "two arrays with the same name".into(),
+        }
+        .into()),
+        None => Ok(()),
+    }
+}
+
 /// Reads into `buf` until it is full or `r` ends; the count read.
 fn read_up_to(r: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut got = 0;

@@ -499,16 +499,7 @@ impl Store {
     pub fn put_many(&self, records: Vec<NewRecord<'_>>) -> Result<()> {
         for r in &records {
             check_key(r.key)?;
-            let mut names = HashSet::with_capacity(r.arrays.len());
-            for src in r.arrays {
-                if !names.insert(&src.name) {
-                    return Err(crate::UsageError::InvalidArray {
-                        name: src.name.clone(),
-                        detail: "two arrays with the same name".into(),
-                    }
-                    .into());
-                }
-            }
+            payload::check_unique_names(r.arrays)?;
         }
         let (_view, w) = self.writer()?;
         let index = w.index();

@@ -392,6 +392,20 @@ impl Index {
         defs.iter().any(|d| d.segs == segs)
     }
 
+    /// Counts one more change in `batch` (`pending` so far) and applies the
+    /// batch once it holds [`BUILD_BATCH`]: building or clearing an index
+    /// holds bounded memory.
+    fn apply_when_full(&self, batch: &mut sled::Batch, pending: &mut usize) -> Result<()> {
+        *pending += 1;
+        if *pending == BUILD_BATCH {
+            self.tree
+                .apply_batch(std::mem::take(batch))
+                .map_err(self.err())?;
+            *pending = 0;
+        }
+        Ok(())
+    }
+
     /// Builds a secondary index on `name` from every record, then records
     /// that it exists (so a crash while building leaves no index, only
     /// entries that the next build clears). The caller serialises writers.
@@ -408,13 +422,7 @@ impl Index {
                 secondary::field_value(&meta, &segs).and_then(|v| secondary::entry(name, v, key))
             {
                 batch.insert(e, &[]);
-                pending += 1;
-                if pending == BUILD_BATCH {
-                    self.tree
-                        .apply_batch(std::mem::take(&mut batch))
-                        .map_err(self.err())?;
-                    pending = 0;
-                }
+                self.apply_when_full(&mut batch, &mut pending)?;
             }
             Ok(())
         })?;
@@ -451,13 +459,7 @@ impl Index {
         for item in self.tree.scan_prefix(secondary::field_prefix(name)) {
             let (k, _) = item.map_err(self.err())?;
             batch.remove(k);
-            pending += 1;
-            if pending == BUILD_BATCH {
-                self.tree
-                    .apply_batch(std::mem::take(&mut batch))
-                    .map_err(self.err())?;
-                pending = 0;
-            }
+            self.apply_when_full(&mut batch, &mut pending)?;
         }
         self.tree.apply_batch(batch).map_err(self.err())
     }
