@@ -4,6 +4,7 @@
 //! `ArchiveCore` methods).
 
 use lazyvault_store::schema;
+use pyo3::conversion::FromPyObjectOwned;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
@@ -19,30 +20,29 @@ pub struct ArrayEntry(pub schema::ArrayEntry);
 impl ArrayEntry {
     /// `ArrayEntry(*, id, descr, dtype, shape, fortran_order, nbytes,
     /// data_offset, pickled=False, checksum=None)`: the fields as the record
-    /// JSON names them, read by the format's own parser (so a record's entry
-    /// dict can be passed as it is, `**entry`; keywords it does not know are
-    /// ignored, as readers ignore fields a newer format version adds).
-    /// Raises `TypeError` for no keywords, a missing field or a value of the
-    /// wrong type.
+    /// JSON names them (so a record's entry dict can be passed as it is,
+    /// `**entry`; keywords it does not know are ignored, as readers ignore
+    /// fields a newer format version adds). Raises `TypeError` for no
+    /// keywords, a missing field or a value of the wrong type.
     #[new]
     #[pyo3(signature = (**fields))]
-    fn new(py: Python<'_>, fields: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+    fn new(fields: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
         let Some(fields) = fields else {
             return Err(PyTypeError::new_err(
                 "ArrayEntry() takes its fields as keywords",
             ));
         };
-        let json: String = py
-            .import("json")?
-            .call_method1("dumps", (fields,))?
-            .extract()?;
-        let value: serde_json::Value = serde_json::from_str(&json)
-            .map_err(|e| PyTypeError::new_err(format!("ArrayEntry(): {e}")))?;
-        // from a Value, not the text: its errors name no position in a text
-        // the caller never wrote
-        serde_json::from_value(value)
-            .map(ArrayEntry)
-            .map_err(|e| PyTypeError::new_err(format!("ArrayEntry(): {e}")))
+        Ok(ArrayEntry(schema::ArrayEntry {
+            id: field(fields, "id", None)?,
+            descr: field(fields, "descr", None)?,
+            dtype: field(fields, "dtype", None)?,
+            shape: field(fields, "shape", None)?,
+            fortran_order: field(fields, "fortran_order", None)?,
+            nbytes: field(fields, "nbytes", None)?,
+            data_offset: field(fields, "data_offset", None)?,
+            pickled: field(fields, "pickled", Some(false))?,
+            checksum: field(fields, "checksum", Some(None))?,
+        }))
     }
 
     /// Payload id: 32 lowercase hex digits.
@@ -123,5 +123,26 @@ impl ArrayEntry {
             e.data_offset,
             flag(e.pickled),
         ))
+    }
+}
+
+/// The keyword `name` of `fields` as a `T`, or `default` when it is absent
+/// (`None`: required); `TypeError` naming the field otherwise.
+fn field<'py, T: FromPyObjectOwned<'py>>(
+    fields: &Bound<'py, PyDict>,
+    name: &str,
+    default: Option<T>,
+) -> PyResult<T>
+where
+    for<'a> <T as FromPyObject<'a, 'py>>::Error: Into<PyErr>,
+{
+    let bad =
+        |detail: String| PyTypeError::new_err(format!("ArrayEntry(): field `{name}`: {detail}"));
+    match (fields.get_item(name)?, default) {
+        (Some(value), _) => value
+            .extract()
+            .map_err(|e| bad(Into::<PyErr>::into(e).to_string())),
+        (None, Some(default)) => Ok(default),
+        (None, None) => Err(bad("missing".to_owned())),
     }
 }

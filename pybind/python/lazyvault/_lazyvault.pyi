@@ -151,10 +151,11 @@ class ArrayEntry:
     :class:`ArchiveCore` readers take. Immutable (assigning an attribute
     raises ``AttributeError``), equal when every field is equal, not hashable.
 
-    Built from keywords named as the record's fields, read by the format's own
-    parser, so a record's entry dict can be passed as it is (``**entry``);
-    keywords it does not know are ignored. Raises ``TypeError`` for a missing
-    field or a value of the wrong type.
+    Built from keywords named as the record's fields, so a record's entry dict
+    can be passed as it is (``**entry``); keywords it does not know are
+    ignored, as readers ignore fields a newer format version adds. Raises
+    ``TypeError`` for a missing field or a value of the wrong type (a negative
+    size too).
     """
 
     def __new__(
