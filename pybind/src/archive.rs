@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use lazyvault_store::archive::{self, Archive, ArchiveIndex};
 use lazyvault_store::query::Query;
-use lazyvault_store::schema::ArrayEntry;
+use lazyvault_store::schema;
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::ffi;
@@ -16,6 +16,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use crate::convert::{self, ArrayArg};
+use crate::entry::ArrayEntry;
 use crate::errors::IntoPy;
 
 /// Where an archive's bytes live.
@@ -69,7 +70,7 @@ impl ArchiveCore {
     }
 
     /// The checked byte range of the array described by `entry`.
-    fn range(&self, entry: &ArrayEntry) -> PyResult<std::ops::Range<usize>> {
+    fn range(&self, entry: &schema::ArrayEntry) -> PyResult<std::ops::Range<usize>> {
         entry
             .validate("array")
             .map_err(|e| lazyvault_store::Error::corrupt("record", e))
@@ -181,30 +182,13 @@ impl ArchiveCore {
         Ok(d)
     }
 
-    /// The data of one array (checked against its record) as a read-only
+    /// The data of the array of `entry` (checked against it) as a read-only
     /// buffer viewing the archive's bytes; None for a zero-size array.
-    #[pyo3(signature = (id, descr, shape, fortran_order, nbytes, data_offset, pickled=false))]
-    #[allow(clippy::too_many_arguments)]
     fn map_array(
         slf: Bound<'_, Self>,
-        id: String,
-        descr: String,
-        shape: Vec<u64>,
-        fortran_order: bool,
-        nbytes: u64,
-        data_offset: u64,
-        pickled: bool,
+        entry: PyRef<'_, ArrayEntry>,
     ) -> PyResult<Option<ArchiveBuffer>> {
-        let entry = convert::entry(
-            id,
-            descr,
-            shape,
-            fortran_order,
-            nbytes,
-            data_offset,
-            pickled,
-        );
-        let range = slf.get().range(&entry)?;
+        let range = slf.get().range(&entry.0)?;
         if range.is_empty() {
             return Ok(None);
         }
@@ -215,35 +199,19 @@ impl ArchiveCore {
         }))
     }
 
-    /// The data of one array copied into bytes (the pickle of an `object`
-    /// array), with the same checks as `map_array`.
-    #[pyo3(signature = (id, descr, shape, fortran_order, nbytes, data_offset, pickled=true))]
-    #[allow(clippy::too_many_arguments)]
+    /// The data of the array of `entry` copied into bytes (the pickle of an
+    /// `object` array), with the same checks as `map_array`.
     fn read_array_bytes<'py>(
         &self,
         py: Python<'py>,
-        id: String,
-        descr: String,
-        shape: Vec<u64>,
-        fortran_order: bool,
-        nbytes: u64,
-        data_offset: u64,
-        pickled: bool,
+        entry: PyRef<'_, ArrayEntry>,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let entry = convert::entry(
-            id,
-            descr,
-            shape,
-            fortran_order,
-            nbytes,
-            data_offset,
-            pickled,
-        );
-        let range = self.range(&entry)?;
+        let entry = &entry.0;
+        let range = self.range(entry)?;
         // these bytes are about to be unpickled: check them against the
         // zip's CRC-32 first (a flipped byte can crash numpy's unpickler)
         self.index()
-            .check_member_crc(self.bytes(), &entry)
+            .check_member_crc(self.bytes(), entry)
             .py_err()?;
         Ok(PyBytes::new(py, &self.bytes()[range]))
     }

@@ -17,7 +17,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 
-use crate::convert;
+use crate::entry::ArrayEntry;
 use crate::errors::IntoPy;
 
 /// The data of one `.npy` payload, read-only: copied into a 64-byte aligned
@@ -97,27 +97,21 @@ pub unsafe fn export_read_only(
     Ok(())
 }
 
-/// The data of payload `id` of the store at `root`, after checking it against
-/// the record (header, size): read into memory when at most 64 KiB
+/// The data of the payload of `entry` in the store at `root`, after checking
+/// it against the entry (header, size): read into memory when at most 64 KiB
 /// (`lazyvault_store::READ_MAX_BYTES`), memory-mapped when larger. Returns
 /// `None` for a zero-size array (nothing to read).
 ///
 /// Raises `CorruptError` for a missing, short or mismatched file.
 #[pyfunction]
-#[allow(clippy::too_many_arguments)]
 pub fn map_array(
     py: Python<'_>,
     root: &str,
-    id: String,
-    descr: String,
-    shape: Vec<u64>,
-    fortran_order: bool,
-    nbytes: u64,
-    data_offset: u64,
+    entry: PyRef<'_, ArrayEntry>,
 ) -> PyResult<Option<MappedBuffer>> {
-    let entry = convert::entry(id, descr, shape, fortran_order, nbytes, data_offset, false);
+    let entry = &entry.0;
     let payload = py
-        .detach(|| lazyvault_store::load_payload(Path::new(root), &entry))
+        .detach(|| lazyvault_store::load_payload(Path::new(root), entry))
         .py_err()?;
     if payload.as_bytes().is_empty() {
         return Ok(None);
@@ -125,22 +119,17 @@ pub fn map_array(
     Ok(Some(MappedBuffer { payload }))
 }
 
-/// Reads the data of a payload (the pickle of an `object` array) as bytes.
+/// Reads the data of the payload of `entry` (the pickle of an `object`
+/// array) as bytes, with the same checks as [`map_array`].
 #[pyfunction]
-#[allow(clippy::too_many_arguments)]
 pub fn read_array_bytes<'py>(
     py: Python<'py>,
     root: &str,
-    id: String,
-    descr: String,
-    shape: Vec<u64>,
-    fortran_order: bool,
-    nbytes: u64,
-    data_offset: u64,
+    entry: PyRef<'_, ArrayEntry>,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let entry = convert::entry(id, descr, shape, fortran_order, nbytes, data_offset, true);
+    let entry = &entry.0;
     let data = py
-        .detach(|| lazyvault_store::read_payload(Path::new(root), &entry))
+        .detach(|| lazyvault_store::read_payload(Path::new(root), entry))
         .py_err()?;
     Ok(PyBytes::new(py, &data))
 }

@@ -1,6 +1,5 @@
 //! Conversions between Python values and the engine's types, in one place.
 
-use lazyvault_store::schema::ArrayEntry;
 use lazyvault_store::{ArraySource, GcReport, RepairReport, VerifyReport};
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -86,30 +85,6 @@ pub fn meta_from_json(text: &str) -> PyResult<Map<String, Value>> {
 pub fn layout_from_json(text: &str) -> PyResult<Value> {
     serde_json::from_str(text)
         .map_err(|e| PyValueError::new_err(format!("layout is not JSON: {e}")))
-}
-
-/// The array entry described by the Python layer's record dict fields.
-#[allow(clippy::too_many_arguments)]
-pub fn entry(
-    id: String,
-    descr: String,
-    shape: Vec<u64>,
-    fortran_order: bool,
-    nbytes: u64,
-    data_offset: u64,
-    pickled: bool,
-) -> ArrayEntry {
-    ArrayEntry {
-        id,
-        descr,
-        dtype: String::new(),
-        shape,
-        fortran_order,
-        nbytes,
-        data_offset,
-        pickled,
-        checksum: None,
-    }
 }
 
 /// `gc()` report as a dict.

@@ -10,6 +10,7 @@ use lazyvault_store::Error;
 use pyo3::prelude::*;
 
 use crate::errors::IntoPy;
+use crate::progress;
 use crate::store::StoreCore;
 
 /// How often Ctrl-C is checked when no callback is given.
@@ -34,15 +35,9 @@ fn with_progress(
                 return Ok(());
             }
             last = Instant::now();
-            Python::attach(|py| {
-                let called = py.check_signals().and_then(|()| match &progress {
-                    Some(cb) => cb.call1(py, (done, total)).map(drop),
-                    None => Ok(()),
-                });
-                called.map_err(|e| {
-                    failure = Some(e);
-                    Error::from(lazyvault_store::UsageError::Cancelled)
-                })
+            progress::report(progress.as_ref(), done, total).map_err(|e| {
+                failure = Some(e);
+                Error::from(lazyvault_store::UsageError::Cancelled)
             })
         })
     });

@@ -14,6 +14,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::errors::IntoPy;
+use crate::progress;
 use crate::store::StoreCore;
 
 /// `"npy"`, `"npz"`, `"safetensors"` or `"lvz"`: the format of the file at
@@ -140,19 +141,9 @@ pub fn import_file(
     // Send); each takes the GIL back for its call.
     let result = py.detach(|| {
         let mut on_progress = |done: u64, total: u64| -> bool {
-            Python::attach(|py| {
-                let called = py.check_signals().and_then(|()| match &progress {
-                    Some(cb) => cb.call1(py, (done, total)).map(drop),
-                    None => Ok(()),
-                });
-                match called {
-                    Ok(()) => true,
-                    Err(e) => {
-                        lock(&raised).keep(e);
-                        false
-                    }
-                }
-            })
+            progress::report(progress.as_ref(), done, total)
+                .map_err(|e| lock(&raised).keep(e))
+                .is_ok()
         };
         let mut on_pickle = |what: &str, data: Vec<u8>| -> lazyvault_store::Result<PickledArray> {
             Python::attach(|py| {

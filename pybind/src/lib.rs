@@ -7,15 +7,18 @@ use pyo3::prelude::*;
 mod archive;
 mod array;
 mod convert;
+mod entry;
 mod errors;
 mod export;
 mod interop;
+mod progress;
 mod store;
 
 #[pymodule]
 fn _lazyvault(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::add_classes(m)?;
     m.add_class::<store::StoreCore>()?;
+    m.add_class::<entry::ArrayEntry>()?;
     m.add_class::<array::MappedBuffer>()?;
     m.add_class::<archive::ArchiveCore>()?;
     m.add_class::<archive::ArchiveBuffer>()?;

@@ -9,6 +9,7 @@ use pyo3::types::{PyBytes, PyDict};
 
 use crate::convert::{self, ArrayArg};
 use crate::errors::IntoPy;
+use crate::progress;
 
 /// Parses `expr` and raises `QueryError` if it is not a valid query.
 #[pyfunction]
@@ -311,19 +312,9 @@ impl StoreCore {
                     return true;
                 }
                 last = std::time::Instant::now();
-                Python::attach(|py| {
-                    let called = py.check_signals().and_then(|()| match &progress {
-                        Some(cb) => cb.call1(py, (done, total)).map(drop),
-                        None => Ok(()),
-                    });
-                    match called {
-                        Ok(()) => true,
-                        Err(e) => {
-                            failure = Some(e);
-                            false
-                        }
-                    }
-                })
+                progress::report(progress.as_ref(), done, total)
+                    .map_err(|e| failure = Some(e))
+                    .is_ok()
             })
         });
         if let Some(e) = failure {

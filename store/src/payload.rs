@@ -323,6 +323,20 @@ impl<'r> PayloadWriter<'r> {
     }
 }
 
+/// Refuses two arrays of the same name among `arrays` (a record's arrays
+/// are keyed by name) with [`UsageError::InvalidArray`](crate::UsageError::InvalidArray).
+pub(crate) fn check_unique_names(arrays: &[ArraySource<'_>]) -> Result<()> {
+    let mut names = std::collections::HashSet::with_capacity(arrays.len());
+    match arrays.iter().find(|src| !names.insert(&src.name)) {
+        Some(src) => Err(crate::UsageError::InvalidArray {
+            name: src.name.clone(),
+            detail: "two arrays with the same name".into(),
+        }
+        .into()),
+        None => Ok(()),
+    }
+}
+
 /// Reads into `buf` until it is full or `r` ends; the count read.
 fn read_up_to(r: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut got = 0;
@@ -506,29 +520,54 @@ pub(crate) fn header_limit(entry: &ArrayEntry) -> usize {
 /// mapping: the id is well-formed, the `.npy` header agrees with the record,
 /// and the file holds all the data (a short file is an error, never SIGBUS).
 pub fn open_payload(root: &Path, entry: &ArrayEntry) -> Result<(File, PathBuf)> {
+    let (mut file, path) = open_entry_file(root, entry)?;
+    check_header(
+        npy::read_header(&mut file, header_limit(entry)),
+        entry,
+        &path,
+    )?;
+    let file_len = file.metadata().map_err(Error::io(&path))?.len();
+    let end = entry.data_offset.checked_add(entry.nbytes).ok_or_else(|| {
+        Error::corrupt(format!("payload {}", path.display()), "size overflows").with_path(&path)
+    })?;
+    check_length(file_len, end, &path)?;
+    Ok((file, path))
+}
+
+/// Opens the payload file of `entry` under `root` once the entry's id (which
+/// names the path) and data offset are checked.
+fn open_entry_file(root: &Path, entry: &ArrayEntry) -> Result<(File, PathBuf)> {
     entry
         .validate("payload")
         .map_err(|e| Error::corrupt("record", e))?;
     let path = root.join(entry.relpath());
-    let mut file = open_existing(&path)?;
-    let what = || format!("payload {}", path.display());
-    let header = npy::read_header(&mut file, header_limit(entry))
-        .map_err(|e| Error::npy(what(), e).with_path(&path))?;
-    check_header_matches(&header, entry)
-        .map_err(|detail| Error::corrupt(what(), detail).with_path(&path))?;
-    let file_len = file.metadata().map_err(Error::io(&path))?.len();
-    let end = entry
-        .data_offset
-        .checked_add(entry.nbytes)
-        .ok_or_else(|| Error::corrupt(what(), "size overflows").with_path(&path))?;
-    if file_len < end {
-        return Err(Error::corrupt(
-            what(),
-            format!("file is truncated: {file_len} bytes, the array needs {end}"),
-        )
-        .with_path(&path));
-    }
+    let file = open_existing(&path)?;
     Ok((file, path))
+}
+
+/// Checks the header read from the payload file at `path` against `entry`.
+fn check_header(
+    header: std::result::Result<npy::NpyHeader, npy::NpyError>,
+    entry: &ArrayEntry,
+    path: &Path,
+) -> Result<()> {
+    let what = || format!("payload {}", path.display());
+    let header = header.map_err(|e| Error::npy(what(), e).with_path(path))?;
+    check_header_matches(&header, entry)
+        .map_err(|detail| Error::corrupt(what(), detail).with_path(path))
+}
+
+/// Refuses a payload file at `path` of `len` bytes when the array needs
+/// `needed`: a short file is an error, never SIGBUS.
+fn check_length(len: u64, needed: u64, path: &Path) -> Result<()> {
+    if len < needed {
+        return Err(Error::corrupt(
+            format!("payload {}", path.display()),
+            format!("file is truncated: {len} bytes, the array needs {needed}"),
+        )
+        .with_path(path));
+    }
+    Ok(())
 }
 
 /// The data of `entry` read-only, after [`open_payload`]'s checks: read
@@ -546,13 +585,10 @@ pub fn load_payload(root: &Path, entry: &ArrayEntry) -> Result<MappedPayload> {
     if entry.nbytes == 0 || entry.nbytes > READ_MAX_BYTES || long_header {
         return map_payload(root, entry);
     }
-    entry
-        .validate("payload")
-        .map_err(|e| Error::corrupt("record", e))?;
-    let path = root.join(entry.relpath());
-    let mut file = open_existing(&path)?;
-    let what = || format!("payload {}", path.display());
-    let too_big = || Error::corrupt(what(), "header too large").with_path(&path);
+    let (mut file, path) = open_entry_file(root, entry)?;
+    let too_big = || {
+        Error::corrupt(format!("payload {}", path.display()), "header too large").with_path(&path)
+    };
     // One read of header and data: the header is parsed from the buffer,
     // and the data lands DATA_ALIGN-aligned (`validate` checked that
     // data_offset is a multiple of 64).
@@ -564,40 +600,18 @@ pub fn load_payload(root: &Path, entry: &ArrayEntry) -> Result<MappedPayload> {
     let total = offset + len;
     let mut blocks = vec![Block([0; DATA_ALIGN]); total.div_ceil(DATA_ALIGN)];
     let buf = &mut blocks_as_bytes_mut(&mut blocks)[..total];
-    let got = read_full(&mut file, buf).map_err(Error::io(&path))?;
-    let header = npy::read_header(&mut &buf[..got], npy::NUMPY_MAX_HEADER_LEN)
-        .map_err(|e| Error::npy(what(), e).with_path(&path))?;
-    check_header_matches(&header, entry)
-        .map_err(|detail| Error::corrupt(what(), detail).with_path(&path))?;
-    if got < offset + len {
-        return Err(Error::corrupt(
-            what(),
-            format!(
-                "file is truncated: {got} bytes, the array needs {}",
-                offset + len
-            ),
-        )
-        .with_path(&path));
-    }
+    let got = read_up_to(&mut file, buf).map_err(Error::io(&path))?;
+    check_header(
+        npy::read_header(&mut &buf[..got], npy::NUMPY_MAX_HEADER_LEN),
+        entry,
+        &path,
+    )?;
+    check_length(got as u64, total as u64, &path)?;
     Ok(MappedPayload {
         bytes: Bytes::Owned(blocks),
         offset,
         len,
     })
-}
-
-/// Reads until `buf` is full or the file ends; the number of bytes read.
-fn read_full(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut got = 0;
-    while got < buf.len() {
-        match file.read(&mut buf[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(got)
 }
 
 /// Memory-maps the data of `entry` read-only after [`open_payload`]'s

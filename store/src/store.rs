@@ -63,6 +63,23 @@ pub struct NewRecord<'a> {
     pub pickle: Option<&'a [u8]>,
 }
 
+/// Reads the store manifest at `path` and checks that this build reads its
+/// format.
+///
+/// Errors: [`StorageError::Io`](crate::StorageError::Io) when it cannot be
+/// read; [`OpenError::Format`](crate::OpenError::Format) for a malformed
+/// manifest or a newer major format version.
+fn check_manifest(path: &Path) -> Result<()> {
+    let bytes = fs::read(path).map_err(Error::io(path))?;
+    Manifest::from_json(&bytes).map_err(|source| {
+        Error::from(crate::OpenError::Format {
+            path: path.to_owned(),
+            source,
+        })
+    })?;
+    Ok(())
+}
+
 /// A record's JSON and its pickled remainder, if any, as stored.
 pub(crate) type RecordBytes = (Vec<u8>, Option<Vec<u8>>);
 
@@ -264,13 +281,7 @@ impl Store {
             return Err(Error::not_found(root));
         }
         let state = if has_manifest {
-            let bytes = fs::read(&manifest_path).map_err(Error::io(&manifest_path))?;
-            Manifest::from_json(&bytes).map_err(|source| {
-                Error::from(crate::OpenError::Format {
-                    path: manifest_path.clone(),
-                    source,
-                })
-            })?;
+            check_manifest(&manifest_path)?;
             State::Reading(Snapshot::open(&root, at)?)
         } else {
             State::Writing(Self::create(&root)?)
@@ -512,16 +523,7 @@ impl Store {
     pub fn put_many(&self, records: Vec<NewRecord<'_>>) -> Result<()> {
         for r in &records {
             check_key(r.key)?;
-            let mut names = HashSet::with_capacity(r.arrays.len());
-            for src in r.arrays {
-                if !names.insert(&src.name) {
-                    return Err(crate::UsageError::InvalidArray {
-                        name: src.name.clone(),
-                        detail: "two arrays with the same name".into(),
-                    }
-                    .into());
-                }
-            }
+            payload::check_unique_names(r.arrays)?;
         }
         let (_view, w) = self.writer()?;
         let index = w.index();

@@ -9,33 +9,11 @@ most 64 KiB, memory-mapped when larger).
 >>> store.find("temperature > 250")                        # doctest: +SKIP
 """
 
-from . import _export, _interop  # noqa: F401 (they plug import and export into Store)
+from . import _export, _interop, errors  # noqa: F401 (_export, _interop plug into Store)
 from ._archive import Archive, dumps, loads
 from ._lazyvault import FORMAT_VERSION, __version__
 from ._pickling import RecordRef
-from .errors import (
-    ClosedError,
-    CorruptError,
-    ForkedStoreError,
-    FormatVersionError,
-    InteropError,
-    InvalidArrayError,
-    InvalidFieldError,
-    InvalidFileError,
-    InvalidKeyError,
-    KeyTypeError,
-    LazyvaultError,
-    MissingKeyError,
-    NotAStoreError,
-    PickleNotAllowedError,
-    QueryError,
-    ReadOnlyError,
-    StorageError,
-    StoreExistsError,
-    StoreLockedError,
-    StoreNotFoundError,
-    UnknownFormatError,
-)
+from .errors import *  # noqa: F403 (the exception classes, errors.__all__)
 from .record import ArrayInfo, Record
 from .store import Results, Store
 
@@ -43,32 +21,12 @@ __all__ = [
     "FORMAT_VERSION",
     "Archive",
     "ArrayInfo",
-    "ClosedError",
-    "CorruptError",
-    "ForkedStoreError",
-    "FormatVersionError",
-    "InteropError",
-    "InvalidArrayError",
-    "InvalidFieldError",
-    "InvalidFileError",
-    "InvalidKeyError",
-    "KeyTypeError",
-    "LazyvaultError",
-    "MissingKeyError",
-    "NotAStoreError",
-    "PickleNotAllowedError",
-    "QueryError",
-    "ReadOnlyError",
     "Record",
     "RecordRef",
     "Results",
-    "StorageError",
     "Store",
-    "StoreExistsError",
-    "StoreLockedError",
-    "StoreNotFoundError",
-    "UnknownFormatError",
     "__version__",
     "dumps",
     "loads",
 ]
+__all__ += errors.__all__

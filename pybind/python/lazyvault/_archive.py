@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from . import _arrays, _layout, _lazyvault
+from . import _layout, _lazyvault
 from ._display import RecordsDisplay
-from ._source import corrupt_array, entry_args, refuse_pickled_array
+from ._source import array_entry, corrupt_array, load_array
 from .errors import (
     ClosedError,
     CorruptError,
@@ -88,22 +88,13 @@ class ArchiveSource:
         """The raw data bytes of an array (for an ``object`` array: its
         pickle, not unpickled), checked against the record."""
         try:
-            return self.core.read_array_bytes(*entry_args(entry), bool(entry.get("pickled")))
+            return self.core.read_array_bytes(array_entry(entry))
         except CorruptError as e:
             raise corrupt_array(e, key, name) from e
 
     def map_array(self, key: str, name: str, entry: dict[str, Any]) -> np.ndarray:
-        args = entry_args(entry)
-        try:
-            if entry.get("pickled"):
-                if not self.allow_pickle:
-                    raise refuse_pickled_array(key, name)
-                return _arrays.load_pickled(self.core.read_array_bytes(*args, True))
-            buffer = self.core.map_array(*args)
-        except CorruptError as e:
-            raise corrupt_array(e, key, name) from e
-        return _arrays.array_from_buffer(
-            buffer, entry["descr"], tuple(entry["shape"]), entry["fortran_order"]
+        return load_array(
+            key, name, entry, self.allow_pickle, self.core.read_array_bytes, self.core.map_array
         )
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from . import _archive, _arrays, _lazyvault
 from ._progress import ProgressArg, Report, progress_callback
-from ._source import entry_args
+from ._source import array_entry
 from .errors import (
     InteropError,
     InvalidFileError,
@@ -285,7 +285,7 @@ def _raw_pickled_array(rec: Record, name: str, entry: dict[str, Any]) -> bytes |
         return raw(rec.key, name, entry)
     root = getattr(source, "root", None)
     if root is not None and "id" in entry:
-        return _lazyvault.read_array_bytes(root, *entry_args(entry))
+        return _lazyvault.read_array_bytes(root, array_entry(entry))
     return None
 
 

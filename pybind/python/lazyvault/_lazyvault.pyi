@@ -6,7 +6,7 @@ it is built on, and the exception classes :mod:`lazyvault.errors` re-exports.
 
 from collections.abc import Callable, Sequence
 from os import PathLike
-from typing import Any, final
+from typing import Any, ClassVar, final
 
 from typing_extensions import Buffer
 
@@ -17,6 +17,7 @@ __all__ = [
     "SAFETENSORS_MAX_HEADER",
     "ArchiveBuffer",
     "ArchiveCore",
+    "ArrayEntry",
     "ClosedError",
     "CorruptError",
     "ForkedStoreError",
@@ -143,35 +144,80 @@ class MappedBuffer:
         """Whether the bytes are a memory map of the payload file (``False``:
         a copy in memory)."""
 
-def map_array(
-    root: str,
-    id: str,
-    descr: str,
-    shape: Sequence[int],
-    fortran_order: bool,
-    nbytes: int,
-    data_offset: int,
-) -> MappedBuffer | None:
-    """The data of payload ``id`` of the store at ``root`` after checking its
-    ``.npy`` header against (descr, shape, fortran_order, data_offset) and the
-    file length against ``data_offset + nbytes``: read into memory when
-    ``nbytes`` is at most 64 KiB, memory-mapped when larger (the file is
-    closed either way). ``None`` for 0 bytes.
+@final
+class ArrayEntry:
+    """One array of a record, as its record JSON describes it (schema/FORMAT.md,
+    "Record"): what :func:`map_array`, :func:`read_array_bytes` and the
+    :class:`ArchiveCore` readers take. Immutable (assigning an attribute
+    raises ``AttributeError``), equal when every field is equal, not hashable.
+
+    Built from keywords named as the record's fields, so a record's entry dict
+    can be passed as it is (``**entry``); keywords it does not know are
+    ignored, as readers ignore fields a newer format version adds. Raises
+    ``TypeError`` for a missing field or a value of the wrong type (a negative
+    size too).
+    """
+
+    def __new__(
+        cls,
+        *,
+        id: str,
+        descr: str,
+        dtype: str,
+        shape: Sequence[int],
+        fortran_order: bool,
+        nbytes: int,
+        data_offset: int,
+        pickled: bool = False,
+        checksum: str | None = None,
+    ) -> ArrayEntry: ...
+    @property
+    def id(self) -> str:
+        """Payload id: 32 lowercase hex digits, naming the payload file
+        ``arrays/<id[:2]>/<id>.npy`` (or an archive member)."""
+    @property
+    def descr(self) -> str:
+        """The dtype as the ``.npy`` header writes it: Python-literal text of
+        ``numpy.lib.format.dtype_to_descr(dtype)`` (``"'<f8'"``)."""
+    @property
+    def dtype(self) -> str:
+        """numpy's name of the dtype (``dtype.name``: ``"float64"``)."""
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape, one length per axis; ``()`` for a 0-d array."""
+    @property
+    def fortran_order(self) -> bool:
+        """Whether the data is in Fortran (column-major) order."""
+    @property
+    def nbytes(self) -> int:
+        """Size of the data in bytes (of the pickle, for a pickled array)."""
+    @property
+    def data_offset(self) -> int:
+        """Offset of the data in the payload file, in bytes (a multiple of 64)."""
+    @property
+    def pickled(self) -> bool:
+        """Whether the payload is the pickle of an ``object`` array."""
+    @property
+    def checksum(self) -> str | None:
+        """``"<algorithm>:<hex digest>"`` of the data bytes
+        (``"xxh3-64:"`` and 16 hex digits), or ``None``."""
+    def __eq__(self, other: object, /) -> bool: ...
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+
+def map_array(root: str, entry: ArrayEntry) -> MappedBuffer | None:
+    """The data of the payload of ``entry`` in the store at ``root`` after
+    checking its ``.npy`` header against the entry (descr, shape,
+    fortran_order, data_offset) and the file length against
+    ``data_offset + nbytes``: read into memory when ``nbytes`` is at most
+    64 KiB, memory-mapped when larger (the file is closed either way).
+    ``None`` for 0 bytes.
 
     Raises ``CorruptError`` for a missing, short or mismatched payload.
     """
 
-def read_array_bytes(
-    root: str,
-    id: str,
-    descr: str,
-    shape: Sequence[int],
-    fortran_order: bool,
-    nbytes: int,
-    data_offset: int,
-) -> bytes:
-    """Reads the ``nbytes`` data bytes of a payload (the pickle of an
-    ``object`` array), with the same checks as :func:`map_array`."""
+def read_array_bytes(root: str, entry: ArrayEntry) -> bytes:
+    """Reads the ``nbytes`` data bytes of the payload of ``entry`` (the pickle
+    of an ``object`` array), with the same checks as :func:`map_array`."""
 
 def check_query(expr: str) -> None:
     """Raises ``QueryError`` (with ``.column``) if ``expr`` does not parse."""
@@ -299,29 +345,14 @@ class ArchiveCore:
     def count(self, expr: str) -> int: ...
     def verify(self) -> dict[str, Any]:
         """``{"ok", "records", "arrays", "problems"}`` after checking every array."""
-    def map_array(
-        self,
-        id: str,
-        descr: str,
-        shape: Sequence[int],
-        fortran_order: bool,
-        nbytes: int,
-        data_offset: int,
-        pickled: bool = False,
-    ) -> ArchiveBuffer | None:
-        """The array's bytes as a read-only buffer viewing the archive after
-        checking its member against the entry; ``None`` for 0 bytes."""
-    def read_array_bytes(
-        self,
-        id: str,
-        descr: str,
-        shape: Sequence[int],
-        fortran_order: bool,
-        nbytes: int,
-        data_offset: int,
-        pickled: bool = True,
-    ) -> bytes:
-        """The array's data bytes copied (the pickle of an object array)."""
+    def map_array(self, entry: ArrayEntry) -> ArchiveBuffer | None:
+        """The bytes of the array of ``entry`` as a read-only buffer viewing the
+        archive, after checking its member against the entry; ``None`` for 0
+        bytes. ``CorruptError`` for a mismatch."""
+    def read_array_bytes(self, entry: ArrayEntry) -> bytes:
+        """The data bytes of the array of ``entry`` copied (the pickle of an
+        object array), checked as by :meth:`map_array` and against the
+        member's CRC-32."""
 
 @final
 class ArchiveBuffer:

@@ -9,8 +9,9 @@ carried in memory (records unpickled by value).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -32,11 +33,21 @@ class Source(Protocol):
         ...
 
 
-def entry_args(entry: dict[str, Any]) -> tuple[str, str, list[int], bool, int, int]:
-    """``(id, descr, shape, fortran_order, nbytes, data_offset)`` of an array
-    entry: the arguments of the core's payload readers."""
-    keys = ("id", "descr", "shape", "fortran_order", "nbytes", "data_offset")
-    return cast(tuple[str, str, list[int], bool, int, int], tuple(entry[k] for k in keys))
+def array_entry(entry: dict[str, Any]) -> _lazyvault.ArrayEntry:
+    """The core's :class:`~lazyvault._lazyvault.ArrayEntry` of a record's array
+    entry (a dict of its record JSON): what the core's payload readers take.
+    Raises ``TypeError`` for an entry missing a field."""
+    return _lazyvault.ArrayEntry(
+        id=entry["id"],
+        descr=entry["descr"],
+        dtype=entry["dtype"],
+        shape=entry["shape"],
+        fortran_order=entry["fortran_order"],
+        nbytes=entry["nbytes"],
+        data_offset=entry["data_offset"],
+        pickled=entry.get("pickled", False),
+        checksum=entry.get("checksum"),
+    )
 
 
 def corrupt_array(e: CorruptError, key: str, name: str) -> CorruptError:
@@ -50,6 +61,34 @@ def refuse_pickled_array(key: str, name: str) -> PickleNotAllowedError:
     return PickleNotAllowedError(
         f"record {key!r} array {name!r} is an object array, stored as a pickle; loading "
         "it can run arbitrary code: open the store with allow_pickle=True if you trust it"
+    )
+
+
+def load_array(
+    key: str,
+    name: str,
+    entry: dict[str, Any],
+    allow_pickle: bool,
+    read_bytes: Callable[[_lazyvault.ArrayEntry], bytes],
+    map_buffer: Callable[[_lazyvault.ArrayEntry], object],
+) -> np.ndarray:
+    """The array ``name`` of record ``key`` from its ``entry`` (a dict of the
+    record JSON), read with a source's core readers: ``read_bytes`` (the
+    pickle of an ``object`` array, loaded only if ``allow_pickle``) or
+    ``map_buffer`` (the data, ``None`` for 0 bytes). Raises
+    ``PickleNotAllowedError``, and ``CorruptError`` naming the record and
+    array."""
+    core_entry = array_entry(entry)
+    try:
+        if entry.get("pickled"):
+            if not allow_pickle:
+                raise refuse_pickled_array(key, name)
+            return _arrays.load_pickled(read_bytes(core_entry))
+        buffer = map_buffer(core_entry)
+    except CorruptError as e:
+        raise corrupt_array(e, key, name) from e
+    return _arrays.array_from_buffer(
+        buffer, entry["descr"], tuple(entry["shape"]), entry["fortran_order"]
     )
 
 
@@ -72,17 +111,13 @@ class DirectorySource:
         return self._get_pickle(key)
 
     def map_array(self, key: str, name: str, entry: dict[str, Any]) -> np.ndarray:
-        args = (self.root, *entry_args(entry))
-        try:
-            if entry.get("pickled"):
-                if not self.allow_pickle:
-                    raise refuse_pickled_array(key, name)
-                return _arrays.load_pickled(_lazyvault.read_array_bytes(*args))
-            buffer = _lazyvault.map_array(*args)
-        except CorruptError as e:
-            raise corrupt_array(e, key, name) from e
-        return _arrays.array_from_buffer(
-            buffer, entry["descr"], tuple(entry["shape"]), entry["fortran_order"]
+        return load_array(
+            key,
+            name,
+            entry,
+            self.allow_pickle,
+            functools.partial(_lazyvault.read_array_bytes, self.root),
+            functools.partial(_lazyvault.map_array, self.root),
         )
 
 

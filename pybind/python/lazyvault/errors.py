@@ -11,31 +11,10 @@ which raises them with their data as attributes (``path``, ``key``,
 re-exports them.
 """
 
-from __future__ import annotations
-
-from ._lazyvault import (
-    ClosedError,
-    CorruptError,
-    ForkedStoreError,
-    FormatVersionError,
-    InteropError,
-    InvalidArrayError,
-    InvalidFieldError,
-    InvalidFileError,
-    InvalidKeyError,
-    KeyTypeError,
-    LazyvaultError,
-    MissingKeyError,
-    NotAStoreError,
-    PickleNotAllowedError,
-    QueryError,
-    ReadOnlyError,
-    StorageError,
-    StoreExistsError,
-    StoreLockedError,
-    StoreNotFoundError,
-    UnknownFormatError,
-)
+# ruff: noqa: F405 (the names of __all__ come from the star import)
+# The classes come from the core, typed by its stub; ``__all__`` below is the
+# one list of their names in the Python sources (``lazyvault`` re-exports it).
+from ._lazyvault import *  # noqa: F403
 
 __all__ = [
     "ClosedError",

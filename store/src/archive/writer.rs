@@ -212,15 +212,9 @@ impl<W: Write + Seek> ArchiveWriter<W> {
         arrays: &[ArraySource<'_>],
         pickle: Option<&[u8]>,
     ) -> Result<()> {
+        payload::check_unique_names(arrays)?;
         let mut entries = indexmap::IndexMap::with_capacity(arrays.len());
         for src in arrays {
-            if entries.contains_key(&src.name) {
-                return Err(crate::UsageError::InvalidArray {
-                    name: src.name.clone(),
-                    detail: "two arrays with the same name".into(),
-                }
-                .into());
-            }
             let (header, entry) = payload::prepare_payload(src)?;
             let id = loop {
                 self.next_id += 1;

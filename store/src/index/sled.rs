@@ -248,22 +248,24 @@ impl Index {
         self.io_failed.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// The record JSON of `key`.
-    pub(crate) fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+    /// The value stored under `key` in the `kind` (`RECORD`, `PICKLE`) key
+    /// space.
+    fn value(&self, kind: u8, key: &str) -> Result<Option<Vec<u8>>> {
         Ok(self
             .tree
-            .get(prefixed(RECORD, key))
+            .get(prefixed(kind, key))
             .map_err(self.err())?
             .map(|v| v.to_vec()))
     }
 
+    /// The record JSON of `key`.
+    pub(crate) fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        self.value(RECORD, key)
+    }
+
     /// The pickled remainder of `key`.
     pub(crate) fn get_pickle(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        Ok(self
-            .tree
-            .get(prefixed(PICKLE, key))
-            .map_err(self.err())?
-            .map(|v| v.to_vec()))
+        self.value(PICKLE, key)
     }
 
     pub(crate) fn contains(&self, key: &str) -> Result<bool> {
@@ -427,6 +429,20 @@ impl Index {
         defs.iter().any(|d| d.segs == segs)
     }
 
+    /// Counts one more change in `batch` (`pending` so far) and applies the
+    /// batch once it holds [`BUILD_BATCH`]: building or clearing an index
+    /// holds bounded memory.
+    fn apply_when_full(&self, batch: &mut sled::Batch, pending: &mut usize) -> Result<()> {
+        *pending += 1;
+        if *pending == BUILD_BATCH {
+            self.tree
+                .apply_batch(std::mem::take(batch))
+                .map_err(self.err())?;
+            *pending = 0;
+        }
+        Ok(())
+    }
+
     /// Builds a secondary index on `name` from every record, then records
     /// that it exists (so a crash while building leaves no index, only
     /// entries that the next build clears). The caller serialises writers.
@@ -443,13 +459,7 @@ impl Index {
                 secondary::field_value(&meta, &segs).and_then(|v| secondary::entry(name, v, key))
             {
                 batch.insert(e, &[]);
-                pending += 1;
-                if pending == BUILD_BATCH {
-                    self.tree
-                        .apply_batch(std::mem::take(&mut batch))
-                        .map_err(self.err())?;
-                    pending = 0;
-                }
+                self.apply_when_full(&mut batch, &mut pending)?;
             }
             Ok(())
         })?;
@@ -486,13 +496,7 @@ impl Index {
         for item in self.tree.scan_prefix(secondary::field_prefix(name)) {
             let (k, _) = item.map_err(self.err())?;
             batch.remove(k);
-            pending += 1;
-            if pending == BUILD_BATCH {
-                self.tree
-                    .apply_batch(std::mem::take(&mut batch))
-                    .map_err(self.err())?;
-                pending = 0;
-            }
+            self.apply_when_full(&mut batch, &mut pending)?;
         }
         self.tree.apply_batch(batch).map_err(self.err())
     }

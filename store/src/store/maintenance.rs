@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use lazyvault_schema::{ArrayEntry, Manifest, Record, MANIFEST_FILE, PAYLOAD_DIR};
+use lazyvault_schema::{ArrayEntry, Record, MANIFEST_FILE, PAYLOAD_DIR};
 use serde_json::Value;
 
 use super::writer::WriterState;
@@ -529,13 +529,7 @@ impl Store {
         if !manifest_path.is_file() {
             return Err(Error::not_a_store(root));
         }
-        let bytes = fs::read(&manifest_path).map_err(Error::io(&manifest_path))?;
-        Manifest::from_json(&bytes).map_err(|source| {
-            Error::from(crate::OpenError::Format {
-                path: manifest_path.clone(),
-                source,
-            })
-        })?;
+        super::check_manifest(&manifest_path)?;
         let lock_file = super::writer::lock(&root)?;
         let mut report = RepairReport::default();
         let index_dir = root.join(INDEX_DIR);

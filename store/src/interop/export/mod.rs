@@ -40,6 +40,12 @@ pub(crate) const CHUNK: usize = 4 << 20;
 /// Buffer of the output file: large writes bypass it.
 const OUT_BUFFER: usize = 1 << 20;
 
+/// The error of a failed write to the export's `target` file: an I/O error
+/// naming it.
+pub(crate) fn target_error(target: &Path) -> impl Fn(io::Error) -> Error + Copy + '_ {
+    move |source| Error::io(target)(source)
+}
+
 /// A `(done, total)` callback: arrays written so far, of how many. An error
 /// it returns (e.g. [`UsageError::Cancelled`](crate::UsageError::Cancelled)) stops the export, which then
 /// leaves nothing behind.
@@ -94,12 +100,7 @@ pub fn write_atomic(
     target: &Path,
     write: impl FnOnce(&mut BufWriter<File>) -> Result<()>,
 ) -> Result<()> {
-    let io_err = |source: io::Error| {
-        Error::from(crate::StorageError::Io {
-            path: target.to_owned(),
-            source,
-        })
-    };
+    let io_err = target_error(target);
     let name = target.file_name().ok_or_else(|| {
         io_err(io::Error::new(
             io::ErrorKind::InvalidInput,

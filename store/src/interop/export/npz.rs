@@ -32,13 +32,12 @@ use serde_json::{Map, Value};
 use super::pyjson::{self, Style};
 use super::zipfile::StoredZipWriter;
 use super::{c_order_too, in_array, load_records, write_atomic, ExportRecord, PayloadData};
-use super::{Progress, ZipLimits, CHUNK};
+use super::{target_error, Progress, ZipLimits, CHUNK};
 use crate::error::{Error, Result};
+use crate::interop::NPZ_MANIFEST;
 use crate::npy;
 use crate::Store;
 
-/// The member holding lazyvault's record metadata.
-pub const MANIFEST_MEMBER: &str = "__lazyvault__.json";
 /// The manifest's `format` value.
 pub(crate) const NPZ_FORMAT: &str = "lazyvault-npz";
 /// The manifest's `version` value.
@@ -159,15 +158,10 @@ pub fn write_npz<W: Write + Seek>(
     limits: ZipLimits,
     progress: Progress<'_>,
 ) -> Result<W> {
-    let out_err = |source| {
-        Error::from(crate::StorageError::Io {
-            path: target.to_owned(),
-            source,
-        })
-    };
+    let out_err = target_error(target);
     let names = member_names(records);
     let mut zip = StoredZipWriter::new(out, limits).map_err(out_err)?;
-    zip.add(MANIFEST_MEMBER, &manifest(records, &names), false)
+    zip.add(NPZ_MANIFEST, &manifest(records, &names), false)
         .map_err(out_err)?;
     let total = names.iter().map(|n| n.len() as u64).sum();
     progress(0, total)?;

@@ -38,7 +38,7 @@ use serde_json::{json, Map, Value};
 
 use super::pyjson::{self, Style};
 use super::{c_order_too, in_array, load_records, write_atomic, ExportRecord, PayloadData};
-use super::{Progress, CHUNK};
+use super::{target_error, Progress, CHUNK};
 use crate::error::{Error, Result};
 use crate::payload;
 use crate::Store;
@@ -304,12 +304,7 @@ pub fn write_safetensors<W: Write>(
     records: &[ExportRecord],
     progress: Progress<'_>,
 ) -> Result<W> {
-    let out_err = |source| {
-        Error::from(crate::StorageError::Io {
-            path: target.to_owned(),
-            source,
-        })
-    };
+    let out_err = target_error(target);
     let (head, tensors) = header(records)?;
     out.write_all(&head).map_err(out_err)?;
     let total = tensors.len() as u64;
