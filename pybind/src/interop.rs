@@ -107,6 +107,34 @@ impl Raised {
     }
 }
 
+/// Gives an `InvalidFileError` that `repickle` raised about `what` (a file
+/// and member) the `path` of that file, as the core's own errors have it.
+fn name_the_file(
+    py: Python<'_>,
+    e: &PyErr,
+    what: &str,
+    files: &[(PathBuf, Option<String>, String)],
+) {
+    let value = e.value(py);
+    let Ok(class) = crate::errors::INVALID_FILE_ERROR.get(py) else {
+        return;
+    };
+    if !value.is_instance(class).unwrap_or(false)
+        || !value.getattr("path").is_ok_and(|p| p.is_none())
+    {
+        return;
+    }
+    let file = files
+        .iter()
+        .map(|(path, ..)| path.display().to_string())
+        .filter(|shown| what.starts_with(shown.as_str()))
+        .max_by_key(String::len);
+    if let Some(file) = file {
+        // best effort: the exception raised matters more than its attribute
+        let _ = value.setattr("path", file);
+    }
+}
+
 /// Imports the `.npy`, `.npz`, `.safetensors` or `.lvz` file at `path`
 /// into `store` (`lazyvault_store::interop::import_file`); returns the keys
 /// written. `import_files` with one file.
@@ -204,7 +232,10 @@ pub fn import_files(
                         fortran_order,
                         data,
                     }),
-                    Err(e) => Err(lock(&raised).keep(e)),
+                    Err(e) => {
+                        name_the_file(py, &e, what, &files);
+                        Err(lock(&raised).keep(e))
+                    }
                 }
             })
         };
