@@ -10,6 +10,7 @@ import os
 import pickle
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ BUILTIN_BASES: dict[str, tuple[type[BaseException], ...]] = {
     "StorageError": (OSError,),
     "StoreExistsError": (FileExistsError, OSError),
     "StoreNotFoundError": (FileNotFoundError, OSError),
+    "MissingFileError": (FileNotFoundError, OSError),
     "ClosedError": (ValueError,),
     "InvalidKeyError": (ValueError,),
     "KeyTypeError": (TypeError,),
@@ -62,6 +64,7 @@ def test_attribute_defaults_are_declared() -> None:
     assert errors.CorruptError("x").array is None and errors.CorruptError("x").path is None
     assert errors.StoreLockedError("x").pid is None
     assert errors.InvalidArrayError("x").array is None
+    assert errors.InvalidFileError("x").path is None and errors.InvalidFileError("x").what is None
     q = errors.QueryError("x")
     assert (q.column, q.expression, q.reason) == (0, "", "")
 
@@ -185,3 +188,46 @@ def test_usage_errors_keep_their_builtin_bases(store_path: Path) -> None:
     with lv.Store.open(store_path, "r") as reader:
         with pytest.raises(lv.ReadOnlyError):
             reader["k"] = {"v": 1}
+
+
+def test_invalid_file_error_has_path_and_what(store: lv.Store, tmp_path: Path) -> None:
+    # it had .what only; the README promises the file
+    path = tmp_path / "bad.npz"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("x.npy", b"not an npy")
+    with pytest.raises(lv.InvalidFileError) as info:
+        store.import_file(path)
+    e = info.value
+    assert e.path == str(path) and e.what == f"{path} member 'x.npy'"
+    back = roundtrip(e)
+    assert type(back) is lv.InvalidFileError and str(back) == str(e)
+    assert (back.path, back.what) == (e.path, e.what)  # type: ignore[attr-defined]
+
+
+def test_a_missing_input_file_is_a_file_not_found_error(store: lv.Store, tmp_path: Path) -> None:
+    # it was a StorageError whose strerror ended "(os error 2)"
+    missing = tmp_path / "nope.npy"
+    with pytest.raises(FileNotFoundError) as info:
+        store.import_file(missing)
+    e = info.value
+    assert type(e) is lv.MissingFileError and isinstance(e, lv.StorageError)
+    assert e.errno == errno.ENOENT and e.filename == str(missing)
+    assert e.strerror == os.strerror(errno.ENOENT)
+    assert str(e) == f"[Errno 2] {os.strerror(errno.ENOENT)}: {str(missing)!r}"
+    back = roundtrip(e)
+    assert type(back) is type(e)
+    assert (back.errno, back.strerror, back.filename) == (e.errno, e.strerror, e.filename)  # type: ignore[attr-defined]
+    assert type(e).__module__ == "lazyvault.errors"
+
+
+def test_missing_key_error_follows_key_error(store: lv.Store) -> None:
+    # KeyError's convention: args[0] is the key, str() shows it quoted
+    with pytest.raises(lv.MissingKeyError) as info:
+        store["nope"]
+    e = info.value
+    assert e.args == ("nope",) and e.key == "nope" and str(e) == "'nope'"
+    told = lv.MissingKeyError("k", "no record 'k' in here")
+    assert told.key == "k" and told.args[0] == "k" and str(told) == "no record 'k' in here"
+    back = roundtrip(told)
+    assert type(back) is lv.MissingKeyError and back.args == told.args and str(back) == str(told)
+    assert lv.MissingKeyError().key is None

@@ -253,3 +253,34 @@ def test_big_endian_and_fortran_tensors_are_little_endian_c_order(
         begin, end = header[name]["data_offsets"]
         got = np.frombuffer(raw[8 + n + begin : 8 + n + end], dtype=dtype)
         assert got.reshape(want.shape).tolist() == want.tolist(), name
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        ("a", "keys must be an iterable of str, not one str"),
+        (b"a", "keys must be an iterable of str, not bytes"),
+        (5, "keys must be an iterable of str, not int"),
+        ([1], "keys must be an iterable of str, not of int"),
+    ],
+)
+def test_keys_must_be_an_iterable_of_str(
+    store: lv.Store, tmp_path: Path, keys: object, message: str
+) -> None:
+    # keys=5 raised "'int' object is not iterable", keys=[1] a KeyTypeError
+    # about store keys
+    store["a"] = {"x": np.arange(2)}
+    for ext in (".npz", ".lvz", ".safetensors"):
+        with pytest.raises(TypeError, match=message):
+            store.export(tmp_path / f"x{ext}", keys=keys)  # type: ignore[arg-type]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["test.lv"]
+
+
+def test_a_missing_key_is_args_0_of_the_key_error(store: lv.Store, tmp_path: Path) -> None:
+    # args[0] was a sentence, against KeyError's convention
+    store["a"] = {"x": np.arange(2)}
+    with pytest.raises(lv.MissingKeyError) as e:
+        store.export(tmp_path / "x.npz", keys=["a", "gone"])
+    assert e.value.args[0] == "gone" and e.value.key == "gone"
+    assert str(e.value) == "no record with key 'gone' to export"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["test.lv"]

@@ -371,3 +371,19 @@ def test_members_sharing_one_deflated_stream_are_refused(tmp_path: Path) -> None
         assert "overlap.npz" in str(info.value) and "m000.npy" in str(info.value)
         assert list(store) == []
         assert store_files(tmp_path / "s.lv") == before
+
+
+def test_an_unreadable_object_array_names_its_file(tmp_path: Path) -> None:
+    # the InvalidFileError raised while re-pickling had no .path
+    npz = tmp_path / "o.npz"
+    with zipfile.ZipFile(npz, "w") as zf:
+        header = io.BytesIO()
+        np.lib.format.write_array_header_1_0(
+            header, {"descr": "|O", "fortran_order": False, "shape": (1,)}
+        )
+        zf.writestr("x.npy", header.getvalue() + b"not a pickle")
+    with lv.Store.open(tmp_path / "s.lv", allow_pickle=True) as store:
+        with pytest.raises(lv.InvalidFileError, match="unreadable object array") as e:
+            store.import_file(npz)
+        assert e.value.path == str(npz)
+        assert len(store) == 0

@@ -1009,3 +1009,210 @@ def test_break_it_regressions(tmp_path: Path) -> None:
         with pytest.raises(lv.InvalidFileError):
             other.import_file(tmp_path / "bad.lvz")
         assert len(other) == 0
+
+
+# -- found by a new user's trial ------------------------------------------------------
+
+
+def _npy_bytes(shape: tuple[int, ...], data: bytes = b"") -> bytes:
+    """A ``.npy`` of float64 ``shape`` written by hand: numpy itself refuses
+    to write the shapes these tests need."""
+    text = repr({"descr": "<f8", "fortran_order": False, "shape": shape}).encode()
+    text += b" " * (-(10 + len(text) + 1) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text + data
+
+
+@pytest.mark.parametrize(
+    ("shape", "data", "reason"),
+    [
+        ((1,) * 65, b"\x00" * 8, "65 dimensions"),
+        ((0, 2**63 - 1), b"", r"more than 2\^63-1 bytes"),
+        ((0, 2**62), b"", r"more than 2\^63-1 bytes"),
+    ],
+)
+def test_shapes_numpy_cannot_hold_are_refused(
+    store: lv.Store,
+    store_path: Path,
+    tmp_path: Path,
+    shape: tuple[int, ...],
+    data: bytes,
+    reason: str,
+) -> None:
+    # they imported, and reading them raised numpy's own ValueError
+    before = Unchanged(store, store_path)
+    npy = tmp_path / "odd.npy"
+    npy.write_bytes(_npy_bytes(shape, data))
+    with pytest.raises(InvalidFileError, match=reason) as e:
+        store.import_file(npy)
+    assert e.value.path == str(npy)
+    npz = tmp_path / "odd.npz"
+    with zipfile.ZipFile(npz, "w") as zf:
+        zf.writestr("x.npy", _npy_bytes(shape, data))
+    with pytest.raises(InvalidFileError, match=reason) as e:
+        store.import_file(npz)
+    assert e.value.path == str(npz) and "member 'x.npy'" in str(e.value.what)
+    st = tmp_path / "odd.safetensors"
+    st.write_bytes(
+        _st_header(
+            {"t": {"dtype": "F64", "shape": list(shape), "data_offsets": [0, len(data)]}}, data
+        )
+    )
+    with pytest.raises(InvalidFileError, match=reason) as e:
+        store.import_file(st)
+    assert e.value.path == str(st) and "tensor 't'" in str(e.value.what)
+    before.check()
+
+
+@pytest.mark.parametrize(
+    ("header", "size", "reason"),
+    [
+        ({"a": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]}}, 8, "4 trailing bytes"),
+        ({"a": {"dtype": "U8", "shape": [4], "data_offsets": [4, 8]}}, 8, "bytes 0-4"),
+        (
+            {
+                "a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]},
+                "b": {"dtype": "U8", "shape": [2], "data_offsets": [6, 8]},
+            },
+            8,
+            "bytes 2-6",
+        ),
+    ],
+)
+def test_safetensors_tensors_cover_the_data_section(
+    store: lv.Store,
+    store_path: Path,
+    tmp_path: Path,
+    header: dict[str, Any],
+    size: int,
+    reason: str,
+) -> None:
+    # the format and its reference reader refuse gaps and trailing bytes
+    before = Unchanged(store, store_path)
+    path = _write(tmp_path, _st_header(header, b"\x00" * size))
+    with pytest.raises(InvalidFileError, match=reason) as e:
+        store.import_file(path)
+    assert e.value.path == str(path)
+    before.check()
+
+
+def test_safetensors_c64_is_complex64_both_ways(store: lv.Store, tmp_path: Path) -> None:
+    # the format lists C64 (complex64); import and export refused it
+    z = np.array([1 + 2j, -3 + 0.5j], np.complex64)
+    path = _write(tmp_path, safetensors_bytes({"z": ("C64", (2,), z.tobytes())}))
+    store.import_file(path, key="c")
+    assert_same_array(store["c"].z, z)
+    out = tmp_path / "out.safetensors"
+    store.export(out, keys=["c"])
+    header, start = raw_safetensors_header(out)
+    assert header["z"]["dtype"] == "C64"
+    assert out.read_bytes()[start:] == z.tobytes()
+    # big-endian complex has no byte order safetensors could keep
+    store["b"] = {"z": z.astype(">c8")}
+    with pytest.raises(lv.InvalidArrayError, match="no safetensors equivalent"):
+        store.export(out, keys=["b"])
+
+
+def test_a_damaged_lvz_is_an_invalid_file_naming_it(
+    store: lv.Store, store_path: Path, tmp_path: Path
+) -> None:
+    # it raised CorruptError without .path; the file is the import's input
+    with lv.Store.open(tmp_path / "src.lv") as src:
+        src["k"] = {"x": np.arange(1000.0)}
+        src.export(tmp_path / "good.lvz")
+    data = bytearray((tmp_path / "good.lvz").read_bytes())
+    data[35] ^= 0xFF  # the first member's name in its local header
+    bad = tmp_path / "bad.lvz"
+    bad.write_bytes(bytes(data))
+    before = Unchanged(store, store_path)
+    with pytest.raises(InvalidFileError, match="member") as e:
+        store.import_file(bad)
+    assert not isinstance(e.value, lv.CorruptError)
+    assert e.value.path == str(bad) and str(e.value.what).startswith(str(bad))
+    before.check()
+    assert store.import_file(tmp_path / "good.lvz") == ["k"]
+
+
+def test_duplicate_zip_members_are_named(store: lv.Store, tmp_path: Path) -> None:
+    path = tmp_path / "dup.npz"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zipfile warns of the duplicate
+        with zipfile.ZipFile(path, "w") as zf:
+            zf.writestr("a.npy", _npy_bytes((1,), b"\x00" * 8))
+            zf.writestr("a.npy", _npy_bytes((1,), b"\x00" * 8))
+    with pytest.raises(InvalidFileError, match=r"member 'a\.npy' occurs twice") as e:
+        store.import_file(path)
+    assert e.value.path == str(path)
+
+
+def test_directory_keys_from_archives_must_not_collide(
+    store: lv.Store, store_path: Path, tmp_path: Path
+) -> None:
+    # an .lvz (or lazyvault .npz) bringing back a key an earlier file gave
+    # overwrote it, and the key list held it twice
+    root = tmp_path / "d"
+    root.mkdir()
+    np.save(root / "a.npy", np.arange(3))
+    with lv.Store.open(tmp_path / "src.lv") as src:
+        src.update({"a": {"w": np.eye(2)}, "b": {"v": 1}})
+        src.export(root / "b.lvz")
+        src.export(root / "c.npz", keys=["b"])
+    before = Unchanged(store, store_path)
+    with pytest.raises(lv.InteropError, match=r"a\.npy and .*b\.lvz would both be imported as 'a'"):
+        store.import_file(root)
+    before.check()
+    (root / "a.npy").unlink()
+    with pytest.raises(lv.InteropError, match=r"b\.lvz and .*c\.npz would both be imported as 'b'"):
+        store.import_file(root)
+    before.check()
+
+
+def test_a_directory_is_imported_all_or_nothing(
+    store: lv.Store, store_path: Path, tmp_path: Path
+) -> None:
+    # a directory failing on its 3rd file kept the first two
+    root = tmp_path / "d"
+    root.mkdir()
+    np.save(root / "a.npy", np.arange(3))
+    np.savez_compressed(root / "b.npz", x=np.ones(1000))
+    np.savez_compressed(root / "c.npz", y=np.arange(1000))
+    data = bytearray((root / "c.npz").read_bytes())
+    with zipfile.ZipFile(root / "c.npz") as zf:
+        info = zf.getinfo("y.npy")
+    middle = info.header_offset + 30 + len(info.filename) + info.compress_size // 2
+    data[middle] ^= 0xFF  # damaged data: found only while copying, after a and b
+    (root / "c.npz").write_bytes(bytes(data))
+    before = Unchanged(store, store_path)
+    with pytest.raises(InvalidFileError) as e:
+        store.import_file(root)
+    assert e.value.path == str(root / "c.npz")
+    before.check()
+    (root / "c.npz").unlink()
+    calls: list[tuple[int, int]] = []
+    assert store.import_file(root, progress=lambda d, t: calls.append((d, t))) == ["a", "b"]
+    assert calls == [(0, 2), (1, 2), (2, 2)]  # arrays, the total known from the start
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"max_ratio": -1}, ValueError, r"max_ratio must be from 1 to 2\*\*64-1 .*not -1"),
+        ({"max_ratio": 0}, ValueError, "max_ratio must be from 1"),
+        ({"max_ratio": 2**64}, ValueError, "max_ratio must be from 1"),
+        ({"max_ratio": float("nan")}, TypeError, "max_ratio must be an int .* not float"),
+        ({"max_ratio": "10"}, TypeError, "max_ratio must be an int .* not str"),
+        ({"max_ratio": True}, TypeError, "max_ratio must be an int .* not bool"),
+        ({"max_header_size": 0}, ValueError, "max_header_size must be from 1"),
+        ({"max_header_size": -5}, ValueError, "max_header_size must be from 1"),
+        ({"max_header_size": 1.5}, TypeError, "max_header_size must be an int"),
+    ],
+)
+def test_bad_limits_name_the_parameter(
+    store: lv.Store, tmp_path: Path, kwargs: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    # they raised builtin errors naming max_deflate_ratio, or nothing (.lvz)
+    np.save(tmp_path / "a.npy", np.arange(3))
+    with pytest.raises(error, match=message) as e:
+        store.import_file(tmp_path / "a.npy", **kwargs)
+    assert "max_deflate_ratio" not in str(e.value)
+    assert len(store) == 0
+    assert store.import_file(tmp_path / "a.npy", max_ratio=np.int64(5), max_header_size=200)

@@ -3,6 +3,7 @@
 //! subclass two builtins, e.g. `QueryError(LazyvaultError, ValueError)`),
 //! and the one mapping from the engine's `Error` to them ([`to_pyerr`]).
 
+use std::ffi::CStr;
 use std::path::Path;
 
 use lazyvault_store::schema::SchemaError;
@@ -37,6 +38,9 @@ pub struct ExcClass {
     doc: &'static str,
     bases: &'static [Base],
     attrs: &'static [(&'static str, Default)],
+    /// Python source run in the class namespace before the class is made
+    /// (methods and properties), or "".
+    code: &'static CStr,
     class: PyOnceLock<Py<PyType>>,
 }
 
@@ -68,6 +72,10 @@ impl ExcClass {
                 Default::Str(s) => dict.set_item(name, s)?,
             }
         }
+        if !self.code.is_empty() {
+            let globals = PyDict::new(py);
+            py.run(self.code, Some(&globals), Some(&dict))?;
+        }
         let class = py
             .get_type::<PyType>()
             .call1((self.name, PyTuple::new(py, bases)?, dict))?;
@@ -94,12 +102,16 @@ impl ExcClass {
 
 macro_rules! exc_class {
     ($static:ident, $name:literal, [$($base:expr),+], [$($attr:literal = $default:expr),*], $doc:literal) => {
+        exc_class!($static, $name, [$($base),+], [$($attr = $default),*], $doc, c"");
+    };
+    ($static:ident, $name:literal, [$($base:expr),+], [$($attr:literal = $default:expr),*], $doc:literal, $code:expr) => {
         #[doc = concat!("`lazyvault.errors.", $name, "`.")]
         pub static $static: ExcClass = ExcClass {
             name: $name,
             doc: $doc,
             bases: &[$($base),+],
             attrs: &[$(($attr, $default)),*],
+            code: $code,
             class: PyOnceLock::new(),
         };
     };
@@ -129,6 +141,20 @@ exc_class!(
 Keeps ``errno``, ``strerror`` and ``filename`` as :class:`OSError` does
 (``errno.ENOSPC`` for a full disk, ``errno.EIO``, ``errno.ENOLCK`` for a file
 system that refuses locks, ...); ``filename`` is the file the operation was on.
+"
+);
+exc_class!(
+    MISSING_FILE_ERROR,
+    "MissingFileError",
+    [
+        Base::Class(&STORAGE_ERROR),
+        Base::Builtin(builtin::<PyFileNotFoundError>)
+    ],
+    [],
+    "A file that does not exist (``errno.ENOENT``): a :class:`StorageError`
+and a :class:`FileNotFoundError`, with ``errno``, ``strerror`` and
+``filename`` (the file) as :class:`OSError` has them. Raised, for one,
+by importing a file that is not there.
 "
 );
 exc_class!(
@@ -249,7 +275,21 @@ exc_class!(
         Base::Builtin(builtin::<PyKeyError>)
     ],
     [],
-    "No record under this key (a ``KeyError``; ``args[0]`` is the key)."
+    "No record under this key: a ``KeyError`` whose ``args[0]`` (and
+``key``) is the key. ``str()`` shows the key quoted, as ``KeyError``
+does, or the message given after the key (``MissingKeyError(key,
+message)``).",
+    c"def __str__(self):
+    # KeyError shows args[0] quoted; a message given after the key reads better
+    if len(self.args) >= 2 and isinstance(self.args[1], str):
+        return self.args[1]
+    return KeyError.__str__(self)
+
+@property
+def key(self):
+    \"\"\"The missing key (``args[0]``), or None.\"\"\"
+    return self.args[0] if self.args else None
+"
 );
 exc_class!(
     QUERY_ERROR,
@@ -326,18 +366,19 @@ exc_class!(
     INVALID_FILE_ERROR,
     "InvalidFileError",
     [Base::Class(&INTEROP_ERROR)],
-    ["what" = Default::None],
-    "The file claims a known format but is malformed, truncated or
-hostile (header larger than the file, overlapping tensors, a
-decompression bomb...). Nothing was written to the store. ``what``:
-the file and the member or tensor, when the core found it out (else
-``None``)."
+    ["what" = Default::None, "path" = Default::None],
+    "The file claims a known format but is malformed, truncated, damaged
+or hostile (header larger than the file, overlapping tensors, a
+decompression bomb, a damaged archive...). Nothing was written to the
+store. ``path``: the file; ``what``: the file and the member, tensor or
+record, as the message names them (both ``None`` when not known)."
 );
 
 /// Every class, bases before subclasses.
-static ALL: [&ExcClass; 21] = [
+static ALL: [&ExcClass; 22] = [
     &LAZYVAULT_ERROR,
     &STORAGE_ERROR,
+    &MISSING_FILE_ERROR,
     &STORE_LOCKED_ERROR,
     &STORE_EXISTS_ERROR,
     &STORE_NOT_FOUND_ERROR,
@@ -384,11 +425,15 @@ pub fn to_pyerr(err: Error) -> PyErr {
         let msg = err.to_string();
         let path = |p: &Path| obj(py, p.to_string_lossy());
         match &err {
-            Error::Storage(StorageError::Io { path, source }) => STORAGE_ERROR.new_err(
-                py,
-                (errno_of(source), source.to_string(), path.to_string_lossy()),
-                &[],
-            ),
+            Error::Storage(StorageError::Io { path, source }) => {
+                let errno = errno_of(source);
+                let class = if errno == libc_errno::ENOENT {
+                    &MISSING_FILE_ERROR
+                } else {
+                    &STORAGE_ERROR
+                };
+                class.new_err(py, (errno, strerror(source), path.to_string_lossy()), &[])
+            }
             Error::Storage(StorageError::NoLocks(path)) => {
                 STORAGE_ERROR.new_err(py, (libc_errno::ENOLCK, msg, path.to_string_lossy()), &[])
             }
@@ -454,9 +499,13 @@ pub fn to_pyerr(err: Error) -> PyErr {
                     InteropError::UnknownFormat { path: p, .. } => {
                         (&UNKNOWN_FORMAT_ERROR, vec![("path", path(p))])
                     }
-                    InteropError::InvalidFile { what, .. } => {
-                        (&INVALID_FILE_ERROR, vec![("what", obj(py, what))])
-                    }
+                    InteropError::InvalidFile { what, path: p, .. } => (
+                        &INVALID_FILE_ERROR,
+                        vec![
+                            ("what", obj(py, what)),
+                            ("path", obj(py, p.as_deref().map(Path::to_string_lossy))),
+                        ],
+                    ),
                     InteropError::PickleNotAllowed { .. } => (&PICKLE_NOT_ALLOWED_ERROR, vec![]),
                     // Unsupported, and anything newer: the concern's class.
                     _ => (&INTEROP_ERROR, vec![]),
@@ -467,6 +516,18 @@ pub fn to_pyerr(err: Error) -> PyErr {
             _ => LAZYVAULT_ERROR.new_err(py, (msg,), &[]),
         }
     })
+}
+
+/// What the operating system said, as Python's `strerror` (without the
+/// " (os error N)" that Rust appends).
+fn strerror(source: &std::io::Error) -> String {
+    let text = source.to_string();
+    match source.raw_os_error() {
+        Some(code) => text
+            .strip_suffix(&format!(" (os error {code})"))
+            .map_or(text.clone(), str::to_owned),
+        None => text,
+    }
 }
 
 /// The errno of `source`: sled rebuilds some errors from their kind alone,

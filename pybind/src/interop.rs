@@ -1,13 +1,14 @@
-//! Importing `.npy`, `.npz` and `.safetensors` files: the engine's
+//! Importing `.npy`, `.npz`, `.safetensors` and `.lvz` files: the engine's
 //! `lazyvault_store::interop` for the Python layer (`lazyvault._interop`),
-//! which keeps only the glue (directories, default keys, progress bars).
+//! which keeps only the glue (directories, default keys, argument checks,
+//! progress bars).
 
 use std::path::PathBuf;
 use std::sync::Mutex;
 
 use lazyvault_store::interop::{
-    self, safetensors, ImportHooks, ImportOptions, PickledArray, DEFAULT_MAX_DEFLATE_RATIO,
-    DEFAULT_MAX_HEADER_SIZE,
+    self, safetensors, ImportHooks, ImportOptions, ImportSource, PickledArray,
+    DEFAULT_MAX_DEFLATE_RATIO, DEFAULT_MAX_HEADER_SIZE,
 };
 use lazyvault_store::Error;
 use pyo3::prelude::*;
@@ -107,12 +108,37 @@ impl Raised {
     }
 }
 
-/// Imports the `.npy`, `.npz` or `.safetensors` file at `path` into
-/// `store` (`lazyvault_store::interop::import_file`); returns the keys
-/// written. `progress(done, total)` counts records; `repickle(what, data)`
-/// turns the pickle of an object array read from the file into
-/// `(descr, dtype_name, shape, fortran_order, pickle)` for the store.
-/// Exceptions they raise propagate (the store is then unchanged).
+/// Gives an `InvalidFileError` that `repickle` raised about `what` (a file
+/// and member) the `path` of that file, as the core's own errors have it.
+fn name_the_file(
+    py: Python<'_>,
+    e: &PyErr,
+    what: &str,
+    files: &[(PathBuf, Option<String>, String)],
+) {
+    let value = e.value(py);
+    let Ok(class) = crate::errors::INVALID_FILE_ERROR.get(py) else {
+        return;
+    };
+    if !value.is_instance(class).unwrap_or(false)
+        || !value.getattr("path").is_ok_and(|p| p.is_none())
+    {
+        return;
+    }
+    let file = files
+        .iter()
+        .map(|(path, ..)| path.display().to_string())
+        .filter(|shown| what.starts_with(shown.as_str()))
+        .max_by_key(String::len);
+    if let Some(file) = file {
+        // best effort: the exception raised matters more than its attribute
+        let _ = value.setattr("path", file);
+    }
+}
+
+/// Imports the `.npy`, `.npz`, `.safetensors` or `.lvz` file at `path`
+/// into `store` (`lazyvault_store::interop::import_file`); returns the keys
+/// written. `import_files` with one file.
 #[pyfunction]
 #[pyo3(signature = (
     store, path, key, default_key, *, allow_pickle=false, max_header_size=None,
@@ -125,6 +151,44 @@ pub fn import_file(
     path: PathBuf,
     key: Option<String>,
     default_key: String,
+    allow_pickle: bool,
+    max_header_size: Option<usize>,
+    max_deflate_ratio: Option<u64>,
+    progress: Option<Py<PyAny>>,
+    repickle: Option<Py<PyAny>>,
+) -> PyResult<Vec<String>> {
+    import_files(
+        py,
+        store,
+        vec![(path, key, default_key)],
+        allow_pickle,
+        max_header_size,
+        max_deflate_ratio,
+        progress,
+        repickle,
+    )
+}
+
+/// Imports every file of `files`, `[(path, key or None, default key)]`,
+/// into `store` as one commit, all checked before any array is written
+/// (`lazyvault_store::interop::import_files`); returns the keys written.
+/// `progress(done, total)` counts arrays over all the files, from
+/// `(0, total)`; `repickle(what, data)` turns the pickle of an object array
+/// read from a `.npy`/`.npz` into `(descr, dtype_name, shape,
+/// fortran_order, pickle)` for the store. Exceptions they raise propagate
+/// (the store is then unchanged). Raises `InvalidFileError` (with `path`),
+/// `UnknownFormatError`, `InteropError`, `PickleNotAllowedError`,
+/// `StorageError` (a `FileNotFoundError` for a missing file).
+#[pyfunction]
+#[pyo3(signature = (
+    store, files, *, allow_pickle=false, max_header_size=None,
+    max_deflate_ratio=None, progress=None, repickle=None
+))]
+#[allow(clippy::too_many_arguments)]
+pub fn import_files(
+    py: Python<'_>,
+    store: &StoreCore,
+    files: Vec<(PathBuf, Option<String>, String)>,
     allow_pickle: bool,
     max_header_size: Option<usize>,
     max_deflate_ratio: Option<u64>,
@@ -159,7 +223,10 @@ pub fn import_file(
                         fortran_order,
                         data,
                     }),
-                    Err(e) => Err(lock(&raised).keep(e)),
+                    Err(e) => {
+                        name_the_file(py, &e, what, &files);
+                        Err(lock(&raised).keep(e))
+                    }
                 }
             })
         };
@@ -170,14 +237,15 @@ pub fn import_file(
         if repickle.is_some() {
             hooks.repickle = Some(&mut on_pickle);
         }
-        interop::import_file(
-            &store.inner,
-            &path,
-            key.as_deref(),
-            &default_key,
-            &options,
-            &mut hooks,
-        )
+        let sources: Vec<ImportSource<'_>> = files
+            .iter()
+            .map(|(path, key, default_key)| ImportSource {
+                path,
+                key: key.as_deref(),
+                default_key,
+            })
+            .collect();
+        interop::import_files(&store.inner, &sources, &options, &mut hooks)
     });
     if let Some(e) = lock(&raised).0.take() {
         return Err(e);

@@ -284,6 +284,20 @@ pub enum InteropError {
         what: String,
         /// What is wrong.
         detail: String,
+        /// The file, when known (an import sets it for every file it reads).
+        path: Option<PathBuf>,
+    },
+    /// Two files of one import would write the same key (a directory's
+    /// `.lvz` or lazyvault `.npz` bringing back a key another file is
+    /// imported as): nothing was written.
+    #[error("{first} and {second} would both be imported as {}: rename one, or import them one at a time", crate::interop::npz::quoted(.key))]
+    KeyCollision {
+        /// The key.
+        key: String,
+        /// The file that gives it first.
+        first: PathBuf,
+        /// The file that gives it again.
+        second: PathBuf,
     },
     /// Importing `what` (an `object` array) needs unpickling, and the store
     /// was opened without `allow_pickle`.
@@ -306,8 +320,35 @@ impl Error {
         InteropError::InvalidFile {
             what: what.into(),
             detail: detail.to_string(),
+            path: None,
         }
         .into()
+    }
+
+    /// Names the file `path` in an [`InteropError::InvalidFile`] that names
+    /// none yet, and turns damage found in it ([`Error::Corrupt`], from the
+    /// archive reader) into one: `path` is an input file, not the store's.
+    /// Other errors pass.
+    pub(crate) fn in_input_file(self, path: &Path) -> Error {
+        match self {
+            Error::Interop(InteropError::InvalidFile {
+                what,
+                detail,
+                path: None,
+            }) => InteropError::InvalidFile {
+                what,
+                detail,
+                path: Some(path.to_owned()),
+            }
+            .into(),
+            Error::Corrupt(c) => InteropError::InvalidFile {
+                what: c.what().to_owned(),
+                detail: c.detail(),
+                path: Some(path.to_owned()),
+            }
+            .into(),
+            other => other,
+        }
     }
 
     pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> Error {

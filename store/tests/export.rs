@@ -250,3 +250,50 @@ fn refusals_and_cancellation_write_nothing() {
         .collect();
     assert_eq!(names, ["s.lv"]);
 }
+
+#[test]
+fn complex64_exports_as_c64() {
+    // the format lists C64; export refused complex64 as having no form
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("s.lv"), Mode::Append).unwrap();
+    let le: Vec<u8> = [1.0f32, 2.0, -3.0, 0.5]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let be: Vec<u8> = [1.0f32, 2.0, -3.0, 0.5]
+        .iter()
+        .flat_map(|v| v.to_be_bytes())
+        .collect();
+    store
+        .put(
+            "z",
+            Default::default(),
+            Value::Null,
+            &[array("z", "'<c8'", &[2], false, &le)],
+            None,
+        )
+        .unwrap();
+    store
+        .put(
+            "big",
+            Default::default(),
+            Value::Null,
+            &[array("z", "'>c8'", &[2], false, &be)],
+            None,
+        )
+        .unwrap();
+    let path = dir.path().join("z.safetensors");
+    safetensors::export_safetensors(&store, &path, &["z".to_owned()], &mut no_progress()).unwrap();
+    let bytes = fs::read(&path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    assert_eq!(header["z"]["dtype"], "C64");
+    assert_eq!(header["z"]["shape"], json!([2]));
+    assert_eq!(&bytes[8 + n..], le);
+    // a big-endian complex64 is refused rather than swapped as one 8-byte
+    // item (which would exchange its real and imaginary parts)
+    let err =
+        safetensors::export_safetensors(&store, &path, &["big".to_owned()], &mut no_progress())
+            .unwrap_err();
+    assert!(err.to_string().contains("complex64"), "{err}");
+}

@@ -9,8 +9,10 @@ mod zip_build;
 
 use std::path::{Path, PathBuf};
 
+use lazyvault_store::archive::export_store;
 use lazyvault_store::interop::{
-    detect_format, import_file, Format, ImportHooks, ImportOptions, PickledArray,
+    detect_format, import_file, import_files, Format, ImportHooks, ImportOptions, ImportSource,
+    PickledArray,
 };
 use lazyvault_store::{map_payload, Error, InteropError, Mode, StorageError, Store};
 use serde_json::json;
@@ -91,12 +93,22 @@ impl Fixture {
             matches!(err, Error::Interop(InteropError::InvalidFile { .. })),
             "{msg}: not InvalidFile"
         );
+        // the error names the file as data too, not only in its text
+        assert_eq!(invalid_file_path(&err), Some(path.as_path()), "{msg}");
         assert!(msg.contains(&path.display().to_string()), "{msg}");
         for part in parts {
             assert!(msg.contains(part), "{msg:?} lacks {part:?}");
         }
         assert_eq!(self.store.keys().unwrap(), keys);
         assert_eq!(self.payload_files(), files);
+    }
+}
+
+/// The file an `InvalidFile` error names.
+fn invalid_file_path(err: &Error) -> Option<&Path> {
+    match err {
+        Error::Interop(InteropError::InvalidFile { path, .. }) => path.as_deref(),
+        _ => None,
     }
 }
 
@@ -271,7 +283,9 @@ fn foreign_npz_stored_and_deflated_members() {
     )
     .unwrap();
     assert_eq!(keys, ["f"]);
-    assert_eq!(calls, [(1, 1)]);
+    // progress counts arrays, the total known from the start (it counted
+    // records: one record gave a lone (1, 1) after every byte was copied)
+    assert_eq!(calls, [(0, 3), (1, 3), (2, 3), (3, 3)]);
     let record = fx.store.get("f").unwrap().unwrap();
     let names: Vec<&String> = record.arrays.keys().collect();
     assert_eq!(names, ["a", "sub/b", "empty"]);
@@ -664,4 +678,260 @@ fn free_space_and_many_members() {
     let record = fx.store.get("k").unwrap().unwrap();
     assert_eq!(record.arrays.len(), 3000);
     assert_eq!(fx.bytes("k", "a2999"), f8(&[2999.0]));
+}
+
+// ---------------------------------------------------------------------------
+// Found by a new user's trial
+
+#[test]
+fn shapes_numpy_cannot_hold_are_refused() {
+    // numpy reads none of these back (NPY_MAXDIMS is 64; sizes fit intp):
+    // they used to import, and reading them raised numpy's ValueError
+    let fx = Fixture::new();
+    let dims65 = format!(
+        "{{'descr': '<f8', 'fortran_order': False, 'shape': ({}), }}",
+        "1, ".repeat(65)
+    );
+    let mut npy65 = header_text(&dims65, 1);
+    npy65.extend_from_slice(&f8(&[1.0]));
+    fx.refused(&npy65, &["65 dimensions", "at most 64"]);
+    let empty_huge = header_text(
+        "{'descr': '<f8', 'fortran_order': False, 'shape': (0, 9223372036854775807), }",
+        1,
+    );
+    fx.refused(&empty_huge, &["more than 2^63-1 bytes"]);
+    fx.refused(
+        &zip_bytes(&[Member::stored("x.npy", &npy65)]),
+        &["member 'x.npy'", "65 dimensions"],
+    );
+    let t = |shape: serde_json::Value, end: u64| json!({"t": {"dtype": "F64", "shape": shape, "data_offsets": [0, end]}});
+    fx.refused(
+        &safetensors(t(json!(vec![1; 65]), 8), &[0; 8]),
+        &["tensor 't'", "65 dimensions"],
+    );
+    fx.refused(
+        &safetensors(t(json!([0, (1u64 << 63) - 1]), 0), &[]),
+        &["tensor 't'", "more than 2^63-1 bytes"],
+    );
+    // numpy's own limit, not a stricter one: 64 dimensions import
+    let dims64 = format!(
+        "{{'descr': '<f8', 'fortran_order': False, 'shape': ({}), }}",
+        "1, ".repeat(64)
+    );
+    let mut npy64 = header_text(&dims64, 1);
+    npy64.extend_from_slice(&f8(&[1.0]));
+    let path = fx.file("d64.npy", &npy64);
+    fx.import(&path).unwrap();
+    assert_eq!(
+        fx.store.get("k").unwrap().unwrap().arrays["data"]
+            .shape
+            .len(),
+        64
+    );
+}
+
+#[test]
+fn safetensors_tensors_cover_the_data_section_exactly() {
+    // the reference reader refuses gaps and trailing bytes
+    // (MetadataIncompleteBuffer, InvalidOffset); the importer took them
+    let fx = Fixture::new();
+    let t = |offsets: [u64; 2]| json!({"dtype": "U8", "shape": [offsets[1] - offsets[0]], "data_offsets": offsets});
+    fx.refused(
+        &safetensors(json!({"a": t([0, 4]), "b": t([6, 8])}), &[0; 8]),
+        &["bytes 4-6", "no tensor"],
+    );
+    fx.refused(
+        &safetensors(json!({"a": t([2, 4])}), &[0; 4]),
+        &["bytes 0-2", "no tensor"],
+    );
+    fx.refused(
+        &safetensors(json!({"a": t([0, 4])}), &[0; 8]),
+        &["4 trailing bytes"],
+    );
+    fx.refused(&safetensors(json!({}), &[0; 8]), &["8 trailing bytes"]);
+    // an empty tensor anywhere on the boundaries is fine
+    let ok = safetensors(
+        json!({"b": t([4, 8]), "e": t([4, 4]), "a": t([0, 4]), "z": t([8, 8])}),
+        &[1, 2, 3, 4, 5, 6, 7, 8],
+    );
+    let path = fx.file("ok.safetensors", &ok);
+    fx.import(&path).unwrap();
+    assert_eq!(fx.bytes("k", "b"), [5, 6, 7, 8]);
+}
+
+#[test]
+fn safetensors_c64_is_complex64() {
+    // the format lists C64; the importer said "unknown dtype 'C64'"
+    let fx = Fixture::new();
+    // two complex64 values: (1+2j), (-3+0.5j)
+    let c: Vec<u8> = [1.0f32, 2.0, -3.0, 0.5]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let file = safetensors(
+        json!({"z": {"dtype": "C64", "shape": [2], "data_offsets": [0, 16]}}),
+        &c,
+    );
+    let path = fx.file("c.safetensors", &file);
+    fx.import(&path).unwrap();
+    let record = fx.store.get("k").unwrap().unwrap();
+    assert_eq!(record.arrays["z"].descr, "'<c8'");
+    assert_eq!(record.arrays["z"].dtype, "complex64");
+    assert!(!record.meta.contains_key("safetensors_dtypes"));
+    assert_eq!(fx.bytes("k", "z"), c);
+}
+
+#[test]
+fn duplicate_zip_members_are_named() {
+    let fx = Fixture::new();
+    let small = npy_file("'<f8'", &[1], &f8(&[1.0]));
+    fx.refused(
+        &zip_bytes(&[
+            Member::stored("a.npy", &small),
+            Member::stored("b.npy", &small),
+            Member::stored("b.npy", &small),
+        ]),
+        &["member 'b.npy' occurs twice"],
+    );
+}
+
+impl Fixture {
+    /// An `.lvz` of the records `keys`, each `{"data": [1.0, 2.0]}`, written
+    /// from a store of its own.
+    fn lvz(&self, name: &str, keys: &[&str]) -> PathBuf {
+        let src =
+            Store::open(self.dir.path().join(format!("{name}.src.lv")), Mode::Append).unwrap();
+        let npy = self.file(
+            &format!("{name}.src.npy"),
+            &npy_file("'<f8'", &[2], &f8(&[1.0, 2.0])),
+        );
+        for key in keys {
+            import_file(
+                &src,
+                &npy,
+                Some(key),
+                "x",
+                &ImportOptions::default(),
+                &mut ImportHooks::default(),
+            )
+            .unwrap();
+        }
+        let path = self.dir.path().join(name);
+        let keys: Vec<String> = keys.iter().map(|k| (*k).to_owned()).collect();
+        export_store(&src, &path, &keys).unwrap();
+        path
+    }
+
+    fn import_all(&self, paths: &[(&Path, &str)]) -> Result<Vec<String>, Error> {
+        let sources: Vec<ImportSource<'_>> = paths
+            .iter()
+            .map(|(path, default_key)| ImportSource {
+                path,
+                key: None,
+                default_key,
+            })
+            .collect();
+        import_files(
+            &self.store,
+            &sources,
+            &ImportOptions::default(),
+            &mut ImportHooks::default(),
+        )
+    }
+}
+
+#[test]
+fn a_damaged_lvz_is_an_invalid_file_naming_it() {
+    // the archive reader's CorruptError came through, without the file
+    let fx = Fixture::new();
+    let path = fx.lvz("a.lvz", &["r"]);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[35] ^= 0xff; // the first member's name in its local header
+    let err = fx.import(&fx.file("bad.lvz", &bytes)).unwrap_err();
+    assert!(
+        matches!(err, Error::Interop(InteropError::InvalidFile { .. })),
+        "{err:?}"
+    );
+    assert_eq!(
+        invalid_file_path(&err),
+        Some(fx.dir.path().join("bad.lvz").as_path())
+    );
+    assert!(err.to_string().contains("member"), "{err}");
+    assert!(fx.store.keys().unwrap().is_empty());
+    assert!(fx.payload_files().is_empty());
+    // a sound one imports, records under their own keys
+    assert_eq!(fx.import(&path).unwrap(), ["r"]);
+    assert_eq!(fx.bytes("r", "data"), f8(&[1.0, 2.0]));
+}
+
+#[test]
+fn keys_of_several_files_must_not_collide() {
+    // a directory's .lvz brought back a key an earlier file was imported
+    // as: the later one overwrote it, the key list held it twice
+    let fx = Fixture::new();
+    let npy = fx.file("a.npy", &npy_file("'<f8'", &[1], &f8(&[7.0])));
+    let lvz = fx.lvz("b.lvz", &["x", "a"]);
+    let err = fx.import_all(&[(&npy, "a"), (&lvz, "b")]).unwrap_err();
+    assert!(
+        matches!(err, Error::Interop(InteropError::KeyCollision { .. })),
+        "{err:?}"
+    );
+    let msg = err.to_string();
+    for part in ["'a'", "a.npy", "b.lvz"] {
+        assert!(msg.contains(part), "{msg} lacks {part}");
+    }
+    assert!(fx.store.keys().unwrap().is_empty());
+    assert!(fx.payload_files().is_empty());
+}
+
+#[test]
+fn several_files_are_imported_all_or_nothing() {
+    // a directory import failing on its 3rd file kept the first two
+    let fx = Fixture::new();
+    let a = fx.file("a.npy", &npy_file("'<f8'", &[1], &f8(&[1.0])));
+    let b = fx.lvz("b.lvz", &["r1", "r2"]);
+    let good_c = npy_file("'<f8'", &[3], &f8(&[1.0, 2.0, 3.0]));
+    let c = fx.file("c.npz", &zip_bytes(&[Member::deflated("x.npy", &good_c)]));
+    // damaged in its data: found only while copying, after a.npy and b.lvz
+    // were staged
+    let crc_bad = Member {
+        crc: Some(0),
+        ..Member::deflated("x.npy", &good_c)
+    };
+    std::fs::write(&c, zip_bytes(&[crc_bad])).unwrap();
+    let err = fx
+        .import_all(&[(&a, "a"), (&b, "b"), (&c, "c")])
+        .unwrap_err();
+    assert!(err.to_string().contains("CRC"), "{err}");
+    assert_eq!(invalid_file_path(&err), Some(c.as_path()));
+    assert!(fx.store.keys().unwrap().is_empty());
+    assert!(fx.payload_files().is_empty());
+    // refused while checking: nothing staged at all
+    std::fs::write(&c, b"\x93NUMPY garbage").unwrap();
+    fx.import_all(&[(&a, "a"), (&b, "b"), (&c, "c")])
+        .unwrap_err();
+    assert!(fx.store.keys().unwrap().is_empty());
+    // sound: one commit, progress per array over all the files
+    std::fs::write(&c, zip_bytes(&[Member::deflated("x.npy", &good_c)])).unwrap();
+    let mut calls = Vec::new();
+    let mut progress = |done, total| {
+        calls.push((done, total));
+        true
+    };
+    let mut hooks = ImportHooks {
+        progress: Some(&mut progress),
+        repickle: None,
+    };
+    let sources: Vec<ImportSource<'_>> = [(&a, "a"), (&b, "b"), (&c, "c")]
+        .iter()
+        .map(|(path, default_key)| ImportSource {
+            path,
+            key: None,
+            default_key,
+        })
+        .collect();
+    let keys = import_files(&fx.store, &sources, &ImportOptions::default(), &mut hooks).unwrap();
+    assert_eq!(keys, ["a", "r1", "r2", "c"]);
+    assert_eq!(calls, [(0, 4), (1, 4), (2, 4), (3, 4), (4, 4)]);
+    assert_eq!(fx.bytes("c", "x"), f8(&[1.0, 2.0, 3.0]));
 }

@@ -39,11 +39,15 @@ def _resolve_keys(store: Store, keys: Iterable[str] | None, query: str | None) -
     if keys is None:
         return list(store)
     if isinstance(keys, str):
-        raise TypeError("keys= takes an iterable of keys, not one str (wrap it: [key])")
+        raise TypeError("keys must be an iterable of str, not one str (wrap it: keys=[key])")
+    if isinstance(keys, bytes) or not isinstance(keys, Iterable):
+        raise TypeError(f"keys must be an iterable of str, not {type(keys).__name__}")
     out = list(dict.fromkeys(keys))
     for k in out:
+        if not isinstance(k, str):
+            raise TypeError(f"keys must be an iterable of str, not of {type(k).__name__}")
         if k not in store:  # before anything is written
-            raise MissingKeyError(f"no record with key {k!r} to export")
+            raise MissingKeyError(k, f"no record with key {k!r} to export")
     return out
 
 
@@ -64,7 +68,10 @@ def export(
     the core writes a ``.lvz`` in one step, reported as ``(0, n)`` and
     ``(n, n)``.
 
-    Raises :class:`UnknownFormatError` for another extension,
+    Raises ``TypeError`` when ``keys`` is not an iterable of str (a str
+    alone included), :class:`MissingKeyError` (``key``: the first key
+    without a record) before anything is written,
+    :class:`UnknownFormatError` for another extension,
     :class:`InteropError` for a record with fields only pickle can hold
     (``.npz``, ``.safetensors``), :class:`InvalidArrayError` for an array
     the format cannot hold, :class:`StorageError` naming the file when

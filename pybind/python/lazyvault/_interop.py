@@ -2,16 +2,19 @@
 (``.npy``, ``.npz``, ``.safetensors``, ``.lvz``; ``store.export`` is in
 ``_export``).
 
-The Rust core detects, checks and reads every format except ``.lvz``
+The Rust core detects, checks and reads every format, ``.lvz`` included,
+and imports all the files of one call as one commit
 (``lazyvault_store::interop``, whose module docs specify the byte formats
 and what each becomes; README.md, "Sharing records", for users). This module
-keeps the glue: directories, keys, progress, object-array pickles, and
-record-level copies out of ``.lvz`` archives.
+keeps the glue: directories, keys, argument checks, progress, object-array
+pickles, and record-level copies between stores and archives
+(:func:`copy_record`).
 """
 
 from __future__ import annotations
 
 import json
+import operator
 import os
 import pickle
 from collections.abc import Iterator
@@ -21,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _archive, _arrays, _lazyvault
-from ._progress import ProgressArg, Report, progress_callback
+from . import _arrays, _lazyvault
+from ._progress import ProgressArg, progress_callback
 from ._source import array_entry
 from .errors import (
     InteropError,
@@ -94,6 +97,27 @@ class _Limits:
     max_ratio: int | None = None
 
 
+_U64_MAX = 2**64 - 1
+
+
+def _limit(name: str, value: object, what: str) -> int | None:
+    """``value`` of the ``name=`` parameter checked: None, or an int from 1
+    to 2**64-1 (``what`` says what it counts, for the message)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int ({what}) or None, not bool")
+    try:
+        number = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(
+            f"{name} must be an int ({what}) or None, not {type(value).__name__}"
+        ) from None
+    if not 1 <= number <= _U64_MAX:
+        raise ValueError(f"{name} must be from 1 to 2**64-1 ({what}), not {number}")
+    return number
+
+
 def import_file(
     store: Store,
     path: str | os.PathLike[str],
@@ -111,69 +135,65 @@ def import_file(
     ends in one of :data:`IMPORT_SUFFIXES` (case-insensitive), in sorted
     order, skipping names that start with ``.`` and lazyvault stores inside
     it; each single-record file is keyed by its path relative to the
-    directory without the suffix (``"sub/a"``). ``key`` must be None. Every
-    file's format is checked before anything is written, and two files that
-    would give the same key (``a.npy`` and ``a.npz``) raise
-    :class:`InteropError` up front.
+    directory without the suffix (``"sub/a"``). ``key`` must be None.
 
-    ``progress``: see :mod:`lazyvault._progress`; counts files for a
-    directory, records for one file (it runs while the store's writer lock
-    is held: it must not write to this store). ``max_header_size``: the largest
-    ``.npy`` header text read, in bytes, for ``.npy`` files and ``.npz``
-    members (numpy's ``max_header_size``; default
-    :data:`NPY_MAX_HEADER_SIZE`, 10,000). ``max_ratio``: the largest
-    uncompressed-to-compressed ratio a deflated ``.npz`` member may declare
-    (default :data:`DEFAULT_MAX_DEFLATE_RATIO`, 1100).
+    All or nothing: every file is checked whole (headers, zip directories,
+    declared sizes, an archive's CRC-32s) before anything is written, and
+    the records of every file are committed together, so a refusal at any
+    file, or a failure while copying (a CRC mismatch, a full disk), leaves
+    the store unchanged. Two files that would give the same key (``a.npy``
+    and ``a.npz``; a key an ``.lvz`` brings back) raise
+    :class:`InteropError` naming the key and both files.
 
-    Raises :class:`UnknownFormatError`, :class:`InvalidFileError` (naming
-    the file and the member or tensor; the store is unchanged),
-    :class:`PickleNotAllowedError` for object arrays when the store was
-    opened without ``allow_pickle``, :class:`StorageError` (``ENOSPC``)
-    when the arrays do not fit on the store's file system (checked before
-    writing). A file's records are written together, all or nothing; a
-    directory (or an ``.lvz``) that fails on a later file (record) keeps
-    those written before it.
+    ``progress``: see :mod:`lazyvault._progress`; counts arrays over every
+    file, ``(0, total)`` once all are checked, then after each array (it
+    runs while the store's writer lock is held: it must not write to this
+    store). ``max_header_size``: the largest ``.npy`` header text read, in
+    bytes, for ``.npy`` files and ``.npz`` members (numpy's
+    ``max_header_size``; an int from 1, default :data:`NPY_MAX_HEADER_SIZE`,
+    10,000). ``max_ratio``: the largest uncompressed-to-compressed ratio a
+    deflated ``.npz`` member may declare (an int from 1, default
+    :data:`DEFAULT_MAX_DEFLATE_RATIO`, 1100).
+
+    Raises :class:`UnknownFormatError`, :class:`InvalidFileError` (``path``
+    the file, ``what`` and the message naming the member, tensor or
+    record), :class:`PickleNotAllowedError` for object arrays of a
+    ``.npy``/``.npz`` when the store was opened without ``allow_pickle``,
+    :class:`StorageError` (``ENOSPC``) when the arrays do not fit on the
+    store's file system (checked before writing), ``FileNotFoundError``
+    (:class:`StorageError` too) for a missing file, ``TypeError`` or
+    ``ValueError`` for a bad ``key``, ``max_header_size`` or ``max_ratio``.
     """
     path = os.fspath(path)
     if key is not None and not isinstance(key, str):
         raise KeyTypeError(f"keys are str, not {type(key).__name__}")
-    limits = _Limits(max_header_size, max_ratio)
+    limits = _Limits(
+        _limit("max_header_size", max_header_size, "bytes of .npy header text"),
+        _limit("max_ratio", max_ratio, "uncompressed bytes per compressed byte"),
+    )
+    files: list[tuple[str, str | None, str]]  # (path, key, default key)
     if os.path.isdir(path):
         if key is not None:
             raise InteropError(
                 f"{path} is a directory: its files are keyed by their paths, key= names "
                 "the record of a single file"
             )
-        return _import_directory(store, path, progress, limits)
-    fmt = detect_format(path)
-    with progress_callback(progress, "import", "record") as report:
-        return _import_one(store, path, fmt, key, Path(path).stem, report, limits)
-
-
-def _import_one(
-    store: Store,
-    path: str,
-    fmt: str,
-    key: str | None,
-    default_key: str,
-    report: Report | None,
-    limits: _Limits,
-) -> list[str]:
-    """Imports one file of format ``fmt``; ``default_key`` names a
-    single-record file when ``key`` is None."""
-    if fmt == "lvz":
-        return _import_lvz(store, path, key, report)
-    keys = _lazyvault.import_file(
-        core_of(store),
-        path,
-        key,
-        default_key,
-        allow_pickle=store.allow_pickle,
-        max_header_size=limits.max_header_size,
-        max_deflate_ratio=limits.max_ratio,
-        progress=report,
-        repickle=_repickle if store.allow_pickle else None,
-    )
+        files = [
+            (os.fspath(found), None, found.relative_to(path).with_suffix("").as_posix())
+            for found in _importable_files(path)
+        ]
+    else:
+        files = [(path, key, Path(path).stem)]
+    with progress_callback(progress, "import", "array") as report:
+        keys = _lazyvault.import_files(
+            core_of(store),
+            files,
+            allow_pickle=store.allow_pickle,
+            max_header_size=limits.max_header_size,
+            max_deflate_ratio=limits.max_ratio,
+            progress=report,
+            repickle=_repickle if store.allow_pickle else None,
+        )
     return list(keys)
 
 
@@ -216,64 +236,7 @@ def _importable_files(root: str) -> Iterator[Path]:
                 yield path
 
 
-def _import_directory(store: Store, root: str, progress: ProgressArg, limits: _Limits) -> list[str]:
-    files: list[tuple[str, str, str]] = []  # (path, format, default key)
-    keys: dict[str, str] = {}
-    for found in _importable_files(root):
-        rel = found.relative_to(root)
-        fmt = detect_format(found)
-        default_key = rel.with_suffix("").as_posix()
-        # .lvz files and our .npz carry their own keys
-        if fmt in ("npy", "safetensors") or (
-            fmt == "npz" and not _lazyvault.npz_has_manifest(os.fspath(found))
-        ):
-            if default_key in keys:
-                raise InteropError(
-                    f"{keys[default_key]} and {rel} would both be imported as {default_key!r}"
-                )
-            keys[default_key] = os.fspath(rel)
-        files.append((os.fspath(found), fmt, default_key))
-    written: list[str] = []
-    with progress_callback(progress, "import", "file") as report:
-        if report is not None:
-            report(0, len(files))
-        for done, (file, fmt, default_key) in enumerate(files, 1):
-            written.extend(_import_one(store, file, fmt, None, default_key, None, limits))
-            if report is not None:
-                report(done, len(files))
-    return written
-
-
 # .lvz and record-level copies --------------------------------------------------
-
-
-def _import_lvz(store: Store, path: str, key: str | None, report: Report | None) -> list[str]:
-    archive = _archive.open_archive(path, allow_pickle=store.allow_pickle)
-    try:
-        # check every array (headers, sizes, CRC-32) before writing anything,
-        # so a damaged archive leaves the store unchanged
-        check = archive.verify()
-        if not check["ok"]:
-            raise InvalidFileError(f"{path}: damaged archive: {check['problems'][0]}")
-        keys = list(archive)
-        if key is not None and len(keys) != 1:
-            raise InteropError(
-                f"{path} holds {len(keys)} records; key= renames a single record only"
-            )
-        written = []
-        if report is not None:
-            report(0, len(keys))
-        for k in keys:
-            target = key if key is not None else k
-            copy_record(store, target, archive[k])
-            written.append(target)
-            if report is not None:
-                report(len(written), len(keys))
-        return written
-    finally:
-        close = getattr(archive, "close", None)
-        if close is not None:
-            close()
 
 
 def _raw_pickled_array(rec: Record, name: str, entry: dict[str, Any]) -> bytes | None:

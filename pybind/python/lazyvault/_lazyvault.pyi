@@ -30,6 +30,7 @@ __all__ = [
     "KeyTypeError",
     "LazyvaultError",
     "MappedBuffer",
+    "MissingFileError",
     "MissingKeyError",
     "NotAStoreError",
     "PickleNotAllowedError",
@@ -48,6 +49,7 @@ __all__ = [
     "export_npz",
     "export_safetensors",
     "import_file",
+    "import_files",
     "map_array",
     "npy_header",
     "npz_has_manifest",
@@ -76,6 +78,7 @@ declare unless the import says otherwise (deflate cannot pass ~1032:1)."""
 
 class LazyvaultError(Exception): ...
 class StorageError(LazyvaultError, OSError): ...
+class MissingFileError(StorageError, FileNotFoundError): ...
 
 class StoreLockedError(LazyvaultError):
     pid: int | None
@@ -107,7 +110,10 @@ class ForkedStoreError(LazyvaultError):
 
 class InvalidKeyError(LazyvaultError, ValueError): ...
 class KeyTypeError(LazyvaultError, TypeError): ...
-class MissingKeyError(LazyvaultError, KeyError): ...
+
+class MissingKeyError(LazyvaultError, KeyError):
+    @property
+    def key(self) -> object: ...
 
 class QueryError(LazyvaultError, ValueError):
     column: int
@@ -126,6 +132,7 @@ class UnknownFormatError(InteropError):
 
 class InvalidFileError(InteropError):
     what: str | None
+    path: str | None
 
 @final
 class MappedBuffer:
@@ -428,15 +435,30 @@ def import_file(
     progress: Callable[[int, int], object] | None = None,
     repickle: Callable[[str, bytes], tuple[str, str, Sequence[int], bool, bytes]] | None = None,
 ) -> list[str]:
-    """Imports a ``.npy``, ``.npz`` or ``.safetensors`` file into ``store``,
-    streaming every array into its payload, all records committed together;
-    returns the keys written (``key``, else ``default_key``, for a
-    single-record file). ``progress(done, total)`` counts records;
-    ``repickle(what, pickle)`` re-encodes an object array's pickle as
-    ``(descr, dtype_name, shape, fortran_order, pickle)``; an exception
-    either raises propagates, the store unchanged. Raises
-    ``InvalidFileError``, ``UnknownFormatError``, ``PickleNotAllowedError``,
-    ``InteropError``, ``StorageError`` (``ENOSPC`` before writing)."""
+    """Imports a ``.npy``, ``.npz``, ``.safetensors`` or ``.lvz`` file into
+    ``store``: ``import_files(store, [(path, key, default_key)], ...)``."""
+
+def import_files(
+    store: StoreCore,
+    files: Sequence[tuple[str | PathLike[str], str | None, str]],
+    *,
+    allow_pickle: bool = False,
+    max_header_size: int | None = None,
+    max_deflate_ratio: int | None = None,
+    progress: Callable[[int, int], object] | None = None,
+    repickle: Callable[[str, bytes], tuple[str, str, Sequence[int], bool, bytes]] | None = None,
+) -> list[str]:
+    """Imports every ``(path, key or None, default_key)`` of ``files`` into
+    ``store`` as one commit: all checked before any array is written, every
+    array streamed into its payload; returns the keys written (``key``, else
+    ``default_key``, for a single-record file). ``progress(done, total)``
+    counts arrays over all files, from ``(0, total)``; ``repickle(what,
+    pickle)`` re-encodes an object array's pickle as ``(descr, dtype_name,
+    shape, fortran_order, pickle)``; an exception either raises propagates,
+    the store unchanged. Raises ``InvalidFileError`` (``path``: the file),
+    ``UnknownFormatError``, ``PickleNotAllowedError``, ``InteropError`` (two
+    files giving one key), ``StorageError`` (``ENOSPC`` before writing; a
+    ``FileNotFoundError`` for a missing file)."""
 
 def export_npz(
     store: StoreCore,

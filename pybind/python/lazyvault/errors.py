@@ -28,6 +28,7 @@ __all__ = [
     "InvalidKeyError",
     "KeyTypeError",
     "LazyvaultError",
+    "MissingFileError",
     "MissingKeyError",
     "NotAStoreError",
     "PickleNotAllowedError",

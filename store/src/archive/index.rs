@@ -173,7 +173,12 @@ fn open_zip<'b>(bytes: &'b [u8], what: &str) -> Result<(ZipArchive<Cursor<&'b [u
     let zip = ZipArchive::new(Cursor::new(bytes))
         .map_err(|e| corrupt(what, format!("not a readable zip archive: {e}")))?;
     if zip.has_duplicate_names() {
-        return Err(corrupt(what, "the zip lists a member name twice"));
+        let start = zip.central_directory_start();
+        let name = crate::interop::zip::duplicate_member(Cursor::new(bytes), start);
+        return Err(corrupt(
+            what,
+            format!("the zip lists member {:?} twice", name.unwrap_or_default()),
+        ));
     }
     let cd_start = usize::try_from(zip.central_directory_start())
         .ok()

@@ -1,32 +1,41 @@
-//! Importing the array files users already have: `.npy`, `.npz` and
-//! `.safetensors` (`.lvz` archives go through [`crate::archive`]: the
-//! Python layer copies their records at record level, metadata, layout,
-//! arrays and pickled remainder as bytes, so importing never unpickles).
-//! The format is detected from the content ([`detect_format`]), not the
-//! name. Each format's byte layout and checks are in its module: [`npy`],
-//! [`npz`] (with [`zip`]), [`safetensors`]; what export writes is in
-//! [`export`].
+//! Importing the array files users already have: `.npy`, `.npz`,
+//! `.safetensors` and lazyvault's `.lvz` archives (read with
+//! [`crate::archive`]; their records are copied at record level, metadata,
+//! layout, arrays and pickled remainder as bytes, so importing never
+//! unpickles). The format is detected from the content ([`detect_format`]),
+//! not the name. Each format's byte layout and checks are in its module:
+//! [`npy`], [`npz`] (with [`zip`]), [`safetensors`]; what export writes is
+//! in [`export`].
 //!
-//! Every import runs in two phases:
+//! An import of one file or of many ([`import_files`], a directory in the
+//! Python layer) runs in two phases:
 //!
-//! 1. **Plan** (nothing written): the file is opened once and everything is
-//!    checked — the `.npy` headers of a file or of every `.npz` member (with
-//!    [`crate::npy`]), the zip directory and each member's declared sizes
-//!    against what its header implies and against a decompression-ratio cap,
-//!    lazyvault's own `.npz` manifest, a `.safetensors` header whole. The
-//!    result is a list of records whose arrays say where their bytes are.
-//! 2. **Stage and commit**: each array is streamed from the same open file
-//!    straight into its payload file ([`Store::put_staged`]): a stored member
-//!    or a `.npy`/`.safetensors` range is copied, a deflated member inflated,
-//!    through one 4 MiB buffer whatever the size, checking the zip's CRC-32
-//!    and stopping at once when a member inflates past its declared size.
-//!    The records are committed together; a failure (a CRC mismatch found
-//!    while copying) removes every staged file, so a rejected file leaves
-//!    the store as it was.
+//! 1. **Plan** (nothing written): every file is opened and checked whole,
+//!    one after the other — the `.npy` headers of a file or of every `.npz`
+//!    member (with [`crate::npy`]), the zip directory and each member's
+//!    declared sizes against what its header implies and against a
+//!    decompression-ratio cap, lazyvault's own `.npz` manifest, a
+//!    `.safetensors` header whole, an `.lvz` archive's directory, records,
+//!    array headers and CRC-32s; shapes numpy cannot hold
+//!    ([`npy::numpy_refuses`]); then the keys of all files together (two
+//!    files giving one key:
+//!    [`InteropError::KeyCollision`](crate::InteropError::KeyCollision)).
+//!    The result is a list of records whose arrays say where their bytes
+//!    are.
+//! 2. **Stage and commit**: each array is streamed from its file straight
+//!    into a payload file of one [`Store::put_staged`]: a stored member, an
+//!    archive member or a `.npy`/`.safetensors` range is copied, a deflated
+//!    member inflated, through one 4 MiB buffer whatever the size, checking
+//!    the zip's CRC-32 and stopping at once when a member inflates past its
+//!    declared size. The records of every file are committed together; a
+//!    failure (a CRC mismatch found while copying, a file changed since it
+//!    was checked, a full disk) removes every staged file, so a rejected
+//!    import leaves the store as it was, whatever the number of files.
 //!
-//! So an import holds one descriptor for the source (whatever the number of
-//! members) plus the payload being written, and memory bounded by a few MiB
-//! plus the zip directory and the records' metadata.
+//! So an import holds one descriptor for the file being copied (whatever
+//! the number of members) plus the payload being written, and memory
+//! bounded by a few MiB plus the zip directories and the records' metadata
+//! (an `.lvz` is memory-mapped); staged payloads are files on disk.
 //!
 //! What each format becomes (the record the Python layer's splitting of the
 //! same dict would give, see `flat_record`): a `.npy` is one record
@@ -34,11 +43,13 @@
 //! ".npy": array}`; lazyvault's `.npz` (with the [`NPZ_MANIFEST`] member) a
 //! record per manifest entry under its own key; a `.safetensors` file one
 //! record `{tensor name: array}` plus its `"__metadata__"` map and, for
-//! raw-bit tensors (BF16, F8), `"safetensors_dtypes"`.
+//! raw-bit tensors (BF16, F8), `"safetensors_dtypes"`; an `.lvz` its
+//! records under their own keys.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufReader, Read};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use indexmap::IndexMap;
 use lazyvault_schema::ArrayEntry;
@@ -50,6 +61,7 @@ use crate::{ArraySource, Stage, StagedRecord, Store};
 
 pub mod export;
 pub(crate) mod json;
+mod lvz;
 pub mod npy;
 pub mod npz;
 pub mod safetensors;
@@ -208,15 +220,16 @@ impl Default for ImportOptions {
 /// it) for the store; see [`ImportHooks::repickle`].
 pub type Repickle<'a> = dyn FnMut(&str, Vec<u8>) -> Result<PickledArray> + 'a;
 
-/// Called with `(records staged, records in the file)` after each record's
-/// payloads are written; returning `false` cancels the import.
+/// Called with `(arrays staged, arrays of the whole import)`: once with
+/// `(0, total)` when every file has been checked, then after each array's
+/// payload is written; returning `false` cancels the import.
 pub type Progress<'a> = dyn FnMut(u64, u64) -> bool + 'a;
 
 /// Callbacks of an import.
 #[derive(Default)]
 pub struct ImportHooks<'a> {
-    /// Progress, counted in records; it runs while the store's writer lock
-    /// is held, so it must not use the store.
+    /// Progress, counted in arrays over every file of the import; it runs
+    /// while the store's writer lock is held, so it must not use the store.
     pub progress: Option<&'a mut Progress<'a>>,
     /// Turns the pickle stream of an `object` array, as numpy wrote it
     /// (perhaps by Python 2), into the payload the store keeps (the Python
@@ -226,22 +239,16 @@ pub struct ImportHooks<'a> {
     pub repickle: Option<&'a mut Repickle<'a>>,
 }
 
-/// Imports the file at `path` (a `.npy`, `.npz` or `.safetensors`, format
-/// from its content) into `store`; returns the keys written, in order.
+/// Imports the file at `path` (a `.npy`, `.npz`, `.safetensors` or `.lvz`,
+/// format from its content) into `store`; returns the keys written, in
+/// order. [`import_files`] with one file.
 ///
 /// A single-record file is written under `key`, or `default_key` when
-/// `key` is `None`; lazyvault's `.npz` brings back every record under its
-/// own key, or its only record under `key`.
+/// `key` is `None`; lazyvault's `.npz` and `.lvz` bring back every record
+/// under its own key, or their only record under `key`.
 ///
 /// # Errors
-/// [`InteropError::UnknownFormat`](crate::InteropError::UnknownFormat); [`InteropError::InvalidFile`](crate::InteropError::InvalidFile) for a malformed, truncated
-/// or hostile file (its message names the file and the member or tensor);
-/// [`InteropError::PickleNotAllowed`](crate::InteropError::PickleNotAllowed) for an `object` array without
-/// [`ImportOptions::allow_pickle`]; [`InteropError::Unsupported`](crate::InteropError::Unsupported) for `key` given with
-/// a file of several records or for a `.lvz` (imported through
-/// [`crate::archive`]); [`UsageError::Cancelled`](crate::UsageError::Cancelled); and the errors of
-/// [`Store::put_staged`] (free space first). On any error the store is as
-/// it was.
+/// As [`import_files`].
 pub fn import_file(
     store: &Store,
     path: &Path,
@@ -250,15 +257,119 @@ pub fn import_file(
     options: &ImportOptions,
     hooks: &mut ImportHooks<'_>,
 ) -> Result<Vec<String>> {
-    match detect_format(path)? {
-        Format::Npy => npy::import(store, path, key.unwrap_or(default_key), options, hooks),
-        Format::Npz => npz::import(store, path, key, default_key, options, hooks),
-        Format::Safetensors => safetensors::import(store, path, key.unwrap_or(default_key), hooks),
-        Format::Lvz => Err(Error::from(crate::InteropError::Unsupported(format!(
-            "{}: a .lvz archive: import it with the archive reader",
-            path.display()
-        )))),
+    let source = ImportSource {
+        path,
+        key,
+        default_key,
+    };
+    import_files(store, &[source], options, hooks)
+}
+
+/// One file of an import: its path, and the key of its record.
+#[derive(Debug, Clone, Copy)]
+pub struct ImportSource<'a> {
+    /// The file (`.npy`, `.npz`, `.safetensors` or `.lvz`, from its content).
+    pub path: &'a Path,
+    /// The key of a single-record file, or the new key of the only record
+    /// of an `.lvz` or lazyvault `.npz`; `None`: `default_key`, or their
+    /// records' own keys.
+    pub key: Option<&'a str>,
+    /// The key of a single-record file when `key` is `None`.
+    pub default_key: &'a str,
+}
+
+/// Imports every file of `files` into `store` as one commit: all of them
+/// are checked (phase 1, see the module docs) before any array is written,
+/// then every array is streamed into one staged put. Returns the keys
+/// written, file by file, in order.
+///
+/// # Errors
+/// [`StorageError::Io`](crate::StorageError::Io) when a file cannot be opened
+/// or read (`NotFound` for a missing one);
+/// [`InteropError::UnknownFormat`](crate::InteropError::UnknownFormat);
+/// [`InteropError::InvalidFile`](crate::InteropError::InvalidFile) for a
+/// malformed, truncated, damaged or hostile file (its message names the file
+/// and the member or tensor, its `path` the file; damage an `.lvz` shows is
+/// reported so too, not as [`Error::Corrupt`]);
+/// [`InteropError::PickleNotAllowed`](crate::InteropError::PickleNotAllowed)
+/// for an `object` array of a `.npy`/`.npz` without
+/// [`ImportOptions::allow_pickle`];
+/// [`InteropError::Unsupported`](crate::InteropError::Unsupported) for `key`
+/// given with a file of several records;
+/// [`InteropError::KeyCollision`](crate::InteropError::KeyCollision) when two
+/// files give the same key; [`UsageError::Cancelled`](crate::UsageError::Cancelled);
+/// and the errors of [`Store::put_staged`] (free space first). On any error
+/// the store is as it was.
+pub fn import_files(
+    store: &Store,
+    files: &[ImportSource<'_>],
+    options: &ImportOptions,
+    hooks: &mut ImportHooks<'_>,
+) -> Result<Vec<String>> {
+    let mut plans = Vec::with_capacity(files.len());
+    for source in files {
+        plans.push(plan_file(source, options).map_err(|e| e.in_input_file(source.path))?);
     }
+    check_collisions(&plans)?;
+    write_plans(store, plans, hooks)
+}
+
+/// What phase 1 found in one file.
+struct FilePlan {
+    path: PathBuf,
+    format: Format,
+    /// The file's length when checked: a file whose length changed before
+    /// its bytes are copied is refused.
+    len: u64,
+    /// The archive, mapped, for an `.lvz`.
+    archive: Option<crate::archive::Archive>,
+    records: Vec<PlannedRecord>,
+}
+
+/// Phase 1 of one file.
+fn plan_file(source: &ImportSource<'_>, options: &ImportOptions) -> Result<FilePlan> {
+    let ImportSource {
+        path,
+        key,
+        default_key,
+    } = *source;
+    let format = detect_format(path)?;
+    let len = std::fs::metadata(path).map_err(Error::io(path))?.len();
+    let mut archive = None;
+    let records = match format {
+        Format::Npy => npy::plan(path, key.unwrap_or(default_key), options)?,
+        Format::Npz => npz::plan(path, key, default_key, options)?,
+        Format::Safetensors => safetensors::plan(path, key.unwrap_or(default_key))?,
+        Format::Lvz => {
+            let (mapped, records) = lvz::plan(path, key)?;
+            archive = Some(mapped);
+            records
+        }
+    };
+    Ok(FilePlan {
+        path: path.to_owned(),
+        format,
+        len,
+        archive,
+        records,
+    })
+}
+
+/// Refuses two files of one import that give the same key.
+fn check_collisions(plans: &[FilePlan]) -> Result<()> {
+    let mut seen: HashMap<&str, &Path> = HashMap::new();
+    for plan in plans {
+        for r in &plan.records {
+            if let Some(first) = seen.insert(&r.key, &plan.path) {
+                return Err(Error::from(crate::InteropError::KeyCollision {
+                    key: r.key.clone(),
+                    first: first.to_owned(),
+                    second: plan.path.clone(),
+                }));
+            }
+        }
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------
@@ -271,6 +382,9 @@ pub(crate) enum Source {
     Range { offset: u64 },
     /// A zip member (its `.npy` header included), by index in the zip.
     Member(zip::MemberInfo),
+    /// `nbytes` bytes at this offset of a mapped `.lvz` archive, already in
+    /// the store's form (a pickled array's bytes are copied as they are).
+    Mapped { start: usize },
 }
 
 /// One array of a planned record.
@@ -300,6 +414,8 @@ pub(crate) struct PlannedRecord {
     pub meta: Map<String, Value>,
     pub layout: Value,
     pub arrays: IndexMap<String, PlannedArray>,
+    /// The pickled remainder (records of an `.lvz` only).
+    pub pickle: Option<Vec<u8>>,
 }
 
 /// A field of a flat dict to store: a JSON value or an array.
@@ -341,6 +457,7 @@ pub(crate) fn flat_record(key: &str, fields: Vec<(String, Field)>) -> PlannedRec
         meta,
         layout: serde_json::json!({ "dict": nodes }),
         arrays,
+        pickle: None,
     }
 }
 
@@ -358,8 +475,8 @@ fn layout_of(value: &Value) -> Value {
 }
 
 /// What the records of a plan will write: (payload files, data bytes).
-pub(crate) fn plan_size(records: &[PlannedRecord]) -> (usize, u64) {
-    let arrays = records.iter().flat_map(|r| r.arrays.values());
+pub(crate) fn plan_size<'a>(records: impl Iterator<Item = &'a PlannedRecord>) -> (usize, u64) {
+    let arrays = records.flat_map(|r| r.arrays.values());
     arrays.fold((0, 0), |(n, b), a| (n + 1, b.saturating_add(a.nbytes)))
 }
 
@@ -432,7 +549,7 @@ pub(crate) struct FileRanges(pub File);
 impl ArrayBytes for FileRanges {
     fn open(&mut self, array: &PlannedArray) -> Result<Box<dyn Read + '_>> {
         let Source::Range { offset } = array.source else {
-            unreachable!("file ranges hold ranges only");
+            unreachable!("a .npy or .safetensors plan holds ranges only");
         };
         use std::io::{Seek, SeekFrom};
         let file = &mut self.0;
@@ -442,34 +559,84 @@ impl ArrayBytes for FileRanges {
     }
 }
 
-/// Phase 2: streams every array of `records` from `bytes` into payloads of
-/// one staged put and commits the records; returns their keys.
-pub(crate) fn write_records(
+/// Byte ranges of a mapped `.lvz` archive.
+struct MappedRanges<'a>(&'a [u8]);
+
+impl ArrayBytes for MappedRanges<'_> {
+    fn open(&mut self, array: &PlannedArray) -> Result<Box<dyn Read + '_>> {
+        let Source::Mapped { start } = array.source else {
+            unreachable!("an .lvz plan holds mapped ranges only");
+        };
+        // checked against the map when planned
+        let end = start + array.nbytes as usize;
+        Ok(Box::new(&self.0[start..end]))
+    }
+}
+
+/// The source of a planned file's bytes for phase 2: the file opened again
+/// (one descriptor at a time, whatever the number of files), refused if its
+/// length changed since it was checked.
+fn open_bytes(plan: &FilePlan) -> Result<Box<dyn ArrayBytes + '_>> {
+    if let Some(archive) = &plan.archive {
+        return Ok(Box::new(MappedRanges(archive.bytes())));
+    }
+    let path = &plan.path;
+    let file = File::open(path).map_err(Error::io(path))?;
+    let len = file.metadata().map_err(Error::io(path))?.len();
+    if len != plan.len {
+        return Err(invalid(
+            &shown(path),
+            format!(
+                "changed while being imported ({} bytes when checked, {len} now)",
+                plan.len
+            ),
+        ));
+    }
+    Ok(match plan.format {
+        Format::Npz => {
+            let zip = zip::ZipIn::new(BufReader::with_capacity(64 << 10, file), &shown(path))?;
+            Box::new(npz::Members(zip))
+        }
+        _ => Box::new(FileRanges(file)),
+    })
+}
+
+/// Phase 2: streams every array of every plan into payloads of one staged
+/// put and commits all the records; returns their keys.
+fn write_plans(
     store: &Store,
-    records: Vec<PlannedRecord>,
-    bytes: &mut dyn ArrayBytes,
-    path: &Path,
+    plans: Vec<FilePlan>,
     hooks: &mut ImportHooks<'_>,
 ) -> Result<Vec<String>> {
-    let (files, nbytes) = plan_size(&records);
-    let total = records.len() as u64;
-    let keys: Vec<String> = records.iter().map(|r| r.key.clone()).collect();
-    store.put_staged(files, nbytes, records.len(), |stage| {
-        let mut staged = Vec::with_capacity(records.len());
-        for (done, r) in records.into_iter().enumerate() {
-            let mut arrays = IndexMap::with_capacity(r.arrays.len());
-            for (name, array) in r.arrays {
-                let entry = stage_array(stage, &name, &array, bytes, path, hooks)?;
-                arrays.insert(name, entry);
+    let records = || plans.iter().flat_map(|p| p.records.iter());
+    let (files, nbytes) = plan_size(records());
+    let count = records().count();
+    let keys: Vec<String> = records().map(|r| r.key.clone()).collect();
+    let total = files as u64;
+    store.put_staged(files, nbytes, count, |stage| {
+        report(hooks, 0, total)?;
+        let mut done = 0;
+        let mut staged = Vec::with_capacity(count);
+        for plan in &plans {
+            let in_file = |e: Error| e.in_input_file(&plan.path);
+            let mut bytes = open_bytes(plan).map_err(in_file)?;
+            for r in &plan.records {
+                let mut arrays = IndexMap::with_capacity(r.arrays.len());
+                for (name, array) in &r.arrays {
+                    let entry = stage_array(stage, name, array, &mut *bytes, &plan.path, hooks)
+                        .map_err(in_file)?;
+                    arrays.insert(name.clone(), entry);
+                    done += 1;
+                    report(hooks, done, total)?;
+                }
+                staged.push(StagedRecord {
+                    key: r.key.clone(),
+                    meta: r.meta.clone(),
+                    layout: r.layout.clone(),
+                    arrays,
+                    pickle: r.pickle.clone(),
+                });
             }
-            staged.push(StagedRecord {
-                key: r.key,
-                meta: r.meta,
-                layout: r.layout,
-                arrays,
-                pickle: None,
-            });
-            report(hooks, done as u64 + 1, total)?;
         }
         Ok(staged)
     })?;
@@ -486,6 +653,23 @@ fn stage_array(
     hooks: &mut ImportHooks<'_>,
 ) -> Result<ArrayEntry> {
     if array.pickled {
+        if let Source::Mapped { .. } = array.source {
+            // an archive's pickle is already the store's: copied as it is
+            let mut data = Vec::new();
+            bytes
+                .open(array)?
+                .read_to_end(&mut data)
+                .map_err(|e| source_error(e, path))?;
+            return stage.write(&ArraySource {
+                name: name.to_owned(),
+                descr: array.descr.clone(),
+                dtype: array.dtype.clone(),
+                shape: array.shape.clone(),
+                fortran_order: array.fortran_order,
+                data: &data,
+                pickled: true,
+            });
+        }
         // Unpickled anyway when loaded: read whole (bounded by the source).
         let mut data = Vec::new();
         bytes

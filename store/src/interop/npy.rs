@@ -7,23 +7,16 @@ use std::fs::File;
 use std::path::Path;
 
 use super::{
-    check_pickles, flat_record, invalid, shown, write_records, Field, ImportHooks, ImportOptions,
-    PlannedArray, Source,
+    check_pickles, flat_record, invalid, shown, Field, ImportOptions, PlannedArray, PlannedRecord,
+    Source,
 };
 use crate::error::{Error, Result};
 use crate::npy::{self as core_npy, NpyError, NpyHeader};
 use crate::payload::source_error;
-use crate::Store;
 
-/// Imports the `.npy` file at `path` as the record `{"data": array}` under
-/// `key`; see [`super::import_file`].
-pub(crate) fn import(
-    store: &Store,
-    path: &Path,
-    key: &str,
-    options: &ImportOptions,
-    hooks: &mut ImportHooks<'_>,
-) -> Result<Vec<String>> {
+/// Phase 1 of the `.npy` file at `path`: the record `{"data": array}`
+/// under `key`, checked, nothing written.
+pub(crate) fn plan(path: &Path, key: &str, options: &ImportOptions) -> Result<Vec<PlannedRecord>> {
     let what = shown(path);
     let mut file = File::open(path).map_err(Error::io(path))?;
     let size = file.metadata().map_err(Error::io(path))?.len();
@@ -52,7 +45,7 @@ pub(crate) fn import(
         vec![("data".to_owned(), Field::Array(array))],
     )];
     check_pickles(&records, options)?;
-    write_records(store, records, &mut super::FileRanges(file), path, hooks)
+    Ok(records)
 }
 
 /// Parses the `.npy` header at the start of `bytes` (data may follow) of
@@ -72,14 +65,17 @@ pub fn parse_header(bytes: &[u8], max_header_size: usize, what: &str) -> Result<
 /// `object` array).
 ///
 /// # Errors
-/// [`InteropError::InvalidFile`](crate::InteropError::InvalidFile) when the descr has no known itemsize or the size
-/// overflows.
+/// [`InteropError::InvalidFile`](crate::InteropError::InvalidFile) when the descr has no known itemsize, the size
+/// overflows, or numpy could not hold the array ([`numpy_refuses`]).
 pub(crate) fn planned_array(
     what: &str,
     header: &NpyHeader,
     available: u64,
     source: Source,
 ) -> Result<PlannedArray> {
+    if let Some(problem) = numpy_refuses(&header.descr, &header.shape) {
+        return Err(invalid(what, problem));
+    }
     let pickled = descr_has_object(&header.descr);
     let nbytes = if pickled {
         available
@@ -127,6 +123,47 @@ pub(crate) fn header_error(what: &str, e: NpyError, path: &Path) -> Error {
             "not a .npy (it does not start with the magic bytes \\x93NUMPY)",
         ),
         other => invalid(what, other),
+    }
+}
+
+/// numpy's `NPY_MAXDIMS`: the most dimensions an array can have.
+pub const NUMPY_MAX_DIMS: usize = 64;
+
+/// Why numpy cannot create an array of `descr` (Python-literal text) and
+/// `shape`, or `None` when it can: more than [`NUMPY_MAX_DIMS`]
+/// dimensions, a dimension past `intp`, or a byte size (the item size times
+/// every non-zero dimension, as numpy multiplies them) past `intp`
+/// (`i64::MAX` bytes). An unknown descr is left to other checks.
+///
+/// A record holding such an array could be written but never read back
+/// (numpy raises `ValueError`), so import refuses it; the store's read path
+/// can call this to report such a record as damaged.
+pub fn numpy_refuses(descr: &str, shape: &[u64]) -> Option<String> {
+    const INTP_MAX: u64 = i64::MAX as u64;
+    if shape.len() > NUMPY_MAX_DIMS {
+        return Some(format!(
+            "{} dimensions: numpy arrays have at most {NUMPY_MAX_DIMS}",
+            shape.len()
+        ));
+    }
+    if let Some(d) = shape.iter().find(|&&d| d > INTP_MAX) {
+        return Some(format!(
+            "dimension {d} exceeds numpy's largest ({INTP_MAX}, 2^63-1)"
+        ));
+    }
+    let itemsize = core_npy::descr_itemsize(descr)?;
+    let bytes = shape
+        .iter()
+        .filter(|&&d| d != 0)
+        .try_fold(itemsize, |acc, &d| acc.checked_mul(d))
+        .filter(|&n| n <= INTP_MAX);
+    match bytes {
+        Some(_) => None,
+        None => Some(format!(
+            "shape {shape:?} of {} takes more than 2^63-1 bytes (numpy multiplies the item size by \
+             every non-zero dimension, and refuses such arrays, even empty ones)",
+            dtype_name(descr)
+        )),
     }
 }
 
@@ -302,6 +339,24 @@ mod tests {
         ] {
             assert_eq!(dtype_name(descr), name, "{descr}");
         }
+    }
+
+    #[test]
+    fn numpy_refuses_what_it_cannot_create() {
+        assert_eq!(numpy_refuses("'<f8'", &[1; 64]), None);
+        assert!(numpy_refuses("'<f8'", &[1; 65])
+            .unwrap()
+            .contains("65 dimensions"));
+        // numpy's own limits, probed with np.empty
+        assert!(numpy_refuses("'<f8'", &[0, (1 << 63) - 1]).is_some());
+        assert!(numpy_refuses("'<f8'", &[0, 1 << 62]).is_some());
+        assert_eq!(numpy_refuses("'|i1'", &[0, (1 << 63) - 1]), None);
+        assert!(numpy_refuses("'|i1'", &[0, 1 << 62, 2]).is_some());
+        assert!(numpy_refuses("'|i1'", &[1 << 63]).is_some());
+        assert_eq!(numpy_refuses("'|V0'", &[1 << 62]), None);
+        assert!(numpy_refuses("'<f8'", &[1 << 40, 1 << 30]).is_some());
+        assert!(numpy_refuses("'<f8'", &[1 << 30, 1 << 30]).is_some()); // 2^63 bytes
+        assert_eq!(numpy_refuses("'<f8'", &[1 << 30, 1 << 29]), None);
     }
 
     #[test]

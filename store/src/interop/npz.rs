@@ -25,12 +25,11 @@ use super::json::parse_strict;
 use super::npy::{header_error, planned_array};
 use super::zip::{MemberInfo, ZipIn};
 use super::{
-    check_pickles, flat_record, invalid, shown, write_records, ArrayBytes, Field, ImportHooks,
-    ImportOptions, PlannedArray, PlannedRecord, Source, NPZ_MANIFEST,
+    check_pickles, flat_record, invalid, shown, ArrayBytes, Field, ImportOptions, PlannedArray,
+    PlannedRecord, Source, NPZ_MANIFEST,
 };
 use crate::error::{Error, Result};
 use crate::npy as core_npy;
-use crate::Store;
 
 /// The `format` of lazyvault's npz manifest.
 pub(crate) const NPZ_FORMAT: &str = "lazyvault-npz";
@@ -391,6 +390,7 @@ fn plan_records(
                 meta: rec.meta,
                 layout,
                 arrays: arrays.collect(),
+                pickle: None,
             },
             None => {
                 // the flat dict {**meta, **arrays}: an array replaces a
@@ -413,7 +413,7 @@ fn plan_records(
 }
 
 /// Member bytes of an open zip.
-struct Members<R: Read + Seek>(ZipIn<R>);
+pub(crate) struct Members<R: Read + Seek>(pub ZipIn<R>);
 
 impl<R: Read + Seek> ArrayBytes for Members<R> {
     fn open(&mut self, array: &PlannedArray) -> Result<Box<dyn Read + '_>> {
@@ -429,7 +429,7 @@ impl<R: Read + Seek> ArrayBytes for Members<R> {
 }
 
 /// Opens the `.npz` at `path` with one descriptor.
-fn open(path: &Path) -> Result<ZipIn<BufReader<File>>> {
+pub(crate) fn open(path: &Path) -> Result<ZipIn<BufReader<File>>> {
     let file = File::open(path).map_err(Error::io(path))?;
     ZipIn::new(BufReader::with_capacity(64 << 10, file), &shown(path))
 }
@@ -443,18 +443,17 @@ pub fn has_manifest(path: &Path) -> Result<bool> {
     Ok(open(path)?.contains(NPZ_MANIFEST))
 }
 
-/// Imports the `.npz` at `path`; see [`super::import_file`].
-pub(crate) fn import(
-    store: &Store,
+/// Phase 1 of the `.npz` at `path`: its records, checked, nothing written
+/// (see [`super::import_file`] for `key` and `default_key`).
+pub(crate) fn plan(
     path: &Path,
     key: Option<&str>,
     default_key: &str,
     options: &ImportOptions,
-    hooks: &mut ImportHooks<'_>,
-) -> Result<Vec<String>> {
+) -> Result<Vec<PlannedRecord>> {
     let mut zip = open(path)?;
     let contents = read_npz(&mut zip, path, options)?;
     let records = plan_records(contents, &shown(path), key, default_key)?;
     check_pickles(&records, options)?;
-    write_records(store, records, &mut Members(zip), path, hooks)
+    Ok(records)
 }

@@ -6,8 +6,14 @@
 //! The header is checked whole before anything is allocated from it or
 //! written: its length against the file and [`SAFETENSORS_MAX_HEADER`] (as
 //! the reference reader), strict JSON (no duplicate names), every tensor's
-//! dtype, shape and offsets (in range, of the size shape and dtype imply,
-//! non-overlapping).
+//! dtype, shape and offsets (in range, of the size shape and dtype imply),
+//! and, as the reference reader requires, the tensors' byte ranges covering
+//! the data section exactly: sorted by offset, each starts where the one
+//! before ends, the first at 0 and the last at the end of the file (no
+//! overlap, no gap, no trailing bytes). Shapes numpy cannot hold (more than
+//! 64 dimensions, more than 2^63-1 bytes) are refused.
+//!
+//! `C64` (complex64, two little-endian `F32`) becomes numpy's `complex64`.
 //!
 //! BF16 and F8 tensors have no numpy dtype: they are kept as raw bits
 //! (`uint16`, `uint8`), never converted, and their tags are kept in the
@@ -23,12 +29,8 @@ use indexmap::IndexMap;
 use serde_json::{Map, Value};
 
 use super::json::parse_strict;
-use super::{
-    flat_record, invalid, shown, write_records, Field, FileRanges, ImportHooks, PlannedArray,
-    Source,
-};
+use super::{flat_record, invalid, shown, Field, PlannedArray, PlannedRecord, Source};
 use crate::error::{Error, Result};
-use crate::Store;
 
 /// Largest header read, in bytes (the reference reader's cap, 100 MB).
 pub const SAFETENSORS_MAX_HEADER: u64 = 100_000_000;
@@ -53,6 +55,7 @@ fn dtype_of(tag: &str) -> Option<(&'static str, &'static str, bool)> {
         "I32" => ("'<i4'", "int32", false),
         "F32" => ("'<f4'", "float32", false),
         "F64" => ("'<f8'", "float64", false),
+        "C64" => ("'<c8'", "complex64", false),
         "U64" => ("'<u8'", "uint64", false),
         "I64" => ("'<i8'", "int64", false),
         "BF16" => ("'<u2'", "uint16", true),
@@ -174,26 +177,61 @@ pub fn parse_header(
         .iter()
         .map(|(name, entry)| check_tensor(what, name, entry, data_len))
         .collect::<Result<Vec<_>>>()?;
-    let mut spans: Vec<&Tensor> = tensors.iter().filter(|t| t.end > t.begin).collect();
-    spans.sort_by_key(|t| t.begin);
-    for pair in spans.windows(2) {
-        let (a, b) = (pair[0], pair[1]);
-        if b.begin < a.end {
+    check_coverage(&tensors, data_len, what)?;
+    Ok((metadata, tensors))
+}
+
+/// Checks that the tensors' byte ranges cover the data section of
+/// `data_len` bytes exactly, as the reference reader does (its
+/// `MetadataIncompleteBuffer` and `InvalidOffset`): sorted by offsets, each
+/// starts where the previous one ends, from 0 to `data_len`.
+fn check_coverage(tensors: &[Tensor], data_len: u64, what: &str) -> Result<()> {
+    let mut spans: Vec<&Tensor> = tensors.iter().collect();
+    spans.sort_by_key(|t| (t.begin, t.end));
+    let mut end: u64 = 0;
+    let mut last: Option<&Tensor> = None;
+    for t in spans {
+        if t.begin < end {
+            let a = last.expect("end > 0 after a tensor");
             return Err(invalid(
                 what,
                 format!(
                     "tensors {} and {} overlap ({}-{} and {}-{})",
                     super::npz::quoted(&a.name),
-                    super::npz::quoted(&b.name),
+                    super::npz::quoted(&t.name),
                     a.begin,
                     a.end,
-                    b.begin,
-                    b.end
+                    t.begin,
+                    t.end
                 ),
             ));
         }
+        if t.begin > end {
+            return Err(invalid(
+                what,
+                format!(
+                    "bytes {end}-{} of the data section belong to no tensor (tensor {} starts at \
+                     {}): safetensors tensors cover the data section without gaps",
+                    t.begin,
+                    super::npz::quoted(&t.name),
+                    t.begin
+                ),
+            ));
+        }
+        end = t.end;
+        last = Some(t);
     }
-    Ok((metadata, tensors))
+    if end != data_len {
+        return Err(invalid(
+            what,
+            format!(
+                "{} trailing bytes after the last tensor (the data section is {data_len} bytes, \
+                 the tensors end at {end}): safetensors tensors cover the data section exactly",
+                data_len - end
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Checks one tensor entry.
@@ -258,6 +296,9 @@ fn check_tensor(file: &str, name: &str, entry: &Value, data_len: u64) -> Result<
                 want.map_or("more than 2^64".to_owned(), |n| n.to_string())
             ),
         ));
+    }
+    if let Some(problem) = super::npy::numpy_refuses(descr, &shape) {
+        return Err(invalid(&what, problem));
     }
     Ok(Tensor {
         name: name.to_owned(),
@@ -330,7 +371,7 @@ fn parse_marker(text: &str) -> Option<(Vec<String>, Vec<String>)> {
 
 /// The record a checked header gives (see [`super`]): its metadata fields,
 /// then `"__metadata__"`, `"safetensors_dtypes"`, then the tensors.
-fn plan_record(header: &Header, key: &str, what: &str) -> Result<super::PlannedRecord> {
+fn plan_record(header: &Header, key: &str, what: &str) -> Result<PlannedRecord> {
     let mut obj = Map::new();
     if let Some(metadata) = &header.metadata {
         let (top, rest) = decode_metadata(metadata);
@@ -390,18 +431,10 @@ pub fn read_file_header(path: &Path) -> Result<Header> {
     read_header(&mut file, len, &shown(path))
 }
 
-/// Imports the safetensors file at `path` as one record under `key`; see
-/// [`super::import_file`].
-pub(crate) fn import(
-    store: &Store,
-    path: &Path,
-    key: &str,
-    hooks: &mut ImportHooks<'_>,
-) -> Result<Vec<String>> {
+/// Phase 1 of the safetensors file at `path`: one record under `key`,
+/// checked, nothing written.
+pub(crate) fn plan(path: &Path, key: &str) -> Result<Vec<PlannedRecord>> {
     let what = shown(path);
-    let mut file = File::open(path).map_err(Error::io(path))?;
-    let len = file.metadata().map_err(Error::io(path))?.len();
-    let header = read_header(&mut file, len, &what)?;
-    let record = plan_record(&header, key, &what)?;
-    write_records(store, vec![record], &mut FileRanges(file), path, hooks)
+    let header = read_file_header(path)?;
+    Ok(vec![plan_record(&header, key, &what)?])
 }

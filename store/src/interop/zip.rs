@@ -77,7 +77,15 @@ impl<R: Read + Seek> ZipIn<R> {
         let zip = ZipArchive::new(reader)
             .map_err(|e| invalid(what, format!("not a readable zip: {e}")))?;
         if zip.has_duplicate_names() {
-            return Err(invalid(what, "a member name occurs twice in the zip"));
+            let start = zip.central_directory_start();
+            let name = duplicate_member(zip.into_inner(), start).unwrap_or_default();
+            return Err(invalid(
+                what,
+                format!(
+                    "member {} occurs twice in the zip (which of them is meant is ambiguous)",
+                    super::npz::quoted(&name)
+                ),
+            ));
         }
         let mut zip = zip;
         check_apart(&mut zip, what)?;
@@ -201,6 +209,33 @@ fn check_apart<R: Read + Seek>(zip: &mut ZipArchive<R>, what: &str) -> Result<()
         }
     }
     Ok(())
+}
+
+/// The first member name the central directory at `start` of the zip in
+/// `reader` lists twice, if any (the zip crate keeps one entry per name and
+/// says only that it dropped some). Reads the entries' fixed parts and
+/// names (APPNOTE 4.3.12), stopping at the first thing that is not one.
+pub fn duplicate_member<R: Read + Seek>(mut reader: R, start: u64) -> Option<String> {
+    const CENTRAL_SIG: u32 = 0x0201_4b50;
+    reader.seek(SeekFrom::Start(start)).ok()?;
+    let mut seen = std::collections::HashSet::new();
+    let mut fixed = [0u8; 46];
+    while reader.read_exact(&mut fixed).is_ok() {
+        if u32::from_le_bytes(fixed[..4].try_into().expect("4 bytes")) != CENTRAL_SIG {
+            break;
+        }
+        let field = |at: usize| u16::from_le_bytes([fixed[at], fixed[at + 1]]);
+        let (name_len, extra_len, comment_len) = (field(28), field(30), field(32));
+        let mut name = vec![0u8; usize::from(name_len)];
+        reader.read_exact(&mut name).ok()?;
+        let skip = i64::from(extra_len) + i64::from(comment_len);
+        reader.seek(SeekFrom::Current(skip)).ok()?;
+        let name = String::from_utf8_lossy(&name).into_owned();
+        if !seen.insert(name.clone()) {
+            return Some(name);
+        }
+    }
+    None
 }
 
 /// Whether the zip in `reader` names a member `name` (`false` for anything

@@ -11,11 +11,12 @@
 //!   reference writer does: every tensor starts at a multiple of its item
 //!   size, and a file imported and exported back is the same file;
 //! - dtypes: `bool`, `(u)int8-64`, `float16/32/64` as `BOOL`, `U8`...
-//!   `F64`; big-endian arrays are byte-swapped and Fortran-ordered ones
-//!   reordered to C order while streaming. Arrays that were imported from
-//!   safetensors' raw-bit kinds (`BF16`, `F8_*`, kept as `uint16`/`uint8`
-//!   with their tag in the record's `"safetensors_dtypes"` metadata field)
-//!   get that tag back. Other dtypes (complex, strings, datetimes,
+//!   `F64`, little-endian `complex64` as `C64`; big-endian arrays are
+//!   byte-swapped and Fortran-ordered ones reordered to C order while
+//!   streaming. Arrays that were imported from safetensors' raw-bit kinds
+//!   (`BF16`, `F8_*`, kept as `uint16`/`uint8` with their tag in the
+//!   record's `"safetensors_dtypes"` metadata field) get that tag back.
+//!   Other dtypes (other complex ones, strings, datetimes,
 //!   structured, `object`) have no safetensors form: an error;
 //! - `__metadata__` (a string-to-string map by the format): for a single
 //!   record, its metadata fields (strings as they are, anything else as
@@ -53,7 +54,7 @@ pub(crate) const MARKER: &str = "lazyvault";
 
 /// safetensors dtype tags of the numpy type codes (kind and item size,
 /// byte order aside).
-const TAGS: [(&str, &str); 12] = [
+const TAGS: [(&str, &str); 13] = [
     ("b1", "BOOL"),
     ("u1", "U8"),
     ("i1", "I8"),
@@ -66,6 +67,7 @@ const TAGS: [(&str, &str); 12] = [
     ("f8", "F64"),
     ("u8", "U64"),
     ("i8", "I64"),
+    ("c8", "C64"),
 ];
 /// Raw-bit tags and the numpy type code their bits are kept as.
 const RAW_TAGS: [(&str, &str); 4] = [
@@ -96,6 +98,10 @@ pub(crate) fn tensor_kind(descr: &str, kept: Option<&str>) -> Option<TensorKind>
         _ => ('=', text),
     };
     let itemsize: u64 = code.get(1..)?.parse().ok()?;
+    if code == "c8" && order == '>' {
+        // swapping would reverse each 8-byte element, not its two halves
+        return None;
+    }
     let swap = order == '>' && itemsize > 1;
     if let Some(kept) = kept {
         if let Some((tag, _)) = RAW_TAGS.iter().find(|(t, c)| *t == kept && *c == code) {
@@ -160,7 +166,7 @@ fn tensors(records: &[ExportRecord]) -> Result<Vec<Tensor<'_>>> {
                     name: name.clone(),
                     detail: format!(
                         "dtype {} has no safetensors equivalent (safetensors holds bool, \
-                     (u)int8-64, float16/32/64, and BF16/F8 raw bits)",
+                     (u)int8-64, float16/32/64, little-endian complex64, and BF16/F8 raw bits)",
                         entry.dtype
                     ),
                 })
