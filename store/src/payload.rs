@@ -59,6 +59,9 @@ fn prepare_payload_of(src: &ArraySource<'_>, nbytes: u64) -> Result<(Vec<u8>, Ar
     if src.name.is_empty() {
         return Err(invalid("array names must be non-empty".into()));
     }
+    if let Some(problem) = npy::numpy_refuses(&src.descr, &src.shape) {
+        return Err(invalid(problem));
+    }
     // Any header numpy itself writes: a dtype of hundreds of fields is
     // stored, and read back under the entry's own data offset (see
     // `header_limit`).
@@ -540,6 +543,11 @@ fn open_entry_file(root: &Path, entry: &ArrayEntry) -> Result<(File, PathBuf)> {
     entry
         .validate("payload")
         .map_err(|e| Error::corrupt("record", e))?;
+    // numpy could not hold it (a record written before import refused such
+    // shapes): a damaged record, not numpy's ValueError at the reader
+    if let Some(problem) = npy::numpy_refuses(&entry.descr, &entry.shape) {
+        return Err(Error::corrupt("record", problem));
+    }
     let path = root.join(entry.relpath());
     let file = open_existing(&path)?;
     Ok((file, path))

@@ -540,3 +540,46 @@ fn a_header_past_numpys_default_limit_is_written_and_read_back() {
     let report = store.verify().unwrap();
     assert!(report.problems.is_empty(), "{:?}", report.problems);
 }
+
+/// An array numpy could not create (65 dimensions, or more than 2^63-1
+/// bytes) is refused at put, and a record holding one reads as damaged.
+#[test]
+fn shapes_numpy_cannot_hold_are_refused_and_read_as_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("n.lv"), Mode::Append).unwrap();
+    let data = bytes_of(&[1.0]);
+    for shape in [vec![1u64; 65], vec![0, 1 << 62]] {
+        match store.put(
+            "k",
+            Map::new(),
+            Value::Null,
+            &[f64_source("a", &data, shape)],
+            None,
+        ) {
+            Err(Error::Usage(UsageError::InvalidArray { detail, .. })) => {
+                assert!(
+                    detail.contains("numpy") || detail.contains("dimensions"),
+                    "{detail}"
+                )
+            }
+            other => panic!("expected InvalidArray, got {other:?}"),
+        }
+    }
+    store
+        .put(
+            "k",
+            Map::new(),
+            Value::Null,
+            &[f64_source("a", &data, vec![1])],
+            None,
+        )
+        .unwrap();
+    let mut entry = store.get("k").unwrap().unwrap().arrays["a"].clone();
+    entry.shape = vec![1; 65];
+    for result in [
+        load_payload(store.root(), &entry).map(|_| ()),
+        map_payload(store.root(), &entry).map(|_| ()),
+    ] {
+        assert!(matches!(result, Err(Error::Corrupt(_))), "{result:?}");
+    }
+}

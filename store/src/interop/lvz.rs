@@ -39,7 +39,7 @@ pub(crate) fn plan(path: &Path, key: Option<&str>) -> Result<(Archive, Vec<Plann
         let mut arrays = IndexMap::with_capacity(r.record.arrays.len());
         for (name, entry) in &r.record.arrays {
             let what = format!("{file} record {} array {}", quoted(&r.key), quoted(name));
-            if let Some(problem) = super::npy::numpy_refuses(&entry.descr, &entry.shape) {
+            if let Some(problem) = crate::npy::numpy_refuses(&entry.descr, &entry.shape) {
                 return Err(invalid(&what, problem));
             }
             let range = index.array_range(bytes, entry)?;

@@ -17,7 +17,7 @@
 //!    decompression-ratio cap, lazyvault's own `.npz` manifest, a
 //!    `.safetensors` header whole, an `.lvz` archive's directory, records,
 //!    array headers and CRC-32s; shapes numpy cannot hold
-//!    ([`npy::numpy_refuses`]); then the keys of all files together (two
+//!    ([`crate::npy::numpy_refuses`]); then the keys of all files together (two
 //!    files giving one key:
 //!    [`InteropError::KeyCollision`](crate::InteropError::KeyCollision)).
 //!    The result is a list of records whose arrays say where their bytes

@@ -297,7 +297,7 @@ fn check_tensor(file: &str, name: &str, entry: &Value, data_len: u64) -> Result<
             ),
         ));
     }
-    if let Some(problem) = super::npy::numpy_refuses(descr, &shape) {
+    if let Some(problem) = crate::npy::numpy_refuses(descr, &shape) {
         return Err(invalid(&what, problem));
     }
     Ok(Tensor {

@@ -23,12 +23,15 @@
 //! - `descr`: the descr (dtype) grammar, [`parse_descr`] and
 //!   [`descr_itemsize`];
 //! - `literal`: the Python-literal subset, parsed and rendered as `repr()`;
+//! - `numpy`: what numpy makes of a descr: [`dtype_name`],
+//!   [`descr_has_object`], and the arrays it refuses ([`numpy_refuses`]);
 //! - `error`: [`NpyError`].
 
 mod descr;
 mod error;
 mod header;
 mod literal;
+mod numpy;
 #[cfg(test)]
 mod testing;
 mod write;
@@ -36,6 +39,7 @@ mod write;
 pub use descr::{descr_itemsize, parse_descr, Descr, DescrField, SubarrayShape};
 pub use error::NpyError;
 pub use header::{parse_header, read_header};
+pub use numpy::{descr_has_object, dtype_name, numpy_refuses, NUMPY_MAX_DIMS};
 pub use write::{write_header, write_header_with_limit};
 
 /// numpy's default `max_header_size` (numpy/lib/format.py, after the DoS
