@@ -8,8 +8,8 @@ import has to hide inside a function. Today, from the bottom:
     record
     _frame
     store
-    _archive, _pickling, _interop
-    _export, _cli, __init__, __main__
+    _archive, _pickling, _interop, _export
+    _cli, __init__, __main__
 
 A module a layer up that a lower one needs at run time plugs itself in when
 imported (``record.plug_pickling``, ``store.plug_pickling``,
