@@ -187,15 +187,13 @@ class _Splitter:
             nodes, meta = self._walk_fields(value, path, leftovers, depth)
             return {"dict": nodes}, meta
         if t is list or t is tuple:
-            nodes_l, metas, complete = [], [], True
-            for i, v in enumerate(value):
-                node, m = self.walk(v, _join_path(path, str(i)), leftovers, depth)
-                nodes_l.append(node)
-                if m is _MISSING:
-                    complete = False
-                else:
-                    metas.append(m)
-            return {("list" if t is list else "tuple"): nodes_l}, (metas if complete else _MISSING)
+            pairs = [
+                self.walk(v, _join_path(path, str(i)), leftovers, depth)
+                for i, v in enumerate(value)
+            ]
+            metas = [m for _, m in pairs]
+            found = _MISSING if any(m is _MISSING for m in metas) else metas
+            return {("list" if t is list else "tuple"): [node for node, _ in pairs]}, found
         if t is not dict:  # a plain-state instance
             state, meta = self._walk_fields(vars(value), path, leftovers, depth)
             spec = f"{t.__module__}:{t.__qualname__}"
@@ -266,6 +264,8 @@ class Scan(NamedTuple):
 
 
 _NON_FINITE = ("nan", "inf", "-inf")
+# What rebuilding a damaged layout or remainder raises (join turns it into CorruptError).
+_DAMAGE = (ValueError, TypeError, LookupError, AttributeError, EOFError, OverflowError, ImportError)
 
 
 def scan(layout: Any, array_paths: Container[str], remainder: bool) -> Scan:
@@ -293,9 +293,9 @@ def scan(layout: Any, array_paths: Container[str], remainder: bool) -> Scan:
             elif kind == "array" and b is str:
                 if body not in array_paths:
                     return Scan(f"{{'array': {body!r}}} names no array of the record", needs)
-            elif kind == "float" and b is str and body in _NON_FINITE:
-                pass
-            elif kind == "scalar" and _scalar_ok(body):
+            elif (kind == "float" and b is str and body in _NON_FINITE) or (
+                kind == "scalar" and _scalar_ok(body)
+            ):
                 pass
             elif kind == "object" and b is dict and _class_spec_ok(body.get("class")):
                 state = body.get("state")
@@ -433,46 +433,35 @@ def join(
                 leftovers.append(unpickler.load())
         return leftovers[i]
 
+    def instance(body: dict[str, Any]) -> Any:
+        cls: Any = _find_class(body["class"])
+        obj = cls.__new__(cls)
+        obj.__dict__.update(build({"dict": body["state"]}))
+        return obj
+
+    # scan() let no other node kind through
+    builders: dict[str, Callable[[Any], Any]] = {
+        "dict": lambda body: {k: build(v) for k, v in body.items()},
+        "list": lambda body: [build(v) for v in body],
+        "tuple": lambda body: tuple(build(v) for v in body),
+        "array": array,
+        "float": float,
+        "scalar": lambda body: np.dtype(body[0]).type(body[1]),
+        "pickle": leftover,
+        "object": instance,
+    }
+
     def build(node: Any) -> Any:
         if not isinstance(node, dict):
             return node
         ((kind, body),) = node.items()
-        if kind == "dict":
-            return {k: build(v) for k, v in body.items()}
-        if kind == "list":
-            return [build(v) for v in body]
-        if kind == "tuple":
-            return tuple(build(v) for v in body)
-        if kind == "array":
-            return array(body)
-        if kind == "float":
-            return float(body)
-        if kind == "scalar":
-            return np.dtype(body[0]).type(body[1])
-        if kind == "pickle":
-            return leftover(body)
-        if kind == "object":
-            cls: Any = _find_class(body["class"])
-            obj = cls.__new__(cls)
-            obj.__dict__.update(build({"dict": body["state"]}))
-            return obj
-        raise ValueError(f"{what}: unknown layout node {kind!r}")  # scan() let none through
+        return builders[kind](body)
 
     try:
         return build(layout)
     except LazyvaultError:
         raise
-    except (
-        ValueError,
-        TypeError,
-        KeyError,
-        IndexError,
-        AttributeError,
-        EOFError,
-        OverflowError,
-        ImportError,
-        pickle.UnpicklingError,
-    ) as e:
+    except (*_DAMAGE, pickle.UnpicklingError) as e:
         # a layout or remainder that does not describe an object: damage
         # (or a class that changed or went away since it was stored)
         raise CorruptError(f"{what}: cannot rebuild the object: {e!r}") from e
