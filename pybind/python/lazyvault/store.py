@@ -61,12 +61,6 @@ _UPDATE_CHUNK_RECORDS = 1000
 _UPDATE_CHUNK_BYTES = 256 << 20
 
 
-def _put_args(key: str, obj: Any) -> tuple[Any, ...]:
-    """What the core's ``put`` takes for storing ``obj`` under ``key``:
-    ``(key, meta_json, layout_json, arrays, pickle or None)``."""
-    return (key, *_layout.encode(obj))
-
-
 def check_key(key: object) -> str:
     """``key`` as a ``str`` the store takes, or :class:`KeyTypeError` /
     :class:`InvalidKeyError`."""
@@ -74,12 +68,8 @@ def check_key(key: object) -> str:
         if not isinstance(key, str):
             raise KeyTypeError(f"keys are str, not {type(key).__name__}")
         key = str(key)
-    if not key.isascii():
-        try:
-            key.encode("utf-8")
-        except UnicodeEncodeError as e:
-            # lone surrogates: not Unicode scalar values, so not storable text
-            raise InvalidKeyError(f"key {key!r} is not valid Unicode text: {e.reason}") from None
+    if not _layout.text_ok(key):  # lone surrogates: not Unicode scalar values
+        raise InvalidKeyError(f"key {key!r} is not valid Unicode text: surrogates not allowed")
     return key
 
 
@@ -134,6 +124,10 @@ def _query_text(expr: object) -> str:
         err.column, err.expression, err.reason = column, expr, "not valid Unicode"
         raise err
     return expr
+
+
+def _no_report(done: int, total: int | None) -> None:
+    pass
 
 
 def _field(field: object) -> str:
@@ -385,7 +379,6 @@ class Store(Handle, MutableMapping[str, Record]):
 
     @property
     def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
         return self._core.closed
 
     def _index(self) -> _lazyvault.StoreCore:
@@ -416,7 +409,7 @@ class Store(Handle, MutableMapping[str, Record]):
             # a record (metadata, layout, payloads), never pickle the proxy
             _hook("copy_record")(self, key, obj)
             return
-        self._core.put(*_put_args(key, obj))
+        self._core.put(key, *_layout.encode(obj))
 
     def replace_arrays(self, key: str, arrays: Mapping[str, Any]) -> None:
         """Replaces some arrays of the record under ``key``, keeping the rest
@@ -483,33 +476,29 @@ class Store(Handle, MutableMapping[str, Record]):
         except TypeError:
             total = None
         with progress_callback(progress, "update", "record") as report:
-            done = 0
-            if report is not None:
-                report(0, total)
+            tick = report or _no_report
+            done = chunk_bytes = 0
+            tick(0, total)
             chunk: list[tuple[Any, ...]] = []
-            chunk_bytes = 0
 
-            def send() -> None:
+            def send(copied: int = 0) -> None:
                 nonlocal done, chunk_bytes
-                if not chunk:
-                    return
-                self._core.put_many(chunk)
-                done += len(chunk)
-                chunk.clear()
-                chunk_bytes = 0
-                if report is not None:
-                    report(done, total)
+                if chunk:
+                    self._core.put_many(chunk)
+                if chunk or copied:
+                    done += len(chunk) + copied
+                    chunk.clear()
+                    chunk_bytes = 0
+                    tick(done, total)
 
             for key, obj in itertools.chain(pairs, kwargs.items()):
                 key = check_key(key)
                 if isinstance(obj, Record):
                     send()  # keep the order: a copied record goes alone
                     self[key] = obj
-                    done += 1
-                    if report is not None:
-                        report(done, total)
+                    send(copied=1)
                     continue
-                args = _put_args(key, obj)
+                args = (key, *_layout.encode(obj))
                 chunk.append(args)
                 chunk_bytes += sum(len(a[5]) for a in args[3])
                 if len(chunk) >= _UPDATE_CHUNK_RECORDS or chunk_bytes >= _UPDATE_CHUNK_BYTES:
@@ -588,11 +577,10 @@ class Store(Handle, MutableMapping[str, Record]):
         "journal_bytes_freed": n}``. ``progress`` (see :class:`Store`) gets
         ``(0, 1)``, then ``(1, 1)``: the core works in one step."""
         with progress_callback(progress, "gc", "step") as report:
-            if report is not None:
-                report(0, 1)
+            tick = report or _no_report
+            tick(0, 1)
             result = self._core.gc()
-            if report is not None:
-                report(1, 1)
+            tick(1, 1)
         return result
 
     @staticmethod
@@ -769,8 +757,7 @@ class Results(RecordsDisplay, Sequence[Record]):
         return self._store[self._keys[i]]
 
     def __iter__(self) -> Iterator[Record]:
-        for key in self._keys:
-            yield self._store[key]
+        return map(self._store.__getitem__, self._keys)
 
     def to_pandas(self) -> pd.DataFrame:
         """These records as a pandas DataFrame, as :meth:`Store.to_pandas`."""
