@@ -18,8 +18,7 @@
   entry, pickled remainder, allow_pickle)``, and the receiver loads the same
   payload files (mapping large ones) without opening the index (no lock).
   Other records travel by value. :meth:`Record.ref` gives the same reference
-  as a :class:`RecordRef`. It stays valid while its payload files exist:
-  overwriting or deleting the record and flushing removes them.
+  as a :class:`RecordRef` (valid while the payload files exist).
 - A :class:`~lazyvault.Store` pickles by path (:func:`reduce_store`).
 """
 
@@ -66,31 +65,24 @@ def _rebuild_record(
 
 
 def reduce_record(record: Record, protocol: int) -> tuple[Any, ...]:
-    """``Record.__reduce_ex__``, by value (see the module docstring):
-    ``(_rebuild_record, (key, record entry, {name: ndarray}, pickled remainder,
-    allow_pickle))`` whatever ``protocol`` (numpy reads the pickler's).
-
-    ``allow_pickle`` travels along: a record of a store opened without it still
-    refuses to unpickle its remainder after the round trip. Raises
-    :class:`PickleNotAllowedError` for an object array when the source does not
-    allow unpickling (never loaded behind the user's back, not even to pickle).
+    """``Record.__reduce_ex__``, by value: ``(_rebuild_record, (key, record entry,
+    {name: ndarray}, pickled remainder, allow_pickle))`` whatever ``protocol`` (numpy
+    reads the pickler's). ``allow_pickle`` travels along: a record of a store opened
+    without it still refuses to unpickle its remainder after the round trip. Raises
+    :class:`PickleNotAllowedError` for an object array when the source does not allow
+    unpickling (never loaded behind the user's back, not even to pickle).
     """
     del protocol
     arrays = {name: record.array(name) for name in array_entries(record)}
-    entry = _without_payload_ids(entry_of(record))
+    entry = entry_of(record)
+    # payload ids blanked: the arrays travel along, so the ids mean nothing to
+    # the receiver, and without them equal records pickle to equal bytes
+    ids = {name: {**e, "id": "0" * 32} for name, e in entry["arrays"].items()}
     allow = bool(source_of(record).allow_pickle)
-    return (_rebuild_record, (record.key, entry, arrays, remainder_of(record), allow))
-
-
-_NO_ID = "0" * 32
-
-
-def _without_payload_ids(record: dict[str, Any]) -> dict[str, Any]:
-    """The record entry with its random payload ids blanked: a record by
-    value carries its arrays, so the ids mean nothing to the receiver, and
-    without them equal records pickle to equal bytes."""
-    arrays = {name: {**e, "id": _NO_ID} for name, e in record["arrays"].items()}
-    return {**record, "arrays": arrays}
+    return (
+        _rebuild_record,
+        (record.key, {**entry, "arrays": ids}, arrays, remainder_of(record), allow),
+    )
 
 
 # -- by reference -------------------------------------------------------------
@@ -113,13 +105,8 @@ def _reference_args(record: Record) -> tuple[str, str, dict[str, Any], bytes | N
             f"record {record.key!r} is not read from a store directory (it was unpickled "
             "by value or comes from an archive): it has no reference; pickle it by value"
         )
-    return (
-        os.path.abspath(source.root),
-        record.key,
-        entry_of(record),
-        remainder_of(record),
-        bool(source.allow_pickle),
-    )
+    root, allow = os.path.abspath(source.root), bool(source.allow_pickle)
+    return (root, record.key, entry_of(record), remainder_of(record), allow)
 
 
 def _reduce_for_multiprocessing(record: Record) -> tuple[Any, ...]:
@@ -131,9 +118,8 @@ def _reduce_for_multiprocessing(record: Record) -> tuple[Any, ...]:
 
 
 def register_record_class(cls: type[Record]) -> None:
-    """Registers ``cls`` (Record or one of the subclasses that carry array
-    properties, see ``record.py``) with ``ForkingPickler``, whose reducers
-    are looked up by exact type."""
+    """Registers ``cls`` (Record or a subclass with array properties) with
+    ``ForkingPickler``, whose reducers are looked up by exact type."""
     ForkingPickler.register(cls, _reduce_for_multiprocessing)
 
 
@@ -191,22 +177,17 @@ def record_ref(record: Record) -> RecordRef:
 
 
 def _open_store(path: str, allow_pickle: bool, version: int | None) -> Store:
-    """Unpickles a :class:`Store`: a reader of ``version`` that opens at its
-    first use, so a version no longer kept surfaces as an error from that
-    use (inside a Pool task, where the task's caller sees it) rather than
-    from unpickling (which kills a Pool worker and hangs ``map``)."""
+    """Unpickles a :class:`Store` (:func:`~lazyvault.store.open_deferred`): a
+    version no longer kept raises at the first use, inside a Pool task where the
+    caller sees it, not while unpickling (which kills a Pool worker, hanging ``map``)."""
     if version is not None and (type(version) is not int or version < 0):
         raise ValueError(f"bad store version {version!r}")
     return open_deferred(path, "r", allow_pickle, version)
 
 
 def reduce_store(store: Store) -> tuple[Any, ...]:
-    """``Store.__reduce__``: a store pickles by path, as ``(_open_store,
-    (absolute path, allow_pickle, version))``; nothing of its content is
-    copied. It comes back as a reader (mode ``"r"``, no lock) pinned to the
-    version the sender showed; ``refresh()`` moves it on. A closed store
-    comes back as a reader of the latest version.
-    """
+    """``Store.__reduce__`` (see there): ``(_open_store, (absolute path,
+    allow_pickle, version))``, none of its content."""
     version = None if store.closed else store.version
     return (_open_store, (os.path.abspath(store.path), store.allow_pickle, version))
 

@@ -601,8 +601,10 @@ class Store(Handle, MutableMapping[str, Record]):
     # -- pickling, archives, interop (thin: the work is in their modules) ----
 
     def __reduce__(self) -> Any:
-        """A Store pickles by path, version and allow_pickle; it comes back
-        as a reader of that version (opened at its first use)."""
+        """A Store pickles by path, version and allow_pickle, none of its content;
+        it comes back as a reader (mode ``"r"``, no lock) pinned to that version
+        (opened at its first use; ``refresh()`` moves it on); a closed store comes
+        back as a reader of the latest version."""
         return _hook("reduce")(self)
 
     def export(
