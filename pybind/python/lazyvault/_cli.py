@@ -1,15 +1,13 @@
 """The ``lazyvault`` command line (also ``python -m lazyvault``).
 
-Subcommands and examples: ``lazyvault --help``; each is declared once, with
-its arguments, by ``@_command`` on the function that runs it and returns an
-:class:`_Output` (printed as text, or as JSON with ``--json``, which every
-command takes). ``ls``, ``find``, ``show``, ``stats``, ``export`` and
-``verify`` open the store read-only; ``ls``, ``find``, ``show`` and
-``stats`` read the index only, never a payload.
+Subcommands and examples: ``lazyvault --help``; each is declared once, with its arguments, by
+``@_command`` on the function that runs it and returns an :class:`_Output` (printed as text, or as
+JSON with ``--json``, which every command takes). ``ls``, ``find``, ``show``, ``stats``, ``export``
+and ``verify`` open the store read-only; ``ls``, ``find``, ``show`` and ``stats`` read the index
+only, never a payload.
 
-Exit codes: 0 success; 1 a lazyvault error or an OS error (message on stderr as
-``lazyvault: <message>``, no traceback) or problems found by ``verify``;
-2 a usage error (argparse's convention).
+Exit codes: 0 success; 1 a lazyvault error or an OS error (message on stderr as ``lazyvault:
+<message>``, no traceback) or problems found by ``verify``; 2 a usage error (argparse's convention).
 """
 
 from __future__ import annotations
@@ -83,8 +81,8 @@ _COMMANDS: dict[str, _Command] = {}
 def _command(
     name: str, summary: str, example: str, *options: Option | list[Option]
 ) -> Callable[[Run], Run]:
-    """Declares the subcommand ``name``, run by the decorated function, and
-    its arguments in order (a list: a mutually exclusive group)."""
+    """Declares the subcommand ``name``, run by the decorated function, and its arguments in order
+    (a list: a mutually exclusive group)."""
 
     def register(run: Run) -> Run:
         _COMMANDS[name] = _Command(summary, example, run, options)
@@ -141,9 +139,8 @@ def _lines(lines: Sequence[str]) -> str:
 
 
 def _printable(text: str) -> str:
-    """``text`` with control characters escaped as Python would (``\\n``,
-    ``\\x1b``), so one key stays one line and no escape sequence reaches
-    the terminal; ``--json`` gives the exact keys."""
+    """``text`` with control characters escaped as Python would (``\\n``, ``\\x1b``), so one key
+    stays one line and no escape sequence reaches the terminal; ``--json`` gives the exact keys."""
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
@@ -469,8 +466,8 @@ def _message(error: BaseException) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs the ``lazyvault`` command with ``argv`` (default ``sys.argv[1:]``)
-    and returns its exit status (usage errors return 2 instead of exiting)."""
+    """Runs the ``lazyvault`` command with ``argv`` (default ``sys.argv[1:]``) and returns its exit
+    status (usage errors return 2 instead of exiting)."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -1,11 +1,9 @@
-"""What a record, a store, an archive or query results look like in a
-terminal and in a notebook: the ``_repr_pretty_`` text (IPython's
-``text/plain``, also ``str()``) and the ``_repr_html_`` table.
+"""What a record, a store, an archive or query results look like in a terminal and in a notebook:
+the ``_repr_pretty_`` text (IPython's ``text/plain``, also ``str()``) and the ``_repr_html_`` table.
 
-All from the index (metadata; each array's shape, dtype and size as the
-record holds them) and the proxy's cache (whether an array is loaded): no
-payload is opened. Large tables are paged (:data:`MAX_ROWS` rows, then
-"... N more"). Keys, names, values and dtypes are user data: the HTML
+All from the index (metadata; each array's shape, dtype and size as the record holds them) and the
+proxy's cache (whether an array is loaded): no payload is opened. Large tables are paged
+(:data:`MAX_ROWS` rows, then "... N more"). Keys, names, values and dtypes are user data: the HTML
 escapes them all, the text shows unprintable ones as ``repr``.
 """
 
@@ -65,9 +63,8 @@ def human_size(nbytes: int) -> str:
 
 
 def flatten(meta: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested metadata dicts as one level of dotted names:
-    ``{"params": {"lr": 0.1}}`` gives ``{"params.lr": 0.1}``. Lists and
-    empty dicts are values."""
+    """Nested metadata dicts as one level of dotted names: ``{"params": {"lr": 0.1}}`` gives
+    ``{"params.lr": 0.1}``. Lists and empty dicts are values."""
     out: dict[str, Any] = {}
     for name, value in meta.items():
         dotted = f"{prefix}{name}"
@@ -84,8 +81,8 @@ def cut(text: str, limit: int = MAX_CELL) -> str:
 
 
 def _name(text: str) -> str:
-    """A key or a field name as shown: itself, or its repr when it holds
-    characters that would break a line (newlines, control characters)."""
+    """A key or a field name as shown: itself, or its repr when it holds characters that would break
+    a line (newlines, control characters)."""
     return text if text.isprintable() else repr(text)
 
 
@@ -137,8 +134,8 @@ def _more(total: int, shown: int, what: str) -> str | None:
 
 
 def _record_parts(rec: Record, loaded: Collection[str]) -> tuple[str, _Table, _Table]:
-    """(summary line, fields table, arrays table) of one record; ``loaded``:
-    the arrays the proxy has loaded so far (nothing is opened here)."""
+    """(summary line, fields table, arrays table) of one record; ``loaded``: the arrays the proxy
+    has loaded so far (nothing is opened here)."""
     fields = flatten(rec.meta)
     arrays = rec.arrays
     total = sum(info.nbytes for info in arrays.values())
@@ -173,8 +170,8 @@ def _record_title(rec: Record) -> str:
 
 
 def record_text(rec: Record, loaded: Collection[str]) -> str:
-    """Several lines: the key, the metadata (nested fields as dotted names)
-    and the arrays (shape, dtype, size, order, whether in ``loaded``)."""
+    """Several lines: the key, the metadata (nested fields as dotted names) and the arrays (shape,
+    dtype, size, order, whether in ``loaded``)."""
     summary, meta_table, array_table = _record_parts(rec, loaded)
     return _text(f"{_record_title(rec)}: {summary}", (meta_table, array_table))
 
@@ -197,8 +194,8 @@ def _text(title: str, tables: Iterable[_Table], note: str | None = None) -> str:
 
 
 def _html(kind: str, heading: str, tables: Iterable[_Table], note: str | None = None) -> str:
-    """A ``<div class="lazyvault-<kind>">``: ``heading`` (HTML), the tables
-    that have rows, ``note``."""
+    """A ``<div class="lazyvault-<kind>">``: ``heading`` (HTML), the tables that have rows,
+    ``note``."""
     parts = [f'<div class="lazyvault-{kind}">', _STYLE, f"<p>{heading}</p>"]
     parts.extend(table.html() for table in tables if table.rows)
     if note:
@@ -224,8 +221,8 @@ def _arrays_cell(rec: Record) -> str:
 def _records_table(
     get: Callable[[str], Record], keys: Sequence[str], total: int
 ) -> tuple[_Table, str | None]:
-    """The table of the records ``keys`` (the first page) and a note on the
-    metadata columns left out."""
+    """The table of the records ``keys`` (the first page) and a note on the metadata columns left
+    out."""
     shown: list[Record | str] = []
     for key in keys[:MAX_ROWS]:
         try:
@@ -263,8 +260,8 @@ def _records_table(
 def records_text(
     title: str, get: Callable[[str], Record], keys: Sequence[str], total: int | None = None
 ) -> str:
-    """``title``, then a table of the first :data:`MAX_ROWS` of ``keys``
-    (``get`` builds each record): key, metadata columns, arrays, size."""
+    """``title``, then a table of the first :data:`MAX_ROWS` of ``keys`` (``get`` builds each
+    record): key, metadata columns, arrays, size."""
     table, note = _records_table(get, keys, len(keys) if total is None else total)
     return _text(title, (table,), note)
 
@@ -283,11 +280,10 @@ def pretty(text: str, p: Any, cycle: bool) -> None:
 
 
 class RecordsDisplay:
-    """The displays of many records (a store, an archive, query results):
-    ``str()``, IPython's text and the notebook's HTML, of what
-    ``_display_parts()`` returns: ``(title, get, keys)``. IPython takes the
-    first of ``_repr_pretty_`` and ``__repr__`` it meets in the MRO, so a
-    subclass defining ``__repr__`` sets ``_repr_pretty_`` again too."""
+    """The displays of many records (a store, an archive, query results): ``str()``, IPython's text
+    and the notebook's HTML, of what ``_display_parts()`` returns: ``(title, get, keys)``. IPython
+    takes the first of ``_repr_pretty_`` and ``__repr__`` it meets in the MRO, so a subclass
+    defining ``__repr__`` sets ``_repr_pretty_`` again too."""
 
     __slots__ = ()
 
@@ -295,8 +291,8 @@ class RecordsDisplay:
         raise NotImplementedError
 
     def __str__(self) -> str:
-        """Several lines: a title (what, where, how many records), then a
-        table of the first 20 records: key, metadata columns, arrays, size."""
+        """Several lines: a title (what, where, how many records), then a table of the first 20
+        records: key, metadata columns, arrays, size."""
         return records_text(*self._display_parts())
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:

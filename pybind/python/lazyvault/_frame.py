@@ -1,5 +1,5 @@
-"""Records as a pandas DataFrame (``Store.to_pandas``, ``Results.to_pandas``),
-from the index only: no payload is opened. pandas is optional."""
+"""Records as a pandas DataFrame (``Store.to_pandas``, ``Results.to_pandas``), from the index only:
+no payload is opened. pandas is optional."""
 
 from __future__ import annotations
 
@@ -30,13 +30,12 @@ def _pandas() -> Any:
 
 
 def records_frame(get: Callable[[str], Record], keys: Iterable[str]) -> pd.DataFrame:
-    """One row per key (``get`` builds its record), index ``"key"``; columns
-    in first-seen order: the metadata, nested dicts flattened to dotted names
-    (``params.lr``; lists stay values), then per array path ``<path>.shape``
-    (a tuple) and ``<path>.dtype`` (its ``str``), winning over a metadata
-    field of the same name. Fields a record lacks are missing values (NaN).
-    Raises ``ModuleNotFoundError`` (an ``ImportError``) naming ``pip install
-    pandas`` when pandas is missing.
+    """One row per key (``get`` builds its record), index ``"key"``; columns in first-seen order:
+    the metadata, nested dicts flattened to dotted names (``params.lr``; lists stay values), then
+    per array path ``<path>.shape`` (a tuple) and ``<path>.dtype`` (its ``str``), winning over a
+    metadata field of the same name. Fields a record lacks are missing values (NaN). Raises
+    ``ModuleNotFoundError`` (an ``ImportError``) naming ``pip install pandas`` when pandas is
+    missing.
     """
     pd = _pandas()
     index: list[str] = []
@@ -66,8 +65,8 @@ def records_frame(get: Callable[[str], Record], keys: Iterable[str]) -> pd.DataF
 
 
 def _dtype_of(values: list[Any]) -> Any:
-    """``object`` for columns of containers (tuples, lists, dicts), so that
-    pandas keeps each as one value; ``None`` (inferred) otherwise."""
+    """``object`` for columns of containers (tuples, lists, dicts), so that pandas keeps each as one
+    value; ``None`` (inferred) otherwise."""
     if any(isinstance(v, (tuple, list, dict)) for v in values):
         return object
     return None

@@ -1,12 +1,10 @@
-"""The object layout (schema/FORMAT.md, "Layout"), the one module that walks
-layouts: an object split into ``meta`` (its JSON-able fields, what queries
-see), ``arrays`` (every numpy array in it by path name, ``"frames/0"``; one
-array referenced twice is stored once and comes back as one object),
-``layout`` (the JSON tree that rebuilds it) and ``leftovers`` (values JSON
-cannot hold, pickled apart so scans never parse them; arrays inside them
-still become payloads); a layout read back checked by :func:`scan` (a
-malformed one raises :class:`CorruptError`; the same walk tells what needs
-``allow_pickle``); the parts joined into the object again.
+"""The object layout (schema/FORMAT.md, "Layout"), the one module that walks layouts: an object
+split into ``meta`` (its JSON-able fields, what queries see), ``arrays`` (every numpy array in it by
+path name, ``"frames/0"``; one array referenced twice is stored once and comes back as one object),
+``layout`` (the JSON tree that rebuilds it) and ``leftovers`` (values JSON cannot hold, pickled
+apart so scans never parse them; arrays inside them still become payloads); a layout read back
+checked by :func:`scan` (a malformed one raises :class:`CorruptError`; the same walk tells what
+needs ``allow_pickle``); the parts joined into the object again.
 """
 
 from __future__ import annotations
@@ -59,8 +57,7 @@ _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class defined in Python, not in C
 
 
 def text_ok(text: str) -> bool:
-    """Whether ``text`` is Unicode text JSON and UTF-8 can hold (no lone
-    surrogates)."""
+    """Whether ``text`` is Unicode text JSON and UTF-8 can hold (no lone surrogates)."""
     if text.isascii():
         return True
     try:
@@ -71,10 +68,9 @@ def text_ok(text: str) -> bool:
 
 
 def _plain_state_class(value: Any) -> bool:
-    """Whether ``value`` is an instance whose state is just its ``__dict__``
-    (dataclasses and ordinary classes without custom pickling). Subclasses
-    of C types (``list``, ``dict``, ``int``, ``np.ndarray``, ...) keep state
-    outside ``__dict__``, so they are not."""
+    """Whether ``value`` is an instance whose state is just its ``__dict__`` (dataclasses and
+    ordinary classes without custom pickling). Subclasses of C types (``list``, ``dict``, ``int``,
+    ``np.ndarray``, ...) keep state outside ``__dict__``, so they are not."""
     cls = type(value)
     if not hasattr(value, "__dict__") or isinstance(value, type):
         return False
@@ -202,10 +198,9 @@ class _Splitter:
         return {"pickle": len(leftovers) - 1}, _MISSING
 
     def pickle_leftovers(self, leftovers: list[tuple[Any, str]]) -> bytes:
-        """Pickles the leftover values one after the other with one pickler
-        (its memo persists across ``dump`` calls, so values shared between
-        leftovers stay shared). Arrays inside them become payloads named
-        ``<path>/<n>`` (persistent ids), so the pickle holds no array data."""
+        """Pickles the leftover values one after the other with one pickler (its memo persists
+        across ``dump`` calls, so values shared between leftovers stay shared). Arrays inside them
+        become payloads named ``<path>/<n>`` (persistent ids), so the pickle holds no array data."""
         splitter = self
         buf = io.BytesIO()
 
@@ -243,9 +238,8 @@ def split(obj: Any) -> tuple[Split, _Splitter]:
 
 
 def encode(obj: Any) -> tuple[str, str, list[tuple[Any, ...]], bytes | None]:
-    """``obj`` as the core's ``put`` (and ``dumps_archive``) take it after
-    the key: ``(meta_json, layout_json, payload args, pickled remainder or
-    None)``."""
+    """``obj`` as the core's ``put`` (and ``dumps_archive``) take it after the key: ``(meta_json,
+    layout_json, payload args, pickled remainder or None)``."""
     parts, splitter = split(obj)
     # before listing the arrays: arrays inside leftovers become payloads too
     pickled = splitter.pickle_leftovers(parts.leftovers) if parts.leftovers else None
@@ -269,13 +263,11 @@ _DAMAGE = (ValueError, TypeError, LookupError, AttributeError, EOFError, Overflo
 
 
 def scan(layout: Any, array_paths: Container[str], remainder: bool) -> Scan:
-    """Checks ``layout`` node by node against schema/FORMAT.md, "Layout":
-    known node kinds of one member each with well-formed bodies, ``array``
-    nodes naming one of ``array_paths``, ``pickle`` nodes only when the
-    record has a pickled ``remainder``. On the way it notes the first node
-    that needs unpickling (an ``object`` node imports a class, a ``pickle``
-    node unpickles). The keys of a ``dict`` node are user keys, never node
-    kinds."""
+    """Checks ``layout`` node by node against schema/FORMAT.md, "Layout": known node kinds of one
+    member each with well-formed bodies, ``array`` nodes naming one of ``array_paths``, ``pickle``
+    nodes only when the record has a pickled ``remainder``. On the way it notes the first node that
+    needs unpickling (an ``object`` node imports a class, a ``pickle`` node unpickles). The keys of
+    a ``dict`` node are user keys, never node kinds."""
     needs: str | None = None
     stack = [layout]
     while stack:
@@ -324,9 +316,9 @@ def scan(layout: Any, array_paths: Container[str], remainder: bool) -> Scan:
 
 
 def problem(layout: Any, array_paths: Container[str], remainder: bool = False) -> str | None:
-    """Why ``layout`` is malformed (see :func:`scan`), or ``None``: for
-    readers that report it their own way (an npz manifest's layout, which
-    comes without a pickled remainder, is an ``InvalidFileError``)."""
+    """Why ``layout`` is malformed (see :func:`scan`), or ``None``: for readers that report it their
+    own way (an npz manifest's layout, which comes without a pickled remainder, is an
+    ``InvalidFileError``)."""
     return scan(layout, array_paths, remainder).problem
 
 
@@ -348,8 +340,8 @@ def _scalar_ok(body: Any) -> bool:
 
 @functools.lru_cache(maxsize=64)
 def _scalar_dtype_ok(descr: str) -> bool:
-    """Whether ``descr`` is a dtype a ``scalar`` node may have: bool, int,
-    uint, or float of at most 8 bytes."""
+    """Whether ``descr`` is a dtype a ``scalar`` node may have: bool, int, uint, or float of at most
+    8 bytes."""
     try:
         dtype = np.dtype(descr)
     except Exception:  # numpy raises TypeError, ValueError, SyntaxError...
@@ -387,13 +379,11 @@ def join(
 ) -> Any:
     """Rebuilds the object described by ``layout``.
 
-    ``get_array(path)`` returns the (memory-mapped) array of a path;
-    ``get_pickle()`` the pickled remainder; ``array_paths`` and
-    ``remainder`` are the arrays and whether there is a remainder, as the
-    record says. Checks the whole layout first (:func:`scan`). Raises
-    :class:`CorruptError` for a malformed layout or one that does not
-    describe an object, :class:`PickleNotAllowedError` if rebuilding needs
-    unpickling and ``allow_pickle`` is false.
+    ``get_array(path)`` returns the (memory-mapped) array of a path; ``get_pickle()`` the pickled
+    remainder; ``array_paths`` and ``remainder`` are the arrays and whether there is a remainder, as
+    the record says. Checks the whole layout first (:func:`scan`). Raises :class:`CorruptError` for
+    a malformed layout or one that does not describe an object, :class:`PickleNotAllowedError` if
+    rebuilding needs unpickling and ``allow_pickle`` is false.
     """
     found = scan(layout, array_paths, remainder)
     if found.problem is not None:

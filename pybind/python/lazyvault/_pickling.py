@@ -1,24 +1,21 @@
-"""Pickling records and stores (PEP 574, pickle protocol 5); plugged into
-``record`` and ``store`` when imported (unpickling builds Records and Stores).
+"""Pickling records and stores (PEP 574, pickle protocol 5); plugged into ``record`` and ``store``
+when imported (unpickling builds Records and Stores).
 
-- **By value** (``pickle.dumps(record, protocol=p)``, protocols 0-5): the record
-  entry, the pickled remainder bytes and every array as the read-only ndarray
-  viewing its payload (a memory map, or a private copy of at most 64 KiB).
-  numpy's ``ndarray.__reduce_ex__`` moves the bytes: with protocol 5 and a
-  ``buffer_callback``, each C- or Fortran-contiguous array is one out-of-band
-  :class:`pickle.PickleBuffer` of those bytes (no copy, no page read; the main
-  pickle holds a few hundred bytes per array); otherwise, and always for
-  ``datetime64``/``timedelta64``, they are copied in-band. The unpickled record
-  needs no store (:class:`~lazyvault._source.MemorySource`), its arrays are
-  read-only whatever the protocol, and equal records give equal bytes (no ids,
-  no timestamps, dicts in stored order).
-- **By reference across processes**: for ``multiprocessing``'s
-  ``ForkingPickler`` (``Pool`` arguments and results, queues, pipes; spawn and
-  fork) a record of a store directory travels as ``(store path, key, record
-  entry, pickled remainder, allow_pickle)``, and the receiver loads the same
-  payload files (mapping large ones) without opening the index (no lock).
-  Other records travel by value. :meth:`Record.ref` gives the same reference
-  as a :class:`RecordRef` (valid while the payload files exist).
+- **By value** (``pickle.dumps(record, protocol=p)``, protocols 0-5): the record entry, the pickled
+  remainder bytes and every array as the read-only ndarray viewing its payload (a memory map, or a
+  private copy of at most 64 KiB). numpy's ``ndarray.__reduce_ex__`` moves the bytes: with protocol
+  5 and a ``buffer_callback``, each C- or Fortran-contiguous array is one out-of-band
+  :class:`pickle.PickleBuffer` of those bytes (no copy, no page read; the main pickle holds a few
+  hundred bytes per array); otherwise, and always for ``datetime64``/``timedelta64``, they are
+  copied in-band. The unpickled record needs no store (:class:`~lazyvault._source.MemorySource`),
+  its arrays are read-only whatever the protocol, and equal records give equal bytes (no ids, no
+  timestamps, dicts in stored order).
+- **By reference across processes**: for ``multiprocessing``'s ``ForkingPickler`` (``Pool``
+  arguments and results, queues, pipes; spawn and fork) a record of a store directory travels as
+  ``(store path, key, record entry, pickled remainder, allow_pickle)``, and the receiver loads the
+  same payload files (mapping large ones) without opening the index (no lock). Other records travel
+  by value. :meth:`Record.ref` gives the same reference as a :class:`RecordRef` (valid while the
+  payload files exist).
 - A :class:`~lazyvault.Store` pickles by path (:func:`reduce_store`).
 """
 
@@ -49,10 +46,10 @@ def _rebuild_record(
     pickled: bytes | None,
     allow_pickle: bool,
 ) -> Record:
-    """Unpickles a record sent by value: its arrays read-only again (numpy
-    gives writable ones after protocols 0-4 and for in-band datetimes) and in
-    the stored byte order (numpy's protocol 0-4 path rebuilds ``>i4`` as native
-    ``<i4`` on little-endian: converted back, one copy of an in-band copy)."""
+    """Unpickles a record sent by value: its arrays read-only again (numpy gives writable ones after
+    protocols 0-4 and for in-band datetimes) and in the stored byte order (numpy's protocol 0-4 path
+    rebuilds ``>i4`` as native ``<i4`` on little-endian: converted back, one copy of an in-band
+    copy)."""
     entries = record["arrays"]
     for name, array in list(arrays.items()):
         entry = entries.get(name)
@@ -65,12 +62,12 @@ def _rebuild_record(
 
 
 def reduce_record(record: Record, protocol: int) -> tuple[Any, ...]:
-    """``Record.__reduce_ex__``, by value: ``(_rebuild_record, (key, record entry,
-    {name: ndarray}, pickled remainder, allow_pickle))`` whatever ``protocol`` (numpy
-    reads the pickler's). ``allow_pickle`` travels along: a record of a store opened
-    without it still refuses to unpickle its remainder after the round trip. Raises
-    :class:`PickleNotAllowedError` for an object array when the source does not allow
-    unpickling (never loaded behind the user's back, not even to pickle).
+    """``Record.__reduce_ex__``, by value: ``(_rebuild_record, (key, record entry, {name: ndarray},
+    pickled remainder, allow_pickle))`` whatever ``protocol`` (numpy reads the pickler's).
+    ``allow_pickle`` travels along: a record of a store opened without it still refuses to unpickle
+    its remainder after the round trip. Raises :class:`PickleNotAllowedError` for an object array
+    when the source does not allow unpickling (never loaded behind the user's back, not even to
+    pickle).
     """
     del protocol
     arrays = {name: record.array(name) for name in array_entries(record)}
@@ -91,9 +88,9 @@ def reduce_record(record: Record, protocol: int) -> tuple[Any, ...]:
 def _open_reference(
     path: str, key: str, record: dict[str, Any], pickled: bytes | None, allow_pickle: bool
 ) -> Record:
-    """A record of the store directory ``path`` rebuilt from its entry (the
-    remainder came along: the index is not opened); its arrays are loaded from
-    the payload files on first access (large ones memory-mapped)."""
+    """A record of the store directory ``path`` rebuilt from its entry (the remainder came along:
+    the index is not opened); its arrays are loaded from the payload files on first access (large
+    ones memory-mapped)."""
     source = DirectorySource(path, allow_pickle, lambda key: pickled)
     return Record(source, key, record)
 
@@ -110,32 +107,30 @@ def _reference_args(record: Record) -> tuple[str, str, dict[str, Any], bytes | N
 
 
 def _reduce_for_multiprocessing(record: Record) -> tuple[Any, ...]:
-    """The reducer registered with ``multiprocessing``'s ``ForkingPickler``:
-    by reference for a record of a store directory, by value otherwise."""
+    """The reducer registered with ``multiprocessing``'s ``ForkingPickler``: by reference for a
+    record of a store directory, by value otherwise."""
     if type(source_of(record)) is DirectorySource:
         return (_open_reference, _reference_args(record))
     return reduce_record(record, 4)
 
 
 def register_record_class(cls: type[Record]) -> None:
-    """Registers ``cls`` (Record or a subclass with array properties) with
-    ``ForkingPickler``, whose reducers are looked up by exact type."""
+    """Registers ``cls`` (Record or a subclass with array properties) with ``ForkingPickler``, whose
+    reducers are looked up by exact type."""
     ForkingPickler.register(cls, _reduce_for_multiprocessing)
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
 class RecordRef:
-    """A small, picklable reference to a record of a store directory: a few
-    hundred bytes with any protocol (0-5), no array data.
+    """A small, picklable reference to a record of a store directory: a few hundred bytes with any
+    protocol (0-5), no array data.
 
-    ``path``: the store's directory (absolute); ``key``; ``record``: the record
-    entry (metadata, array entries, layout); ``pickle``: the pickled remainder
-    bytes (``None`` if there is none); ``allow_pickle``: whether :meth:`open`-ed
-    records may unpickle (as the store it came from). :meth:`open` reads the
-    payload files without opening the index, so any number of processes open it
-    while a writer holds the store; it stays valid while the payloads exist
-    (overwriting or deleting the record and flushing removes them:
-    ``CorruptError`` then).
+    ``path``: the store's directory (absolute); ``key``; ``record``: the record entry (metadata,
+    array entries, layout); ``pickle``: the pickled remainder bytes (``None`` if there is none);
+    ``allow_pickle``: whether :meth:`open`-ed records may unpickle (as the store it came from).
+    :meth:`open` reads the payload files without opening the index, so any number of processes open
+    it while a writer holds the store; it stays valid while the payloads exist (overwriting or
+    deleting the record and flushing removes them: ``CorruptError`` then).
     """
 
     path: str
@@ -145,8 +140,8 @@ class RecordRef:
     allow_pickle: bool = False
 
     def open(self) -> Record:
-        """The record, its arrays mapped read-only from the payload files on
-        first access (``record.store`` is ``None``)."""
+        """The record, its arrays mapped read-only from the payload files on first access
+        (``record.store`` is ``None``)."""
         return _open_reference(self.path, self.key, self.record, self.pickle, self.allow_pickle)
 
     def __hash__(self) -> int:
@@ -177,17 +172,17 @@ def record_ref(record: Record) -> RecordRef:
 
 
 def _open_store(path: str, allow_pickle: bool, version: int | None) -> Store:
-    """Unpickles a :class:`Store` (:func:`~lazyvault.store.open_deferred`): a
-    version no longer kept raises at the first use, inside a Pool task where the
-    caller sees it, not while unpickling (which kills a Pool worker, hanging ``map``)."""
+    """Unpickles a :class:`Store` (:func:`~lazyvault.store.open_deferred`): a version no longer kept
+    raises at the first use, inside a Pool task where the caller sees it, not while unpickling
+    (which kills a Pool worker, hanging ``map``)."""
     if version is not None and (type(version) is not int or version < 0):
         raise ValueError(f"bad store version {version!r}")
     return open_deferred(path, "r", allow_pickle, version)
 
 
 def reduce_store(store: Store) -> tuple[Any, ...]:
-    """``Store.__reduce__`` (see there): ``(_open_store, (absolute path,
-    allow_pickle, version))``, none of its content."""
+    """``Store.__reduce__`` (see there): ``(_open_store, (absolute path, allow_pickle, version))``,
+    none of its content."""
     version = None if store.closed else store.version
     return (_open_store, (os.path.abspath(store.path), store.allow_pickle, version))
 

@@ -1,9 +1,8 @@
 """Progress bars for long operations, with tqdm (terminals and notebooks).
 
-``progress=None``: a bar when someone is watching (stderr is a terminal, or
-a Jupyter kernel runs the code), never when output goes to a file or pipe;
-``True`` forces one, ``False`` turns it off; a callable ``f(done, total)``
-gets the counts instead (``total`` None when unknown in advance).
+``progress=None``: a bar when someone is watching (stderr is a terminal, or a Jupyter kernel runs
+the code), never when output goes to a file or pipe; ``True`` forces one, ``False`` turns it off; a
+callable ``f(done, total)`` gets the counts instead (``total`` None when unknown in advance).
 """
 
 from __future__ import annotations
@@ -31,9 +30,9 @@ def _interactive() -> bool:
 
 @contextmanager
 def progress_callback(progress: ProgressArg, desc: str, unit: str) -> Iterator[Report | None]:
-    """A ``(done, total)`` callback (for the Rust core or a Python loop), or
-    None for no report; the tqdm bar closes when the block ends. Raises
-    ``TypeError`` for a ``progress`` not None, a bool or a callable."""
+    """A ``(done, total)`` callback (for the Rust core or a Python loop), or None for no report; the
+    tqdm bar closes when the block ends. Raises ``TypeError`` for a ``progress`` not None, a bool or
+    a callable."""
     if progress is None:
         progress = _interactive()
     if progress is False:

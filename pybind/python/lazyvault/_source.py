@@ -1,10 +1,9 @@
 """Where a :class:`Record` gets its arrays and pickled remainder from.
 
-A record proxy only knows its key and its record JSON; a *source* turns an
-array entry into an ndarray and hands over the pickled remainder. Sources:
-the payload files of a store directory (records from ``Store`` and records
-passed by reference to other processes), a ``.lvz`` archive, and arrays
-carried in memory (records unpickled by value).
+A record proxy only knows its key and its record JSON; a *source* turns an array entry into an
+ndarray and hands over the pickled remainder. Sources: the payload files of a store directory
+(records from ``Store`` and records passed by reference to other processes), a ``.lvz`` archive, and
+arrays carried in memory (records unpickled by value).
 """
 
 from __future__ import annotations
@@ -34,9 +33,9 @@ class Source(Protocol):
 
 
 def array_entry(entry: dict[str, Any]) -> _lazyvault.ArrayEntry:
-    """The core's :class:`~lazyvault._lazyvault.ArrayEntry` of a record's array
-    entry (a dict of its record JSON): what the core's payload readers take.
-    Raises ``TypeError`` for an entry missing a field."""
+    """The core's :class:`~lazyvault._lazyvault.ArrayEntry` of a record's array entry (a dict of its
+    record JSON): what the core's payload readers take. Raises ``TypeError`` for an entry missing a
+    field."""
     return _lazyvault.ArrayEntry(
         id=entry["id"],
         descr=entry["descr"],
@@ -72,12 +71,10 @@ def load_array(
     read_bytes: Callable[[_lazyvault.ArrayEntry], bytes],
     map_buffer: Callable[[_lazyvault.ArrayEntry], object],
 ) -> np.ndarray:
-    """The array ``name`` of record ``key`` from its ``entry`` (a dict of the
-    record JSON), read with a source's core readers: ``read_bytes`` (the
-    pickle of an ``object`` array, loaded only if ``allow_pickle``) or
-    ``map_buffer`` (the data, ``None`` for 0 bytes). Raises
-    ``PickleNotAllowedError``, and ``CorruptError`` naming the record and
-    array."""
+    """The array ``name`` of record ``key`` from its ``entry`` (a dict of the record JSON), read
+    with a source's core readers: ``read_bytes`` (the pickle of an ``object`` array, loaded only if
+    ``allow_pickle``) or ``map_buffer`` (the data, ``None`` for 0 bytes). Raises
+    ``PickleNotAllowedError``, and ``CorruptError`` naming the record and array."""
     core_entry = array_entry(entry)
     try:
         if entry.get("pickled"):
@@ -93,15 +90,11 @@ def load_array(
 
 
 class DirectorySource:
-    """The payload files of the store directory ``root``, read without the
-    index: each array is checked against its record and read into memory
-    (at most 64 KiB) or memory-mapped (larger)."""
+    """The payload files of the store directory ``root``, read without the index: each array is
+    checked against its record and read into memory (at most 64 KiB) or memory-mapped (larger)."""
 
     def __init__(
-        self,
-        root: str,
-        allow_pickle: bool,
-        get_pickle: Callable[[str], bytes | None],
+        self, root: str, allow_pickle: bool, get_pickle: Callable[[str], bytes | None]
     ) -> None:
         self.root = root
         self.allow_pickle = allow_pickle
@@ -124,15 +117,12 @@ class DirectorySource:
 class MemorySource:
     """Arrays and remainders held in memory (a record unpickled by value).
 
-    Unpickling already ran whatever the pickle asked for, so loading the
-    record's own remainder is allowed by default.
+    Unpickling already ran whatever the pickle asked for, so loading the record's own remainder is
+    allowed by default.
     """
 
     def __init__(
-        self,
-        arrays: dict[str, np.ndarray],
-        pickle: bytes | None,
-        allow_pickle: bool = True,
+        self, arrays: dict[str, np.ndarray], pickle: bytes | None, allow_pickle: bool = True
     ) -> None:
         self.arrays = arrays
         self.pickle = pickle
