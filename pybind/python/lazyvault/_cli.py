@@ -33,21 +33,7 @@ _DESCRIPTION = """\
 Store Python objects made of small metadata and numpy arrays: metadata as
 JSON records in an index, arrays as .npy files loaded on first access (memory-mapped when large)."""
 
-_EPILOG = """\
-examples:
-  lazyvault ls runs.lv                       list every key
-  lazyvault ls runs.lv "temperature > 250"   list the keys of the matching records
-  lazyvault find runs.lv "material == 'Si'"  matching records, one line of metadata each
-  lazyvault show runs.lv run-001             one record: metadata and arrays (no payload read)
-  lazyvault stats runs.lv --json             records, arrays, bytes per dtype (index only)
-  lazyvault export runs.lv si.lvz --query "material == 'Si'"   records to .lvz/.npz/.safetensors
-  lazyvault import runs.lv model.safetensors frames/           files (or directories) into a store
-  lazyvault verify runs.lv                   check every record against its payload files
-  lazyvault gc runs.lv                       remove files no record references
-  lazyvault repair runs.lv                   rebuild a lost or damaged index from the journal
-
-exit status: 0 ok, 1 lazyvault error or verify problems, 2 usage error.
-"""
+_EXIT_STATUS = "exit status: 0 ok, 1 lazyvault error or verify problems, 2 usage error."
 
 
 class _Output(NamedTuple):
@@ -99,8 +85,8 @@ def _path(help: str = "the store") -> Option:
     return _opt("path", metavar="PATH", help=help)
 
 
-def _json(help: str) -> Option:
-    return _opt("--json", action="store_true", help=help)
+def _flag(flag: str, help: str) -> Option:
+    return _opt(flag, action="store_true", help=help)
 
 
 def _positive_int(text: str) -> int:
@@ -116,7 +102,7 @@ def _positive_int(text: str) -> int:
 
 _STORE_OR_ARCHIVE = "the store, or a .lvz archive"
 _QUERY = "a query (see store/QUERY.md)"
-_NO_PROGRESS = _opt("--no-progress", action="store_true", help="no progress bar")
+_NO_PROGRESS = _flag("--no-progress", "no progress bar")
 
 
 # -- helpers ----------------------------------------------------------------------
@@ -189,7 +175,7 @@ def _progress(args: argparse.Namespace) -> bool | None:
     "lazyvault ls runs.lv \"temperature > 250 and material == 'Si'\"",
     _path(),
     _opt("expr", metavar="EXPR", nargs="?", help=_QUERY),
-    _json("print a JSON list"),
+    _flag("--json", "print a JSON list"),
 )
 def _cmd_ls(args: argparse.Namespace) -> _Output:
     with Store.open(args.path, mode="r") as store:
@@ -203,7 +189,7 @@ def _cmd_ls(args: argparse.Namespace) -> _Output:
     "lazyvault find runs.lv \"temperature > 250 and material == 'Si'\" --json",
     _path(_STORE_OR_ARCHIVE),
     _opt("expr", metavar="EXPR", help=_QUERY),
-    _json("print a JSON list of {key, meta, arrays}"),
+    _flag("--json", "print a JSON list of {key, meta, arrays}"),
 )
 def _cmd_find(args: argparse.Namespace) -> _Output:
     with Store.open(args.path, mode="r") as store:
@@ -218,7 +204,7 @@ def _cmd_find(args: argparse.Namespace) -> _Output:
     "lazyvault show runs.lv run-001",
     _path(),
     _opt("key", metavar="KEY", help="the record's key"),
-    _json("print one JSON object"),
+    _flag("--json", "print one JSON object"),
 )
 def _cmd_show(args: argparse.Namespace) -> _Output:
     with Store.open(args.path, mode="r") as store:
@@ -245,7 +231,7 @@ def _cmd_show(args: argparse.Namespace) -> _Output:
     "lazyvault stats runs.lv \"material == 'Si'\" --json",
     _path(_STORE_OR_ARCHIVE),
     _opt("expr", metavar="EXPR", nargs="?", help="count only the records matching this query"),
-    _json("print one JSON object"),
+    _flag("--json", "print one JSON object"),
 )
 def _cmd_stats(args: argparse.Namespace) -> _Output:
     with Store.open(args.path, mode="r") as store:
@@ -291,7 +277,7 @@ def _cmd_stats(args: argparse.Namespace) -> _Output:
         _opt("--keys", metavar="K", nargs="+", help="export these keys"),
     ],
     _NO_PROGRESS,
-    _json("print a JSON summary"),
+    _flag("--json", "print a JSON summary"),
 )
 def _cmd_export(args: argparse.Namespace) -> _Output:
     with Store.open(args.path, mode="r") as store:
@@ -336,7 +322,7 @@ def _cmd_export(args: argparse.Namespace) -> _Output:
         "(default: 1100)",
     ),
     _NO_PROGRESS,
-    _json("print the keys written per file as JSON"),
+    _flag("--json", "print the keys written per file as JSON"),
 )
 def _cmd_import(args: argparse.Namespace) -> _Output:
     if args.key is not None and len(args.files) != 1:
@@ -359,13 +345,9 @@ def _cmd_import(args: argparse.Namespace) -> _Output:
     "against the checksums recorded at write time (exit 1 if there are problems)",
     "lazyvault verify runs.lv --quick --json",
     _path(_STORE_OR_ARCHIVE),
-    _opt(
-        "--quick",
-        action="store_true",
-        help="check headers and sizes only, do not read the data to check its checksum",
-    ),
+    _flag("--quick", "check headers and sizes only, do not read the data to check its checksum"),
     _NO_PROGRESS,
-    _json("print the report as JSON"),
+    _flag("--json", "print the report as JSON"),
 )
 def _cmd_verify(args: argparse.Namespace) -> _Output:
     with Store.open(args.path, mode="r") as store:
@@ -395,7 +377,7 @@ def _cmd_verify(args: argparse.Namespace) -> _Output:
     "remove payload files that no record references (left by a crash), compact the journal",
     "lazyvault gc runs.lv",
     _path("the store (opened for writing)"),
-    _json("print the report as JSON"),
+    _flag("--json", "print the report as JSON"),
 )
 def _cmd_gc(args: argparse.Namespace) -> _Output:
     if not os.path.exists(os.path.join(args.path, "lazyvault.json")):
@@ -417,7 +399,7 @@ def _cmd_gc(args: argparse.Namespace) -> _Output:
     "aside, nothing is deleted)",
     "lazyvault repair runs.lv && lazyvault verify runs.lv && lazyvault gc runs.lv",
     _path(),
-    _json("print the report as JSON"),
+    _flag("--json", "print the report as JSON"),
 )
 def _cmd_repair(args: argparse.Namespace) -> _Output:
     report = Store.repair(args.path)
@@ -438,8 +420,10 @@ def _cmd_repair(args: argparse.Namespace) -> _Output:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``lazyvault`` command."""
     fmt = argparse.RawDescriptionHelpFormatter
+    examples = "".join(f"  {command.example}\n" for command in _COMMANDS.values())
+    epilog = f"examples:\n{examples}\n{_EXIT_STATUS}\n"
     parser = argparse.ArgumentParser(
-        prog=PROG, description=_DESCRIPTION, epilog=_EPILOG, formatter_class=fmt
+        prog=PROG, description=_DESCRIPTION, epilog=epilog, formatter_class=fmt
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
