@@ -23,17 +23,6 @@ from .errors import ClosedError, CorruptError, LazyvaultError, MissingKeyError, 
 from .record import Record
 from .store import Handle, Store, check_allow_pickle, check_key, plug_file_opener, raw_record
 
-__all__ = [
-    "Archive",
-    "ArchiveSource",
-    "dumps",
-    "export_lvz",
-    "is_archive",
-    "is_archive_file",
-    "loads",
-    "open_archive",
-]
-
 #: The first bytes of every ``.lvz`` file (a zip local file header).
 ZIP_MAGIC = b"PK\x03\x04"
 
@@ -132,7 +121,6 @@ class Archive(Handle):
 
     @property
     def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
         return self._core is None
 
     @property

@@ -16,20 +16,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .record import Record
 
-__all__ = [
-    "MAX_COLUMNS",
-    "MAX_ROWS",
-    "RecordsDisplay",
-    "cut",
-    "flatten",
-    "human_size",
-    "record_html",
-    "record_text",
-    "records_html",
-    "records_text",
-    "short_repr",
-]
-
 #: Rows shown before "... N more" (records of a store, fields, arrays).
 MAX_ROWS = 20
 #: Metadata columns of a store or results table; the rest are counted.
@@ -218,9 +204,7 @@ def _arrays_cell(rec: Record) -> str:
     return ", ".join(cells)
 
 
-def _records_table(
-    get: Callable[[str], Record], keys: Sequence[str], total: int
-) -> tuple[_Table, str | None]:
+def _records_table(get: Callable[[str], Record], keys: Sequence[str]) -> tuple[_Table, str | None]:
     """The table of the records ``keys`` (the first page) and a note on the metadata columns left
     out."""
     shown: list[Record | str] = []
@@ -252,26 +236,9 @@ def _records_table(
                 human_size(size),
             ]
         )
-    table.more = _more(total, len(shown), "records")
+    table.more = _more(len(keys), len(shown), "records")
     note = f"{hidden:,} more metadata field(s) not shown: see to_pandas()" if hidden else None
     return table, note
-
-
-def records_text(
-    title: str, get: Callable[[str], Record], keys: Sequence[str], total: int | None = None
-) -> str:
-    """``title``, then a table of the first :data:`MAX_ROWS` of ``keys`` (``get`` builds each
-    record): key, metadata columns, arrays, size."""
-    table, note = _records_table(get, keys, len(keys) if total is None else total)
-    return _text(title, (table,), note)
-
-
-def records_html(
-    title: str, get: Callable[[str], Record], keys: Sequence[str], total: int | None = None
-) -> str:
-    """:func:`records_text` as an HTML fragment."""
-    table, note = _records_table(get, keys, len(keys) if total is None else total)
-    return _html("records", f"<strong>{html.escape(title)}</strong>", (table,), note)
 
 
 def pretty(text: str, p: Any, cycle: bool) -> None:
@@ -293,7 +260,9 @@ class RecordsDisplay:
     def __str__(self) -> str:
         """Several lines: a title (what, where, how many records), then a table of the first 20
         records: key, metadata columns, arrays, size."""
-        return records_text(*self._display_parts())
+        title, get, keys = self._display_parts()
+        table, note = _records_table(get, keys)
+        return _text(title, (table,), note)
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         """IPython's text display: :meth:`__str__`."""
@@ -301,4 +270,6 @@ class RecordsDisplay:
 
     def _repr_html_(self) -> str:
         """The notebook display: :meth:`__str__` as an HTML table."""
-        return records_html(*self._display_parts())
+        title, get, keys = self._display_parts()
+        table, note = _records_table(get, keys)
+        return _html("records", f"<strong>{html.escape(title)}</strong>", (table,), note)

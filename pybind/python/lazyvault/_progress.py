@@ -44,12 +44,7 @@ def progress_callback(progress: ProgressArg, desc: str, unit: str) -> Iterator[R
                 f"progress must be None, True, False or a callable(done, total), "
                 f"not {type(progress).__name__}"
             )
-        user = progress
-
-        def forward(done: int, total: int | None) -> None:
-            user(done, total)
-
-        yield forward
+        yield progress
         return
     from tqdm.auto import tqdm
 

@@ -56,13 +56,6 @@ def corrupt_array(e: CorruptError, key: str, name: str) -> CorruptError:
     return err
 
 
-def refuse_pickled_array(key: str, name: str) -> PickleNotAllowedError:
-    return PickleNotAllowedError(
-        f"record {key!r} array {name!r} is an object array, stored as a pickle; loading "
-        "it can run arbitrary code: open the store with allow_pickle=True if you trust it"
-    )
-
-
 def load_array(
     key: str,
     name: str,
@@ -79,7 +72,11 @@ def load_array(
     try:
         if entry.get("pickled"):
             if not allow_pickle:
-                raise refuse_pickled_array(key, name)
+                raise PickleNotAllowedError(
+                    f"record {key!r} array {name!r} is an object array, stored as a pickle; "
+                    "loading it can run arbitrary code: open the store with allow_pickle=True "
+                    "if you trust it"
+                )
             return _arrays.load_pickled(read_bytes(core_entry))
         buffer = map_buffer(core_entry)
     except CorruptError as e:
