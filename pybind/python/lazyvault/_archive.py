@@ -1,10 +1,5 @@
-"""``.lvz`` archives: a store's records in one zip file, and one object in memory
-(``lazyvault.dumps`` / ``lazyvault.loads``).
-
-An archive (schema/FORMAT.md, "Archives (.lvz)") is a zip of uncompressed ``.npy`` members, one per
-array, data 64-byte aligned, plus the records: ``np.load("x.lvz")`` reads it as an npz;
-:class:`Archive` maps it once and hands out read-only arrays viewing the mapping, with no lock, so
-any number of processes may read one archive at once.
+"""``.lvz`` archives (schema/FORMAT.md, "Archives (.lvz)"; ``Store.export`` says what one holds):
+a store's records in one zip file, and one object in memory (``lazyvault.dumps`` / ``loads``).
 """
 
 from __future__ import annotations
@@ -82,12 +77,10 @@ class ArchiveSource:
 
 class Archive(Handle):
     """A ``.lvz`` archive opened read-only: a ``Mapping`` from key to :class:`Record`, like a store
-    opened with ``mode="r"`` but without a lock. Open with :func:`lazyvault.Store.open` (or
-    :func:`open_archive`).
-
-    ``find``, ``count``, ``keys(expr)`` and ``to_pandas`` work as on a :class:`Store` (see there),
-    but in archive order (the order the keys were exported in). ``close()`` drops the archive;
-    arrays already handed out stay valid (they keep the mapping alive).
+    opened with ``mode="r"`` but without a lock, so any number of processes may read it at once;
+    its arrays are read-only views of the one mapping. Open with :func:`lazyvault.Store.open` (or
+    :func:`open_archive`). ``find``, ``count``, ``keys(expr)`` and ``to_pandas`` work as on a
+    :class:`Store` (see there), but in archive order (the order the keys were exported in).
     """
 
     def _read_only(self, *args: Any, **kwargs: Any) -> None:

@@ -30,13 +30,7 @@ def _pandas() -> Any:
 
 
 def records_frame(get: Callable[[str], Record], keys: Iterable[str]) -> pd.DataFrame:
-    """One row per key (``get`` builds its record), index ``"key"``; columns in first-seen order:
-    the metadata, nested dicts flattened to dotted names (``params.lr``; lists stay values), then
-    per array path ``<path>.shape`` (a tuple) and ``<path>.dtype`` (its ``str``), winning over a
-    metadata field of the same name. Fields a record lacks are missing values (NaN). Raises
-    ``ModuleNotFoundError`` (an ``ImportError``) naming ``pip install pandas`` when pandas is
-    missing.
-    """
+    """``Store.to_pandas`` (see there) of the records ``keys``, each built by ``get``."""
     pd = _pandas()
     index: list[str] = []
     rows: list[dict[str, Any]] = []

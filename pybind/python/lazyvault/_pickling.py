@@ -160,10 +160,7 @@ class RecordRef:
 
 
 def record_ref(record: Record) -> RecordRef:
-    """``Record.ref()``: the :class:`RecordRef` of ``record``.
-
-    Raises ``ValueError`` for a record not read from a store directory.
-    """
+    """``Record.ref()`` (see there)."""
     path, key, entry, pickled, allow_pickle = _reference_args(record)
     return RecordRef(path, key, copy.deepcopy(entry), pickled, allow_pickle)
 

@@ -1,9 +1,4 @@
-"""Progress bars for long operations, with tqdm (terminals and notebooks).
-
-``progress=None``: a bar when someone is watching (stderr is a terminal, or a Jupyter kernel runs
-the code), never when output goes to a file or pipe; ``True`` forces one, ``False`` turns it off; a
-callable ``f(done, total)`` gets the counts instead (``total`` None when unknown in advance).
-"""
+"""Progress bars for long operations, with tqdm: ``progress=`` as :class:`~lazyvault.Store` says."""
 
 from __future__ import annotations
 

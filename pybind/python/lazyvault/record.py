@@ -157,8 +157,8 @@ class Record:
         )
 
     def ref(self) -> Any:
-        """A small, picklable reference to this record (store path + record entry): another process
-        maps the same payload files without opening the index. See :class:`lazyvault.RecordRef`."""
+        """The :class:`lazyvault.RecordRef` of this record; ``ValueError`` for a record not read
+        from a store directory."""
         return _plugged_pickling().ref(self)
 
     def __reduce_ex__(self, protocol: SupportsIndex) -> Any:

@@ -220,12 +220,13 @@ class Handle(RecordsDisplay, Mapping[str, Record]):
         return int(self._index().count(_query_text(expr)))
 
     def to_pandas(self, expr: str | None = None) -> pd.DataFrame:
-        """All records (or those matching the query ``expr``) as a pandas DataFrame: one row per
-        record, index ``key``, the metadata flattened into dotted columns (``params.lr``), and
-        ``<array>.shape`` (tuple) and ``<array>.dtype`` (str) columns. Reads the index only.
-
-        Raises ``ModuleNotFoundError`` (an ``ImportError``) when pandas is not installed,
-        :class:`QueryError` for a malformed ``expr``.
+        """All records (or those matching the query ``expr``) as a pandas DataFrame, from the index
+        only: one row per record, index ``"key"``; columns in first-seen order: the metadata, nested
+        dicts flattened to dotted names (``params.lr``; lists stay values), then per array path
+        ``<path>.shape`` (a tuple) and ``<path>.dtype`` (its ``str``), winning over a metadata field
+        of the same name. Fields a record lacks are missing values (NaN). Raises
+        ``ModuleNotFoundError`` (an ``ImportError``) naming ``pip install pandas`` when pandas is
+        not installed, :class:`QueryError` for a malformed ``expr``.
         """
         keys = self._index().keys() if expr is None else self.keys(expr)
         return _frame.records_frame(self.__getitem__, keys)
@@ -246,8 +247,9 @@ class Store(Handle, MutableMapping[str, Record]):
     ``str`` (never turned into paths).
 
     ``progress=`` (:meth:`update`, :meth:`verify`, :meth:`gc`, :meth:`export`, :meth:`import_file`):
-    a tqdm bar when None and interactive (a terminal or a notebook), or True; False for none; or a
-    callable ``f(done, total)`` given the counts instead (``total`` None when unknown).
+    None (default) a tqdm bar when someone is watching (stderr is a terminal, or a Jupyter kernel
+    runs the code), never when output goes to a file or pipe; True forces one, False turns it off; a
+    callable ``f(done, total)`` gets the counts instead (``total`` None when unknown in advance).
     """
 
     def __init__(self, core: _lazyvault.StoreCore, allow_pickle: bool = False) -> None:
@@ -583,8 +585,9 @@ class Store(Handle, MutableMapping[str, Record]):
         *,
         progress: ProgressArg = None,
     ) -> None:
-        """Writes records to one file, format by extension: ``.lvz`` (a zip of 64-byte aligned
-        ``.npy`` members plus the records; ``Store.open`` maps it, ``np.load`` reads it as an npz),
+        """Writes records to one file, format by extension: ``.lvz`` (a zip of uncompressed ``.npy``
+        members, one per array, data 64-byte aligned, plus the records; ``Store.open`` maps it,
+        ``np.load`` reads it as an npz),
         ``.npz`` or ``.safetensors``. ``keys`` or ``query`` select the records (all by default).
         ``progress`` (see :class:`Store`) counts arrays written (a ``.lvz``: ``(0, n)`` then ``(n,
         n)``, the core writes it in one step)."""
