@@ -16,6 +16,7 @@ import io
 import json
 import math
 import pickle
+import re
 from collections.abc import Callable, Container
 from typing import Any, NamedTuple
 
@@ -53,18 +54,13 @@ def _join_path(path: str, name: str) -> str:
     return f"{path}/{name}" if path else name
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class defined in Python, not in C
 
 
 def text_ok(text: str) -> bool:
     """Whether ``text`` is Unicode text JSON and UTF-8 can hold (no lone surrogates)."""
-    if text.isascii():
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    return text.isascii() or _SURROGATE.search(text) is None
 
 
 def _plain_state_class(value: Any) -> bool:

@@ -36,17 +36,7 @@ def array_entry(entry: dict[str, Any]) -> _lazyvault.ArrayEntry:
     """The core's :class:`~lazyvault._lazyvault.ArrayEntry` of a record's array entry (a dict of its
     record JSON): what the core's payload readers take. Raises ``TypeError`` for an entry missing a
     field."""
-    return _lazyvault.ArrayEntry(
-        id=entry["id"],
-        descr=entry["descr"],
-        dtype=entry["dtype"],
-        shape=entry["shape"],
-        fortran_order=entry["fortran_order"],
-        nbytes=entry["nbytes"],
-        data_offset=entry["data_offset"],
-        pickled=entry.get("pickled", False),
-        checksum=entry.get("checksum"),
-    )
+    return _lazyvault.ArrayEntry(**entry)
 
 
 def corrupt_array(e: CorruptError, key: str, name: str) -> CorruptError:

@@ -445,12 +445,9 @@ class Store(Handle, MutableMapping[str, Record]):
         exception it raises stops the update (earlier chunks stay). It is this option, never a key:
         ``store["progress"] = obj`` stores that record.
         """
-        if isinstance(other, Mapping):
-            pairs: Iterable[tuple[str, Any]] = ((k, other[k]) for k in other)
-        elif hasattr(other, "keys"):  # dict.update's rule for mapping-likes
+        pairs: Iterable[tuple[str, Any]] = other  # type: ignore[assignment]
+        if hasattr(other, "keys"):  # dict.update's rule: mappings and mapping-likes
             pairs = ((k, other[k]) for k in other.keys())  # type: ignore[index]
-        else:
-            pairs = other
         try:
             total: int | None = len(other) + len(kwargs)  # type: ignore[arg-type]
         except TypeError:
@@ -664,12 +661,7 @@ def raw_record(store: Store, key: str) -> tuple[bytes, bytes | None] | None:
 # -- seams: the modules a layer up plug in here when imported (lazyvault/__init__
 # imports them all before any store is opened) ---------------------------------
 
-#: ``"open_file"``: ``(path, mode, allow_pickle)`` -> an opened ``.lvz`` archive,
-#: or None when ``path`` is not one (_archive); ``"reduce"``: ``Store.__reduce__``
-#: (_pickling); ``"import_file"``: ``(store, path, key=, progress=,
-#: max_header_size=, max_ratio=)`` -> keys, and ``"copy_record"``: ``(store, key,
-#: record)`` (_interop); ``"export"``: ``(store, path, keys=, query=, progress=)``
-#: (_export).
+#: What the ``plug_*`` functions below plug in, by name.
 _hooks: dict[str, Callable[..., Any]] = {}
 
 
@@ -683,17 +675,20 @@ def _hook(name: str) -> Callable[..., Any]:
 def plug_interop(
     *, import_file: Callable[..., list[str]], copy_record: Callable[[Store, str, Record], None]
 ) -> None:
-    """Makes these the store's import and record copy (``_interop``)."""
+    """Makes these the store's import and record copy (``_interop``): ``import_file(store,
+    path, key=, progress=, max_header_size=, max_ratio=)`` -> keys, ``copy_record(store, key,
+    record)``."""
     _hooks.update(import_file=import_file, copy_record=copy_record)
 
 
 def plug_export(export: Callable[..., None]) -> None:
-    """Makes ``export`` the store's export (``_export``)."""
+    """Makes ``export(store, path, keys=, query=, progress=)`` the store's export (``_export``)."""
     _hooks["export"] = export
 
 
 def plug_file_opener(opener: Callable[[str | os.PathLike[str], str | None, bool], Any]) -> None:
-    """Makes ``opener`` the way ``Store.open`` opens a file (``_archive``)."""
+    """Makes ``opener(path, mode, allow_pickle)`` the way ``Store.open`` opens a file
+    (``_archive``): an opened ``.lvz`` archive, or None when ``path`` is not one."""
     _hooks["open_file"] = opener
 
 
