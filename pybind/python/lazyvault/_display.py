@@ -9,6 +9,7 @@ escapes them all, the text shows unprintable ones as ``repr``.
 
 from __future__ import annotations
 
+import collections
 import html
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -156,8 +157,7 @@ def _record_title(rec: Record) -> str:
 
 
 def record_text(rec: Record, loaded: Collection[str]) -> str:
-    """Several lines: the key, the metadata (nested fields as dotted names) and the arrays (shape,
-    dtype, size, order, whether in ``loaded``)."""
+    """``Record.__str__`` (see there); ``loaded``: the arrays the proxy has loaded."""
     summary, meta_table, array_table = _record_parts(rec, loaded)
     return _text(f"{_record_title(rec)}: {summary}", (meta_table, array_table))
 
@@ -215,10 +215,7 @@ def _records_table(get: Callable[[str], Record], keys: Sequence[str]) -> tuple[_
             shown.append(key)
     flat = [flatten(rec.meta) if not isinstance(rec, str) else {} for rec in shown]
     # the fields most records have first, then in first-seen order
-    counts: dict[str, int] = {}
-    for fields in flat:
-        for name in fields:
-            counts[name] = counts.get(name, 0) + 1
+    counts = collections.Counter(name for fields in flat for name in fields)
     names = sorted(counts, key=lambda n: -counts[n])  # stable: ties keep first-seen order
     columns = names[:MAX_COLUMNS]
     hidden = len(names) - len(columns)
