@@ -13,6 +13,7 @@ Exit codes: 0 success; 1 a lazyvault error or an OS error (message on stderr as 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -141,24 +142,16 @@ def _as_json(rec: Record, **extra: Any) -> dict[str, Any]:
     return {"key": rec.key, **extra, "meta": rec.meta, "arrays": arrays}
 
 
-def _compact(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=_json_default)
-    return _display.cut(text, 40)
-
-
 def _summary_line(rec: Record) -> str:
-    """``key  field=value ...  [array dtype shape, ...]`` on one line."""
+    """``key  field=value ...  [array dtype shape, ...]`` on one line, each value as compact JSON
+    cut to 40 characters."""
+    dump = functools.partial(json.dumps, ensure_ascii=False, separators=(",", ":"))
+    flat = _display.flatten(rec.meta)
     fields = " ".join(
-        f"{name}={_compact(value)}" for name, value in _display.flatten(rec.meta).items()
+        f"{n}={_display.cut(dump(v, default=_json_default), 40)}" for n, v in flat.items()
     )
-    arrays = ", ".join(
-        f"{name} {info.dtype} {tuple(info.shape)}" for name, info in rec.arrays.items()
-    )
-    line = rec.key
-    if fields:
-        line += "  " + fields
-    if arrays:
-        line += f"  [{arrays}]"
+    arrays = ", ".join(f"{n} {i.dtype} {tuple(i.shape)}" for n, i in rec.arrays.items())
+    line = "  ".join(part for part in (rec.key, fields, arrays and f"[{arrays}]") if part)
     return line.replace("\n", "\\n")
 
 
