@@ -153,10 +153,8 @@ class RecordRef:
         return (RecordRef, (self.path, self.key, self.record, self.pickle, self.allow_pickle))
 
     def __repr__(self) -> str:
-        return (
-            f"RecordRef(path={self.path!r}, key={self.key!r}, "
-            f"arrays={list(self.record.get('arrays', {}))!r})"
-        )
+        arrays = list(self.record.get("arrays", {}))
+        return f"RecordRef(path={self.path!r}, key={self.key!r}, arrays={arrays!r})"
 
 
 def record_ref(record: Record) -> RecordRef:
