@@ -139,15 +139,12 @@ class Handle(RecordsDisplay, Mapping[str, Record]):
     object, is equal only to itself (the ``Mapping`` default would compare every record, loading
     everything) and closes at the end of a ``with`` block."""
 
-    # What Store and Archive define: the core answering keys(), find(text),
-    # count(text) and len(), a display title, path, closed and close().
+    # What Store and Archive define: the core answering keys(), find(text), count(text) and len(),
+    # a display title, path, closed and close().
     _allow_pickle: bool
-
-    def _index(self) -> Any:
-        raise NotImplementedError
-
-    def _title(self) -> str:
-        raise NotImplementedError
+    _index: Callable[[], Any]
+    _title: Callable[[], str]
+    close: Callable[[], None]
 
     @property
     def path(self) -> str | None:
@@ -156,9 +153,6 @@ class Handle(RecordsDisplay, Mapping[str, Record]):
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
-        raise NotImplementedError
-
-    def close(self) -> None:
         raise NotImplementedError
 
     def __eq__(self, other: object) -> bool:
