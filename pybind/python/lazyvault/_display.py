@@ -250,9 +250,7 @@ class RecordsDisplay:
     defining ``__repr__`` sets ``_repr_pretty_`` again too."""
 
     __slots__ = ()
-
-    def _display_parts(self) -> tuple[str, Callable[[str], Record], Sequence[str]]:
-        raise NotImplementedError
+    _display_parts: Callable[[], tuple[str, Callable[[str], Record], Sequence[str]]]
 
     def __str__(self) -> str:
         """Several lines: a title (what, where, how many records), then a table of the first 20
