@@ -68,16 +68,14 @@ def _plain_state_class(value: Any) -> bool:
     ordinary classes without custom pickling). Subclasses of C types (``list``, ``dict``, ``int``,
     ``np.ndarray``, ...) keep state outside ``__dict__``, so they are not."""
     cls = type(value)
-    if not hasattr(value, "__dict__") or isinstance(value, type):
-        return False
-    if "<locals>" in cls.__qualname__ or cls.__module__ in (None, "builtins"):
-        return False
-    if getattr(cls, "__slots__", None):
-        return False
-    if any(not (base.__flags__ & _HEAPTYPE) for base in cls.__mro__ if base is not object):
-        return False
     return (
-        cls.__reduce_ex__ is object.__reduce_ex__
+        hasattr(value, "__dict__")
+        and not isinstance(value, type)
+        and "<locals>" not in cls.__qualname__
+        and cls.__module__ not in (None, "builtins")
+        and not getattr(cls, "__slots__", None)
+        and all(base.__flags__ & _HEAPTYPE for base in cls.__mro__ if base is not object)
+        and cls.__reduce_ex__ is object.__reduce_ex__
         and cls.__reduce__ is object.__reduce__
         and getattr(cls, "__getstate__", object.__getstate__) is object.__getstate__
         and not hasattr(cls, "__setstate__")
@@ -112,12 +110,11 @@ class _Splitter:
         known = self._path_of_id.get(id(array))
         if known is not None:
             return known
-        name = path or "data"
-        if name in self.arrays:
-            n = 2
-            while f"{name}~{n}" in self.arrays:
-                n += 1
-            name = f"{name}~{n}"
+        name = base = path or "data"
+        n = 1
+        while name in self.arrays:
+            n += 1
+            name = f"{base}~{n}"
         self.arrays[name] = array  # keeps it alive, so ids stay unique
         self._path_of_id[id(array)] = name
         return name

@@ -25,11 +25,9 @@ class Source(Protocol):
 
     def map_array(self, key: str, name: str, entry: dict[str, Any]) -> np.ndarray:
         """The array of ``entry`` (read-only, no copy where the source allows)."""
-        ...
 
     def get_pickle(self, key: str) -> bytes | None:
         """The pickled remainder of ``key``, if any."""
-        ...
 
 
 def array_entry(entry: dict[str, Any]) -> _lazyvault.ArrayEntry:
