@@ -1,9 +1,5 @@
-"""Where a :class:`Record` gets its arrays and pickled remainder from.
-
-A record proxy only knows its key and its record JSON; a *source* turns an array entry into an
-ndarray and hands over the pickled remainder. Sources: the payload files of a store directory
-(records from ``Store`` and records passed by reference to other processes), a ``.lvz`` archive, and
-arrays carried in memory (records unpickled by value).
+"""Where a :class:`Record` (which only knows its key and record JSON) gets its arrays and pickled
+remainder from: a store directory, arrays in memory, or a ``.lvz`` archive (``_archive``).
 """
 
 from __future__ import annotations
@@ -75,8 +71,9 @@ def load_array(
 
 
 class DirectorySource:
-    """The payload files of the store directory ``root``, read without the index: each array is
-    checked against its record and read into memory (at most 64 KiB) or memory-mapped (larger)."""
+    """The payload files of the store directory ``root`` (records from ``Store``, and records passed
+    by reference to other processes), read without the index: each array is checked against its
+    record and read into memory (at most 64 KiB) or memory-mapped (larger)."""
 
     def __init__(
         self, root: str, allow_pickle: bool, get_pickle: Callable[[str], bytes | None]
