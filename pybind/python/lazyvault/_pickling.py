@@ -12,10 +12,8 @@ when imported (unpickling builds Records and Stores).
   timestamps, dicts in stored order).
 - **By reference across processes**: for ``multiprocessing``'s ``ForkingPickler`` (``Pool``
   arguments and results, queues, pipes; spawn and fork) a record of a store directory travels as
-  ``(store path, key, record entry, pickled remainder, allow_pickle)``, and the receiver loads the
-  same payload files (mapping large ones) without opening the index (no lock). Other records travel
-  by value. :meth:`Record.ref` gives the same reference as a :class:`RecordRef` (valid while the
-  payload files exist).
+  the fields of its :class:`RecordRef` (:meth:`Record.ref`; see there), and the receiver opens it
+  the same way. Other records travel by value.
 - A :class:`~lazyvault.Store` pickles by path (:func:`reduce_store`).
 """
 

@@ -4,6 +4,7 @@ a query matched."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import json
 import math
@@ -48,10 +49,8 @@ def _close_open_stores() -> None:
     # sled flushes on its own only every 500 ms: close what is still open so
     # that a script that forgot close() loses nothing at interpreter exit.
     for store in list(_open_stores):
-        try:
+        with contextlib.suppress(Exception):
             store.close()
-        except Exception:
-            pass
 
 
 # update() writes records in chunks of at most this many records or array
