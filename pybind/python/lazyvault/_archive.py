@@ -258,5 +258,4 @@ def loads(buffer: Any, *, allow_pickle: bool = False) -> Any:
             f"loads() expects an archive of one object, this one holds {len(keys)} records; "
             "open a multi-record archive with lazyvault.Store.open"
         )
-    archive = Archive(core, allow_pickle)
-    return archive[keys[0]].load()
+    return Archive(core, allow_pickle)[keys[0]].load()

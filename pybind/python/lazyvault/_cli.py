@@ -231,15 +231,14 @@ def _cmd_stats(args: argparse.Namespace) -> _Output:
         # the commit these figures describe (an archive has none)
         version = getattr(store, "version", None)
         keys = _keys(store, args.expr)
-        arrays = nbytes = 0
         dtypes: dict[str, dict[str, int]] = {}
         for key in keys:
             for info in store[key].arrays.values():
-                arrays += 1
-                nbytes += info.nbytes
                 entry = dtypes.setdefault(str(info.dtype), {"arrays": 0, "bytes": 0})
                 entry["arrays"] += 1
                 entry["bytes"] += info.nbytes
+    arrays = sum(e["arrays"] for e in dtypes.values())
+    nbytes = sum(e["bytes"] for e in dtypes.values())
     dtypes = dict(sorted(dtypes.items(), key=lambda kv: (-kv[1]["bytes"], kv[0])))
     stats = {"path": args.path, "version": version, "records": len(keys)}
     stats |= {"arrays": arrays, "bytes": nbytes, "dtypes": dtypes}
@@ -279,10 +278,7 @@ def _cmd_export(args: argparse.Namespace) -> _Output:
                 f"{args.path} is a .lvz archive; export works on a store: "
                 f"`{PROG} import STORE {args.path}` first"
             )
-        if args.keys is not None:
-            count = len(dict.fromkeys(args.keys))
-        else:
-            count = store.count(args.query)
+        count = store.count(args.query) if args.keys is None else len(dict.fromkeys(args.keys))
         store.export(args.out, keys=args.keys, query=args.query, progress=_progress(args))
     summary = {"path": args.path, "out": args.out, "records": count}
     return _Output(summary, f"{args.out}: wrote {count:,} record(s) from {args.path}\n")
@@ -321,12 +317,11 @@ def _cmd_import(args: argparse.Namespace) -> _Output:
     if args.key is not None and len(args.files) != 1:
         raise _UsageError("import", "--key names the record of a single FILE")
     limits = {"max_header_size": args.max_header_size, "max_ratio": args.max_ratio}
-    imported: dict[str, list[str]] = {}
     with Store.open(args.path, mode="a") as store:
-        for file in args.files:
-            imported[file] = store.import_file(
-                file, key=args.key, progress=_progress(args), **limits
-            )
+        imported = {
+            file: store.import_file(file, key=args.key, progress=_progress(args), **limits)
+            for file in args.files
+        }
     keys = [key for keys in imported.values() for key in keys]
     summary = {"path": args.path, "records": len(keys), "files": imported}
     return _Output(summary, _lines(keys))

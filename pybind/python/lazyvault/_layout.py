@@ -225,9 +225,7 @@ def split(obj: Any) -> tuple[Split, _Splitter]:
             break
         except _Cycle as cycle:
             pickle_whole.add(cycle.container_id)
-    if not isinstance(meta, dict):
-        meta = {}
-    return Split(meta=meta, layout=layout, leftovers=leftovers), splitter
+    return Split(meta if isinstance(meta, dict) else {}, layout, leftovers), splitter
 
 
 def encode(obj: Any) -> tuple[str, str, list[tuple[Any, ...]], bytes | None]:
