@@ -170,10 +170,7 @@ def record_html(rec: Record, loaded: Collection[str]) -> str:
 
 
 def _text(title: str, tables: Iterable[_Table], note: str | None = None) -> str:
-    lines = [title]
-    for table in tables:
-        if table.rows:
-            lines.extend(table.text())
+    lines = [title, *(line for table in tables if table.rows for line in table.text())]
     if note:
         lines.append("  " + note)
     return "\n".join(lines)
