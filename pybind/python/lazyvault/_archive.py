@@ -1,11 +1,5 @@
-"""``.lvz`` archives: a store's records in one zip file, and one object in
-memory (``lazyvault.dumps`` / ``lazyvault.loads``).
-
-An archive (schema/FORMAT.md, "Archives (.lvz)") is a zip of uncompressed
-``.npy`` members, one per array, data 64-byte aligned, plus the records:
-``np.load("x.lvz")`` reads it as an npz; :class:`Archive` maps it once and
-hands out read-only arrays viewing the mapping, with no lock, so any number
-of processes may read one archive at once.
+"""``.lvz`` archives (schema/FORMAT.md, "Archives (.lvz)"; ``Store.export`` says what one holds):
+a store's records in one zip file, and one object in memory (``lazyvault.dumps`` / ``loads``).
 """
 
 from __future__ import annotations
@@ -20,26 +14,9 @@ import numpy as np
 from . import _layout, _lazyvault
 from ._display import RecordsDisplay
 from ._source import array_entry, corrupt_array, load_array
-from .errors import (
-    ClosedError,
-    CorruptError,
-    LazyvaultError,
-    MissingKeyError,
-    ReadOnlyError,
-)
+from .errors import ClosedError, CorruptError, LazyvaultError, MissingKeyError, ReadOnlyError
 from .record import Record
 from .store import Handle, Store, check_allow_pickle, check_key, plug_file_opener, raw_record
-
-__all__ = [
-    "Archive",
-    "ArchiveSource",
-    "dumps",
-    "export_lvz",
-    "is_archive",
-    "is_archive_file",
-    "loads",
-    "open_archive",
-]
 
 #: The first bytes of every ``.lvz`` file (a zip local file header).
 ZIP_MAGIC = b"PK\x03\x04"
@@ -49,8 +26,8 @@ DUMPS_KEY = "obj"
 
 
 def is_archive_file(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` is an existing regular file that starts like a zip
-    (whatever its extension): what ``Store.open`` opens as an archive."""
+    """Whether ``path`` is an existing regular file that starts like a zip (whatever its extension):
+    what ``Store.open`` opens as an archive."""
     try:
         if not os.path.isfile(path):
             return False
@@ -73,9 +50,9 @@ def is_archive(path: str | os.PathLike[str]) -> bool:
 
 
 class ArchiveSource:
-    """The :class:`~lazyvault._source.Source` of records read from an
-    archive: each array is a read-only ndarray viewing the archive's bytes
-    (its file mapping, or the buffer given to :func:`loads`), no copy."""
+    """The :class:`~lazyvault._source.Source` of records read from an archive: each array is a
+    read-only ndarray viewing the archive's bytes (its file mapping, or the buffer given to
+    :func:`loads`), no copy."""
 
     def __init__(self, core: _lazyvault.ArchiveCore, allow_pickle: bool) -> None:
         self.core = core
@@ -85,8 +62,8 @@ class ArchiveSource:
         return self.core.get_pickle(key)
 
     def read_array_bytes(self, key: str, name: str, entry: dict[str, Any]) -> bytes:
-        """The raw data bytes of an array (for an ``object`` array: its
-        pickle, not unpickled), checked against the record."""
+        """The raw data bytes of an array (for an ``object`` array: its pickle, not unpickled),
+        checked against the record."""
         try:
             return self.core.read_array_bytes(array_entry(entry))
         except CorruptError as e:
@@ -99,14 +76,11 @@ class ArchiveSource:
 
 
 class Archive(Handle):
-    """A ``.lvz`` archive opened read-only: a ``Mapping`` from key to
-    :class:`Record`, like a store opened with ``mode="r"`` but without a
-    lock. Open with :func:`lazyvault.Store.open` (or :func:`open_archive`).
-
-    ``find``, ``count``, ``keys(expr)`` and ``to_pandas`` work as on a
-    :class:`Store` (see there), but in archive order (the order the keys
-    were exported in). ``close()`` drops the archive; arrays already handed
-    out stay valid (they keep the mapping alive).
+    """A ``.lvz`` archive opened read-only: a ``Mapping`` from key to :class:`Record`, like a store
+    opened with ``mode="r"`` but without a lock, so any number of processes may read it at once;
+    its arrays are read-only views of the one mapping. Open with :func:`lazyvault.Store.open` (or
+    :func:`open_archive`). ``find``, ``count``, ``keys(expr)`` and ``to_pandas`` work as on a
+    :class:`Store` (see there), but in archive order (the order the keys were exported in).
     """
 
     def _read_only(self, *args: Any, **kwargs: Any) -> None:
@@ -140,7 +114,6 @@ class Archive(Handle):
 
     @property
     def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
         return self._core is None
 
     @property
@@ -163,15 +136,14 @@ class Archive(Handle):
         return self._index().get_pickle(key)
 
     def verify(self) -> dict[str, Any]:
-        """Checks every array of every record against its member (``.npy``
-        header, size, 64-byte alignment) without building any array.
-        Returns ``{"ok": bool, "records": int, "arrays": int, "problems":
-        [str]}``."""
+        """Checks every array of every record against its member (``.npy`` header, size, 64-byte
+        alignment) without building any array. Returns ``{"ok": bool, "records": int, "arrays": int,
+        "problems": [str]}``."""
         return self._index().verify()
 
     def close(self) -> None:
-        """Drops the archive. Idempotent. Arrays already returned stay
-        valid: the mapping goes when the last of them does."""
+        """Drops the archive. Idempotent. Arrays already returned stay valid: the mapping goes when
+        the last of them does."""
         self._core = None
 
     def __reduce__(self) -> Any:
@@ -196,10 +168,9 @@ class Archive(Handle):
 
 
 def open_archive(path: str | os.PathLike[str], allow_pickle: bool = False) -> Archive:
-    """Opens the ``.lvz`` archive at ``path`` read-only (memory-mapped once;
-    no lock). Raises :class:`CorruptError` for a file that is not a
-    lazyvault archive or is damaged (truncated, compressed or encrypted
-    array members, unsafe member names), :class:`FormatVersionError` for a
+    """Opens the ``.lvz`` archive at ``path`` read-only (memory-mapped once; no lock). Raises
+    :class:`CorruptError` for a file that is not a lazyvault archive or is damaged (truncated,
+    compressed or encrypted array members, unsafe member names), :class:`FormatVersionError` for a
     newer major format version."""
     path = os.fspath(path)
     return Archive(_lazyvault.ArchiveCore.open(path), allow_pickle, path)
@@ -208,9 +179,9 @@ def open_archive(path: str | os.PathLike[str], allow_pickle: bool = False) -> Ar
 def open_if_archive(
     path: str | os.PathLike[str], mode: str | None, allow_pickle: bool
 ) -> Archive | None:
-    """What ``Store.open`` opens for a file that starts like a zip (whatever
-    its extension): the archive, read-only, or :class:`ReadOnlyError` for a
-    mode other than ``"r"``; ``None`` for anything else."""
+    """What ``Store.open`` opens for a file that starts like a zip (whatever its extension): the
+    archive, read-only, or :class:`ReadOnlyError` for a mode other than ``"r"``; ``None`` for
+    anything else."""
     if not is_archive_file(path):
         return None
     if mode not in (None, "r"):
@@ -243,13 +214,11 @@ def export_lvz(
     keys: Iterable[str] | None = None,
     query: str | None = None,
 ) -> list[str]:
-    """Writes the records ``keys`` (or those matching ``query``; all by
-    default) of ``store`` to the archive ``path``; returns the keys written.
-    Payloads are copied byte for byte, streamed, to a temporary file, which
-    is fsynced, checked (every array aligned and matching its record) and
-    renamed into place. Raises ``ValueError`` for both ``keys`` and
-    ``query``, ``TypeError`` for ``keys`` given as one str,
-    :class:`MissingKeyError` for a key without a record (``path`` left as
+    """Writes the records ``keys`` (or those matching ``query``; all by default) of ``store`` to the
+    archive ``path``; returns the keys written. Payloads are copied byte for byte, streamed, to a
+    temporary file, which is fsynced, checked (every array aligned and matching its record) and
+    renamed into place. Raises ``ValueError`` for both ``keys`` and ``query``, ``TypeError`` for
+    ``keys`` given as one str, :class:`MissingKeyError` for a key without a record (``path`` left as
     it was)."""
     items = []
     for key in dict.fromkeys(check_key(k) for k in _resolve_keys(store, keys, query)):
@@ -262,22 +231,19 @@ def export_lvz(
 
 
 def dumps(obj: Any) -> bytes:
-    """``obj`` as a one-record ``.lvz`` archive in memory (like
-    ``pickle.dumps``; read it back with :func:`loads`). Arrays are split out
-    as ``.npy`` members exactly as ``Store.__setitem__`` does; equal inputs
-    give equal bytes."""
+    """``obj`` as a one-record ``.lvz`` archive in memory (like ``pickle.dumps``; read it back with
+    :func:`loads`). Arrays are split out as ``.npy`` members exactly as ``Store.__setitem__`` does;
+    equal inputs give equal bytes."""
     return _lazyvault.dumps_archive(DUMPS_KEY, *_layout.encode(obj))
 
 
 def loads(buffer: Any, *, allow_pickle: bool = False) -> Any:
-    """The object stored by :func:`dumps` in ``buffer`` (``bytes``,
-    ``bytearray``, ``memoryview``, ``mmap``, ``uint8`` array: anything with a
-    contiguous buffer; never written to), its arrays read-only views into
-    ``buffer`` (no copy) that keep it alive. Raises
-    :class:`PickleNotAllowedError` when rebuilding needs unpickling (class
-    instances, a pickled remainder) without ``allow_pickle=True``;
-    ``TypeError`` for another buffer; :class:`LazyvaultError` for an archive
-    of more than one record."""
+    """The object stored by :func:`dumps` in ``buffer`` (``bytes``, ``bytearray``, ``memoryview``,
+    ``mmap``, ``uint8`` array: anything with a contiguous buffer; never written to), its arrays
+    read-only views into ``buffer`` (no copy) that keep it alive. Raises
+    :class:`PickleNotAllowedError` when rebuilding needs unpickling (class instances, a pickled
+    remainder) without ``allow_pickle=True``; ``TypeError`` for another buffer;
+    :class:`LazyvaultError` for an archive of more than one record."""
     check_allow_pickle(allow_pickle)
     try:
         core = _lazyvault.ArchiveCore.from_buffer(buffer)
@@ -292,5 +258,4 @@ def loads(buffer: Any, *, allow_pickle: bool = False) -> Any:
             f"loads() expects an archive of one object, this one holds {len(keys)} records; "
             "open a multi-record archive with lazyvault.Store.open"
         )
-    archive = Archive(core, allow_pickle)
-    return archive[keys[0]].load()
+    return Archive(core, allow_pickle)[keys[0]].load()

@@ -1,5 +1,5 @@
-"""numpy arrays to and from ``.npy`` payloads: the only module that knows
-how an ndarray is laid out for the Rust core."""
+"""numpy arrays to and from ``.npy`` payloads: the only module that knows how an ndarray is laid out
+for the Rust core."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ def descr_of(dtype: np.dtype) -> str:
 
 @functools.lru_cache(maxsize=1024)
 def dtype_from_descr(descr: str) -> np.dtype:
-    """The dtype that a ``.npy`` descr text describes (no payload needed).
-    Raises :class:`CorruptError` for text that describes no dtype."""
+    """The dtype that a ``.npy`` descr text describes (no payload needed). Raises
+    :class:`CorruptError` for text that describes no dtype."""
     try:
         value: Any = _lazyvault.parse_descr(descr)  # numpy's stubs omit str and titles
         return np.lib.format.descr_to_dtype(value)
@@ -34,12 +34,11 @@ def dtype_from_descr(descr: str) -> np.dtype:
 
 
 def payload_args(name: str, array: np.ndarray) -> tuple[Any, ...]:
-    """The tuple the core's ``put`` takes for one array: ``(name, descr,
-    dtype_name, shape, fortran_order, data, pickled)``; ``data`` is a
-    C-contiguous ``uint8`` view of the array's bytes (no copy for C- or
-    Fortran-contiguous input; other layouts copied to C order, as
-    ``np.save`` does), or the pickle of an ``object`` array. Raises
-    :class:`InvalidArrayError` for a dtype that cannot be stored."""
+    """The tuple the core's ``put`` takes for one array: ``(name, descr, dtype_name, shape,
+    fortran_order, data, pickled)``; ``data`` is a C-contiguous ``uint8`` view of the array's bytes
+    (no copy for C- or Fortran-contiguous input; other layouts copied to C order, as ``np.save``
+    does), or the pickle of an ``object`` array. Raises :class:`InvalidArrayError` for a dtype that
+    cannot be stored."""
     array = np.asarray(array)  # np.memmap and other subclasses: their data
     dtype = array.dtype
     shape = tuple(int(d) for d in array.shape)
@@ -63,9 +62,8 @@ def payload_args(name: str, array: np.ndarray) -> tuple[Any, ...]:
 def array_from_buffer(
     buffer: Any, descr: str, shape: tuple[int, ...], fortran_order: bool
 ) -> np.ndarray:
-    """A read-only ndarray viewing ``buffer`` (a payload's bytes, mapped or
-    copied) with no further copy; ``buffer`` is ``None`` for a zero-size
-    array (nothing is read)."""
+    """A read-only ndarray viewing ``buffer`` (a payload's bytes, mapped or copied) with no further
+    copy; ``buffer`` is ``None`` for a zero-size array (nothing is read)."""
     dtype = dtype_from_descr(descr)
     order: Literal["C", "F"] = "F" if fortran_order else "C"
     if buffer is None:

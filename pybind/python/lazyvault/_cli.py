@@ -1,20 +1,19 @@
 """The ``lazyvault`` command line (also ``python -m lazyvault``).
 
-Subcommands and examples: ``lazyvault --help``; each is declared once, with
-its arguments, by ``@_command`` on the function that runs it and returns an
-:class:`_Output` (printed as text, or as JSON with ``--json``, which every
-command takes). ``ls``, ``find``, ``show``, ``stats``, ``export`` and
-``verify`` open the store read-only; ``ls``, ``find``, ``show`` and
-``stats`` read the index only, never a payload.
+Subcommands and examples: ``lazyvault --help``; each is declared once, with its arguments, by
+``@_command`` on the function that runs it and returns an :class:`_Output` (printed as text, or as
+JSON with ``--json``, which every command takes). ``ls``, ``find``, ``show``, ``stats``, ``export``
+and ``verify`` open the store read-only; ``ls``, ``find``, ``show`` and ``stats`` read the index
+only, never a payload.
 
-Exit codes: 0 success; 1 a lazyvault error or an OS error (message on stderr as
-``lazyvault: <message>``, no traceback) or problems found by ``verify``;
-2 a usage error (argparse's convention).
+Exit codes: 0 success; 1 a lazyvault error or an OS error (message on stderr as ``lazyvault:
+<message>``, no traceback) or problems found by ``verify``; 2 a usage error (argparse's convention).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -35,21 +34,7 @@ _DESCRIPTION = """\
 Store Python objects made of small metadata and numpy arrays: metadata as
 JSON records in an index, arrays as .npy files loaded on first access (memory-mapped when large)."""
 
-_EPILOG = """\
-examples:
-  lazyvault ls runs.lv                       list every key
-  lazyvault ls runs.lv "temperature > 250"   list the keys of the matching records
-  lazyvault find runs.lv "material == 'Si'"  matching records, one line of metadata each
-  lazyvault show runs.lv run-001             one record: metadata and arrays (no payload read)
-  lazyvault stats runs.lv --json             records, arrays, bytes per dtype (index only)
-  lazyvault export runs.lv si.lvz --query "material == 'Si'"   records to .lvz/.npz/.safetensors
-  lazyvault import runs.lv model.safetensors frames/           files (or directories) into a store
-  lazyvault verify runs.lv                   check every record against its payload files
-  lazyvault gc runs.lv                       remove files no record references
-  lazyvault repair runs.lv                   rebuild a lost or damaged index from the journal
-
-exit status: 0 ok, 1 lazyvault error or verify problems, 2 usage error.
-"""
+_EXIT_STATUS = "exit status: 0 ok, 1 lazyvault error or verify problems, 2 usage error."
 
 
 class _Output(NamedTuple):
@@ -83,8 +68,8 @@ _COMMANDS: dict[str, _Command] = {}
 def _command(
     name: str, summary: str, example: str, *options: Option | list[Option]
 ) -> Callable[[Run], Run]:
-    """Declares the subcommand ``name``, run by the decorated function, and
-    its arguments in order (a list: a mutually exclusive group)."""
+    """Declares the subcommand ``name``, run by the decorated function, and its arguments in order
+    (a list: a mutually exclusive group)."""
 
     def register(run: Run) -> Run:
         _COMMANDS[name] = _Command(summary, example, run, options)
@@ -101,8 +86,8 @@ def _path(help: str = "the store") -> Option:
     return _opt("path", metavar="PATH", help=help)
 
 
-def _json(help: str) -> Option:
-    return _opt("--json", action="store_true", help=help)
+def _flag(flag: str, help: str) -> Option:
+    return _opt(flag, action="store_true", help=help)
 
 
 def _positive_int(text: str) -> int:
@@ -118,7 +103,7 @@ def _positive_int(text: str) -> int:
 
 _STORE_OR_ARCHIVE = "the store, or a .lvz archive"
 _QUERY = "a query (see store/QUERY.md)"
-_NO_PROGRESS = _opt("--no-progress", action="store_true", help="no progress bar")
+_NO_PROGRESS = _flag("--no-progress", "no progress bar")
 
 
 # -- helpers ----------------------------------------------------------------------
@@ -141,9 +126,8 @@ def _lines(lines: Sequence[str]) -> str:
 
 
 def _printable(text: str) -> str:
-    """``text`` with control characters escaped as Python would (``\\n``,
-    ``\\x1b``), so one key stays one line and no escape sequence reaches
-    the terminal; ``--json`` gives the exact keys."""
+    """``text`` with control characters escaped as Python would (``\\n``, ``\\x1b``), so one key
+    stays one line and no escape sequence reaches the terminal; ``--json`` gives the exact keys."""
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
@@ -158,24 +142,16 @@ def _as_json(rec: Record, **extra: Any) -> dict[str, Any]:
     return {"key": rec.key, **extra, "meta": rec.meta, "arrays": arrays}
 
 
-def _compact(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=_json_default)
-    return _display.cut(text, 40)
-
-
 def _summary_line(rec: Record) -> str:
-    """``key  field=value ...  [array dtype shape, ...]`` on one line."""
+    """``key  field=value ...  [array dtype shape, ...]`` on one line, each value as compact JSON
+    cut to 40 characters."""
+    dump = functools.partial(json.dumps, ensure_ascii=False, separators=(",", ":"))
+    flat = _display.flatten(rec.meta)
     fields = " ".join(
-        f"{name}={_compact(value)}" for name, value in _display.flatten(rec.meta).items()
+        f"{n}={_display.cut(dump(v, default=_json_default), 40)}" for n, v in flat.items()
     )
-    arrays = ", ".join(
-        f"{name} {info.dtype} {tuple(info.shape)}" for name, info in rec.arrays.items()
-    )
-    line = rec.key
-    if fields:
-        line += "  " + fields
-    if arrays:
-        line += f"  [{arrays}]"
+    arrays = ", ".join(f"{n} {i.dtype} {tuple(i.shape)}" for n, i in rec.arrays.items())
+    line = "  ".join(part for part in (rec.key, fields, arrays and f"[{arrays}]") if part)
     return line.replace("\n", "\\n")
 
 
@@ -192,7 +168,7 @@ def _progress(args: argparse.Namespace) -> bool | None:
     "lazyvault ls runs.lv \"temperature > 250 and material == 'Si'\"",
     _path(),
     _opt("expr", metavar="EXPR", nargs="?", help=_QUERY),
-    _json("print a JSON list"),
+    _flag("--json", "print a JSON list"),
 )
 def _cmd_ls(args: argparse.Namespace) -> _Output:
     with Store.open(args.path, mode="r") as store:
@@ -206,7 +182,7 @@ def _cmd_ls(args: argparse.Namespace) -> _Output:
     "lazyvault find runs.lv \"temperature > 250 and material == 'Si'\" --json",
     _path(_STORE_OR_ARCHIVE),
     _opt("expr", metavar="EXPR", help=_QUERY),
-    _json("print a JSON list of {key, meta, arrays}"),
+    _flag("--json", "print a JSON list of {key, meta, arrays}"),
 )
 def _cmd_find(args: argparse.Namespace) -> _Output:
     with Store.open(args.path, mode="r") as store:
@@ -221,7 +197,7 @@ def _cmd_find(args: argparse.Namespace) -> _Output:
     "lazyvault show runs.lv run-001",
     _path(),
     _opt("key", metavar="KEY", help="the record's key"),
-    _json("print one JSON object"),
+    _flag("--json", "print one JSON object"),
 )
 def _cmd_show(args: argparse.Namespace) -> _Output:
     with Store.open(args.path, mode="r") as store:
@@ -248,22 +224,21 @@ def _cmd_show(args: argparse.Namespace) -> _Output:
     "lazyvault stats runs.lv \"material == 'Si'\" --json",
     _path(_STORE_OR_ARCHIVE),
     _opt("expr", metavar="EXPR", nargs="?", help="count only the records matching this query"),
-    _json("print one JSON object"),
+    _flag("--json", "print one JSON object"),
 )
 def _cmd_stats(args: argparse.Namespace) -> _Output:
     with Store.open(args.path, mode="r") as store:
         # the commit these figures describe (an archive has none)
         version = getattr(store, "version", None)
         keys = _keys(store, args.expr)
-        arrays = nbytes = 0
         dtypes: dict[str, dict[str, int]] = {}
         for key in keys:
             for info in store[key].arrays.values():
-                arrays += 1
-                nbytes += info.nbytes
                 entry = dtypes.setdefault(str(info.dtype), {"arrays": 0, "bytes": 0})
                 entry["arrays"] += 1
                 entry["bytes"] += info.nbytes
+    arrays = sum(e["arrays"] for e in dtypes.values())
+    nbytes = sum(e["bytes"] for e in dtypes.values())
     dtypes = dict(sorted(dtypes.items(), key=lambda kv: (-kv[1]["bytes"], kv[0])))
     stats = {"path": args.path, "version": version, "records": len(keys)}
     stats |= {"arrays": arrays, "bytes": nbytes, "dtypes": dtypes}
@@ -294,7 +269,7 @@ def _cmd_stats(args: argparse.Namespace) -> _Output:
         _opt("--keys", metavar="K", nargs="+", help="export these keys"),
     ],
     _NO_PROGRESS,
-    _json("print a JSON summary"),
+    _flag("--json", "print a JSON summary"),
 )
 def _cmd_export(args: argparse.Namespace) -> _Output:
     with Store.open(args.path, mode="r") as store:
@@ -303,10 +278,7 @@ def _cmd_export(args: argparse.Namespace) -> _Output:
                 f"{args.path} is a .lvz archive; export works on a store: "
                 f"`{PROG} import STORE {args.path}` first"
             )
-        if args.keys is not None:
-            count = len(dict.fromkeys(args.keys))
-        else:
-            count = store.count(args.query)
+        count = store.count(args.query) if args.keys is None else len(dict.fromkeys(args.keys))
         store.export(args.out, keys=args.keys, query=args.query, progress=_progress(args))
     summary = {"path": args.path, "out": args.out, "records": count}
     return _Output(summary, f"{args.out}: wrote {count:,} record(s) from {args.path}\n")
@@ -339,18 +311,17 @@ def _cmd_export(args: argparse.Namespace) -> _Output:
         "(default: 1100)",
     ),
     _NO_PROGRESS,
-    _json("print the keys written per file as JSON"),
+    _flag("--json", "print the keys written per file as JSON"),
 )
 def _cmd_import(args: argparse.Namespace) -> _Output:
     if args.key is not None and len(args.files) != 1:
         raise _UsageError("import", "--key names the record of a single FILE")
     limits = {"max_header_size": args.max_header_size, "max_ratio": args.max_ratio}
-    imported: dict[str, list[str]] = {}
     with Store.open(args.path, mode="a") as store:
-        for file in args.files:
-            imported[file] = store.import_file(
-                file, key=args.key, progress=_progress(args), **limits
-            )
+        imported = {
+            file: store.import_file(file, key=args.key, progress=_progress(args), **limits)
+            for file in args.files
+        }
     keys = [key for keys in imported.values() for key in keys]
     summary = {"path": args.path, "records": len(keys), "files": imported}
     return _Output(summary, _lines(keys))
@@ -362,13 +333,9 @@ def _cmd_import(args: argparse.Namespace) -> _Output:
     "against the checksums recorded at write time (exit 1 if there are problems)",
     "lazyvault verify runs.lv --quick --json",
     _path(_STORE_OR_ARCHIVE),
-    _opt(
-        "--quick",
-        action="store_true",
-        help="check headers and sizes only, do not read the data to check its checksum",
-    ),
+    _flag("--quick", "check headers and sizes only, do not read the data to check its checksum"),
     _NO_PROGRESS,
-    _json("print the report as JSON"),
+    _flag("--json", "print the report as JSON"),
 )
 def _cmd_verify(args: argparse.Namespace) -> _Output:
     with Store.open(args.path, mode="r") as store:
@@ -398,7 +365,7 @@ def _cmd_verify(args: argparse.Namespace) -> _Output:
     "remove payload files that no record references (left by a crash), compact the journal",
     "lazyvault gc runs.lv",
     _path("the store (opened for writing)"),
-    _json("print the report as JSON"),
+    _flag("--json", "print the report as JSON"),
 )
 def _cmd_gc(args: argparse.Namespace) -> _Output:
     if not os.path.exists(os.path.join(args.path, "lazyvault.json")):
@@ -420,7 +387,7 @@ def _cmd_gc(args: argparse.Namespace) -> _Output:
     "aside, nothing is deleted)",
     "lazyvault repair runs.lv && lazyvault verify runs.lv && lazyvault gc runs.lv",
     _path(),
-    _json("print the report as JSON"),
+    _flag("--json", "print the report as JSON"),
 )
 def _cmd_repair(args: argparse.Namespace) -> _Output:
     report = Store.repair(args.path)
@@ -441,8 +408,10 @@ def _cmd_repair(args: argparse.Namespace) -> _Output:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``lazyvault`` command."""
     fmt = argparse.RawDescriptionHelpFormatter
+    examples = "".join(f"  {command.example}\n" for command in _COMMANDS.values())
+    epilog = f"examples:\n{examples}\n{_EXIT_STATUS}\n"
     parser = argparse.ArgumentParser(
-        prog=PROG, description=_DESCRIPTION, epilog=_EPILOG, formatter_class=fmt
+        prog=PROG, description=_DESCRIPTION, epilog=epilog, formatter_class=fmt
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -469,8 +438,8 @@ def _message(error: BaseException) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs the ``lazyvault`` command with ``argv`` (default ``sys.argv[1:]``)
-    and returns its exit status (usage errors return 2 instead of exiting)."""
+    """Runs the ``lazyvault`` command with ``argv`` (default ``sys.argv[1:]``) and returns its exit
+    status (usage errors return 2 instead of exiting)."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -1,36 +1,21 @@
-"""What a record, a store, an archive or query results look like in a
-terminal and in a notebook: the ``_repr_pretty_`` text (IPython's
-``text/plain``, also ``str()``) and the ``_repr_html_`` table.
+"""What a record, a store, an archive or query results look like in a terminal and in a notebook:
+the ``_repr_pretty_`` text (IPython's ``text/plain``, also ``str()``) and the ``_repr_html_`` table.
 
-All from the index (metadata; each array's shape, dtype and size as the
-record holds them) and the proxy's cache (whether an array is loaded): no
-payload is opened. Large tables are paged (:data:`MAX_ROWS` rows, then
-"... N more"). Keys, names, values and dtypes are user data: the HTML
+All from the index (metadata; each array's shape, dtype and size as the record holds them) and the
+proxy's cache (whether an array is loaded): no payload is opened. Large tables are paged
+(:data:`MAX_ROWS` rows, then "... N more"). Keys, names, values and dtypes are user data: the HTML
 escapes them all, the text shows unprintable ones as ``repr``.
 """
 
 from __future__ import annotations
 
+import collections
 import html
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .record import Record
-
-__all__ = [
-    "MAX_COLUMNS",
-    "MAX_ROWS",
-    "RecordsDisplay",
-    "cut",
-    "flatten",
-    "human_size",
-    "record_html",
-    "record_text",
-    "records_html",
-    "records_text",
-    "short_repr",
-]
 
 #: Rows shown before "... N more" (records of a store, fields, arrays).
 MAX_ROWS = 20
@@ -65,9 +50,8 @@ def human_size(nbytes: int) -> str:
 
 
 def flatten(meta: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested metadata dicts as one level of dotted names:
-    ``{"params": {"lr": 0.1}}`` gives ``{"params.lr": 0.1}``. Lists and
-    empty dicts are values."""
+    """Nested metadata dicts as one level of dotted names: ``{"params": {"lr": 0.1}}`` gives
+    ``{"params.lr": 0.1}``. Lists and empty dicts are values."""
     out: dict[str, Any] = {}
     for name, value in meta.items():
         dotted = f"{prefix}{name}"
@@ -84,8 +68,8 @@ def cut(text: str, limit: int = MAX_CELL) -> str:
 
 
 def _name(text: str) -> str:
-    """A key or a field name as shown: itself, or its repr when it holds
-    characters that would break a line (newlines, control characters)."""
+    """A key or a field name as shown: itself, or its repr when it holds characters that would break
+    a line (newlines, control characters)."""
     return text if text.isprintable() else repr(text)
 
 
@@ -137,8 +121,8 @@ def _more(total: int, shown: int, what: str) -> str | None:
 
 
 def _record_parts(rec: Record, loaded: Collection[str]) -> tuple[str, _Table, _Table]:
-    """(summary line, fields table, arrays table) of one record; ``loaded``:
-    the arrays the proxy has loaded so far (nothing is opened here)."""
+    """(summary line, fields table, arrays table) of one record; ``loaded``: the arrays the proxy
+    has loaded so far (nothing is opened here)."""
     fields = flatten(rec.meta)
     arrays = rec.arrays
     total = sum(info.nbytes for info in arrays.values())
@@ -173,8 +157,7 @@ def _record_title(rec: Record) -> str:
 
 
 def record_text(rec: Record, loaded: Collection[str]) -> str:
-    """Several lines: the key, the metadata (nested fields as dotted names)
-    and the arrays (shape, dtype, size, order, whether in ``loaded``)."""
+    """``Record.__str__`` (see there); ``loaded``: the arrays the proxy has loaded."""
     summary, meta_table, array_table = _record_parts(rec, loaded)
     return _text(f"{_record_title(rec)}: {summary}", (meta_table, array_table))
 
@@ -187,18 +170,15 @@ def record_html(rec: Record, loaded: Collection[str]) -> str:
 
 
 def _text(title: str, tables: Iterable[_Table], note: str | None = None) -> str:
-    lines = [title]
-    for table in tables:
-        if table.rows:
-            lines.extend(table.text())
+    lines = [title, *(line for table in tables if table.rows for line in table.text())]
     if note:
         lines.append("  " + note)
     return "\n".join(lines)
 
 
 def _html(kind: str, heading: str, tables: Iterable[_Table], note: str | None = None) -> str:
-    """A ``<div class="lazyvault-<kind>">``: ``heading`` (HTML), the tables
-    that have rows, ``note``."""
+    """A ``<div class="lazyvault-<kind>">``: ``heading`` (HTML), the tables that have rows,
+    ``note``."""
     parts = [f'<div class="lazyvault-{kind}">', _STYLE, f"<p>{heading}</p>"]
     parts.extend(table.html() for table in tables if table.rows)
     if note:
@@ -221,11 +201,9 @@ def _arrays_cell(rec: Record) -> str:
     return ", ".join(cells)
 
 
-def _records_table(
-    get: Callable[[str], Record], keys: Sequence[str], total: int
-) -> tuple[_Table, str | None]:
-    """The table of the records ``keys`` (the first page) and a note on the
-    metadata columns left out."""
+def _records_table(get: Callable[[str], Record], keys: Sequence[str]) -> tuple[_Table, str | None]:
+    """The table of the records ``keys`` (the first page) and a note on the metadata columns left
+    out."""
     shown: list[Record | str] = []
     for key in keys[:MAX_ROWS]:
         try:
@@ -234,10 +212,7 @@ def _records_table(
             shown.append(key)
     flat = [flatten(rec.meta) if not isinstance(rec, str) else {} for rec in shown]
     # the fields most records have first, then in first-seen order
-    counts: dict[str, int] = {}
-    for fields in flat:
-        for name in fields:
-            counts[name] = counts.get(name, 0) + 1
+    counts = collections.Counter(name for fields in flat for name in fields)
     names = sorted(counts, key=lambda n: -counts[n])  # stable: ties keep first-seen order
     columns = names[:MAX_COLUMNS]
     hidden = len(names) - len(columns)
@@ -255,26 +230,9 @@ def _records_table(
                 human_size(size),
             ]
         )
-    table.more = _more(total, len(shown), "records")
+    table.more = _more(len(keys), len(shown), "records")
     note = f"{hidden:,} more metadata field(s) not shown: see to_pandas()" if hidden else None
     return table, note
-
-
-def records_text(
-    title: str, get: Callable[[str], Record], keys: Sequence[str], total: int | None = None
-) -> str:
-    """``title``, then a table of the first :data:`MAX_ROWS` of ``keys``
-    (``get`` builds each record): key, metadata columns, arrays, size."""
-    table, note = _records_table(get, keys, len(keys) if total is None else total)
-    return _text(title, (table,), note)
-
-
-def records_html(
-    title: str, get: Callable[[str], Record], keys: Sequence[str], total: int | None = None
-) -> str:
-    """:func:`records_text` as an HTML fragment."""
-    table, note = _records_table(get, keys, len(keys) if total is None else total)
-    return _html("records", f"<strong>{html.escape(title)}</strong>", (table,), note)
 
 
 def pretty(text: str, p: Any, cycle: bool) -> None:
@@ -283,21 +241,20 @@ def pretty(text: str, p: Any, cycle: bool) -> None:
 
 
 class RecordsDisplay:
-    """The displays of many records (a store, an archive, query results):
-    ``str()``, IPython's text and the notebook's HTML, of what
-    ``_display_parts()`` returns: ``(title, get, keys)``. IPython takes the
-    first of ``_repr_pretty_`` and ``__repr__`` it meets in the MRO, so a
-    subclass defining ``__repr__`` sets ``_repr_pretty_`` again too."""
+    """The displays of many records (a store, an archive, query results): ``str()``, IPython's text
+    and the notebook's HTML, of what ``_display_parts()`` returns: ``(title, get, keys)``. IPython
+    takes the first of ``_repr_pretty_`` and ``__repr__`` it meets in the MRO, so a subclass
+    defining ``__repr__`` sets ``_repr_pretty_`` again too."""
 
     __slots__ = ()
-
-    def _display_parts(self) -> tuple[str, Callable[[str], Record], Sequence[str]]:
-        raise NotImplementedError
+    _display_parts: Callable[[], tuple[str, Callable[[str], Record], Sequence[str]]]
 
     def __str__(self) -> str:
-        """Several lines: a title (what, where, how many records), then a
-        table of the first 20 records: key, metadata columns, arrays, size."""
-        return records_text(*self._display_parts())
+        """Several lines: a title (what, where, how many records), then a table of the first 20
+        records: key, metadata columns, arrays, size."""
+        title, get, keys = self._display_parts()
+        table, note = _records_table(get, keys)
+        return _text(title, (table,), note)
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         """IPython's text display: :meth:`__str__`."""
@@ -305,4 +262,6 @@ class RecordsDisplay:
 
     def _repr_html_(self) -> str:
         """The notebook display: :meth:`__str__` as an HTML table."""
-        return records_html(*self._display_parts())
+        title, get, keys = self._display_parts()
+        table, note = _records_table(get, keys)
+        return _html("records", f"<strong>{html.escape(title)}</strong>", (table,), note)

@@ -1,5 +1,5 @@
-"""Records as a pandas DataFrame (``Store.to_pandas``, ``Results.to_pandas``),
-from the index only: no payload is opened. pandas is optional."""
+"""Records as a pandas DataFrame (``Store.to_pandas``, ``Results.to_pandas``), from the index only:
+no payload is opened. pandas is optional."""
 
 from __future__ import annotations
 
@@ -30,14 +30,7 @@ def _pandas() -> Any:
 
 
 def records_frame(get: Callable[[str], Record], keys: Iterable[str]) -> pd.DataFrame:
-    """One row per key (``get`` builds its record), index ``"key"``; columns
-    in first-seen order: the metadata, nested dicts flattened to dotted names
-    (``params.lr``; lists stay values), then per array path ``<path>.shape``
-    (a tuple) and ``<path>.dtype`` (its ``str``), winning over a metadata
-    field of the same name. Fields a record lacks are missing values (NaN).
-    Raises ``ModuleNotFoundError`` (an ``ImportError``) naming ``pip install
-    pandas`` when pandas is missing.
-    """
+    """``Store.to_pandas`` (see there) of the records ``keys``, each built by ``get``."""
     pd = _pandas()
     index: list[str] = []
     rows: list[dict[str, Any]] = []
@@ -50,24 +43,16 @@ def records_frame(get: Callable[[str], Record], keys: Iterable[str]) -> pd.DataF
         index.append(key)
         rows.append(row)
     # column by column: pandas would read a row's tuple cell as a sequence
-    columns: dict[str, list[Any]] = {}
-    for i, row in enumerate(rows):
-        for name, value in row.items():
-            column = columns.get(name)
-            if column is None:
-                column = columns[name] = [None] * len(rows)
-            column[i] = value
+    names = dict.fromkeys(name for row in rows for name in row)  # first-seen order
+    columns = {name: [row.get(name) for row in rows] for name in names}
     labels = pd.Index(index, name="key", dtype=object)
+    # object dtype for columns of containers (tuples, lists, dicts): pandas keeps each as one value
     data = {
-        name: pd.Series(values, index=labels, dtype=_dtype_of(values))
+        name: pd.Series(
+            values,
+            index=labels,
+            dtype=object if any(isinstance(v, (tuple, list, dict)) for v in values) else None,
+        )
         for name, values in columns.items()
     }
     return pd.DataFrame(data, index=labels)
-
-
-def _dtype_of(values: list[Any]) -> Any:
-    """``object`` for columns of containers (tuples, lists, dicts), so that
-    pandas keeps each as one value; ``None`` (inferred) otherwise."""
-    if any(isinstance(v, (tuple, list, dict)) for v in values):
-        return object
-    return None

@@ -1,12 +1,10 @@
-"""The object layout (schema/FORMAT.md, "Layout"), the one module that walks
-layouts: an object split into ``meta`` (its JSON-able fields, what queries
-see), ``arrays`` (every numpy array in it by path name, ``"frames/0"``; one
-array referenced twice is stored once and comes back as one object),
-``layout`` (the JSON tree that rebuilds it) and ``leftovers`` (values JSON
-cannot hold, pickled apart so scans never parse them; arrays inside them
-still become payloads); a layout read back checked by :func:`scan` (a
-malformed one raises :class:`CorruptError`; the same walk tells what needs
-``allow_pickle``); the parts joined into the object again.
+"""The object layout (schema/FORMAT.md, "Layout"), the one module that walks layouts: an object
+split into ``meta`` (its JSON-able fields, what queries see), ``arrays`` (every numpy array in it by
+path name, ``"frames/0"``; one array referenced twice is stored once and comes back as one object),
+``layout`` (the JSON tree that rebuilds it) and ``leftovers`` (values JSON cannot hold, pickled
+apart so scans never parse them; arrays inside them still become payloads); a layout read back
+checked by :func:`scan` (a malformed one raises :class:`CorruptError`; the same walk tells what
+needs ``allow_pickle``); the parts joined into the object again.
 """
 
 from __future__ import annotations
@@ -18,6 +16,7 @@ import io
 import json
 import math
 import pickle
+import re
 from collections.abc import Callable, Container
 from typing import Any, NamedTuple
 
@@ -55,37 +54,28 @@ def _join_path(path: str, name: str) -> str:
     return f"{path}/{name}" if path else name
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class defined in Python, not in C
 
 
 def text_ok(text: str) -> bool:
-    """Whether ``text`` is Unicode text JSON and UTF-8 can hold (no lone
-    surrogates)."""
-    if text.isascii():
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    """Whether ``text`` is Unicode text JSON and UTF-8 can hold (no lone surrogates)."""
+    return text.isascii() or _SURROGATE.search(text) is None
 
 
 def _plain_state_class(value: Any) -> bool:
-    """Whether ``value`` is an instance whose state is just its ``__dict__``
-    (dataclasses and ordinary classes without custom pickling). Subclasses
-    of C types (``list``, ``dict``, ``int``, ``np.ndarray``, ...) keep state
-    outside ``__dict__``, so they are not."""
+    """Whether ``value`` is an instance whose state is just its ``__dict__`` (dataclasses and
+    ordinary classes without custom pickling). Subclasses of C types (``list``, ``dict``, ``int``,
+    ``np.ndarray``, ...) keep state outside ``__dict__``, so they are not."""
     cls = type(value)
-    if not hasattr(value, "__dict__") or isinstance(value, type):
-        return False
-    if "<locals>" in cls.__qualname__ or cls.__module__ in (None, "builtins"):
-        return False
-    if getattr(cls, "__slots__", None):
-        return False
-    if any(not (base.__flags__ & _HEAPTYPE) for base in cls.__mro__ if base is not object):
-        return False
     return (
-        cls.__reduce_ex__ is object.__reduce_ex__
+        hasattr(value, "__dict__")
+        and not isinstance(value, type)
+        and "<locals>" not in cls.__qualname__
+        and cls.__module__ not in (None, "builtins")
+        and not getattr(cls, "__slots__", None)
+        and all(base.__flags__ & _HEAPTYPE for base in cls.__mro__ if base is not object)
+        and cls.__reduce_ex__ is object.__reduce_ex__
         and cls.__reduce__ is object.__reduce__
         and getattr(cls, "__getstate__", object.__getstate__) is object.__getstate__
         and not hasattr(cls, "__setstate__")
@@ -120,12 +110,11 @@ class _Splitter:
         known = self._path_of_id.get(id(array))
         if known is not None:
             return known
-        name = path or "data"
-        if name in self.arrays:
-            n = 2
-            while f"{name}~{n}" in self.arrays:
-                n += 1
-            name = f"{name}~{n}"
+        name = base = path or "data"
+        n = 1
+        while name in self.arrays:
+            n += 1
+            name = f"{base}~{n}"
         self.arrays[name] = array  # keeps it alive, so ids stay unique
         self._path_of_id[id(array)] = name
         return name
@@ -187,15 +176,13 @@ class _Splitter:
             nodes, meta = self._walk_fields(value, path, leftovers, depth)
             return {"dict": nodes}, meta
         if t is list or t is tuple:
-            nodes_l, metas, complete = [], [], True
-            for i, v in enumerate(value):
-                node, m = self.walk(v, _join_path(path, str(i)), leftovers, depth)
-                nodes_l.append(node)
-                if m is _MISSING:
-                    complete = False
-                else:
-                    metas.append(m)
-            return {("list" if t is list else "tuple"): nodes_l}, (metas if complete else _MISSING)
+            pairs = [
+                self.walk(v, _join_path(path, str(i)), leftovers, depth)
+                for i, v in enumerate(value)
+            ]
+            metas = [m for _, m in pairs]
+            found = _MISSING if any(m is _MISSING for m in metas) else metas
+            return {("list" if t is list else "tuple"): [node for node, _ in pairs]}, found
         if t is not dict:  # a plain-state instance
             state, meta = self._walk_fields(vars(value), path, leftovers, depth)
             spec = f"{t.__module__}:{t.__qualname__}"
@@ -204,10 +191,9 @@ class _Splitter:
         return {"pickle": len(leftovers) - 1}, _MISSING
 
     def pickle_leftovers(self, leftovers: list[tuple[Any, str]]) -> bytes:
-        """Pickles the leftover values one after the other with one pickler
-        (its memo persists across ``dump`` calls, so values shared between
-        leftovers stay shared). Arrays inside them become payloads named
-        ``<path>/<n>`` (persistent ids), so the pickle holds no array data."""
+        """Pickles the leftover values one after the other with one pickler (its memo persists
+        across ``dump`` calls, so values shared between leftovers stay shared). Arrays inside them
+        become payloads named ``<path>/<n>`` (persistent ids), so the pickle holds no array data."""
         splitter = self
         buf = io.BytesIO()
 
@@ -239,15 +225,12 @@ def split(obj: Any) -> tuple[Split, _Splitter]:
             break
         except _Cycle as cycle:
             pickle_whole.add(cycle.container_id)
-    if not isinstance(meta, dict):
-        meta = {}
-    return Split(meta=meta, layout=layout, leftovers=leftovers), splitter
+    return Split(meta if isinstance(meta, dict) else {}, layout, leftovers), splitter
 
 
 def encode(obj: Any) -> tuple[str, str, list[tuple[Any, ...]], bytes | None]:
-    """``obj`` as the core's ``put`` (and ``dumps_archive``) take it after
-    the key: ``(meta_json, layout_json, payload args, pickled remainder or
-    None)``."""
+    """``obj`` as the core's ``put`` (and ``dumps_archive``) take it after the key: ``(meta_json,
+    layout_json, payload args, pickled remainder or None)``."""
     parts, splitter = split(obj)
     # before listing the arrays: arrays inside leftovers become payloads too
     pickled = splitter.pickle_leftovers(parts.leftovers) if parts.leftovers else None
@@ -266,16 +249,16 @@ class Scan(NamedTuple):
 
 
 _NON_FINITE = ("nan", "inf", "-inf")
+# What rebuilding a damaged layout or remainder raises (join turns it into CorruptError).
+_DAMAGE = (ValueError, TypeError, LookupError, AttributeError, EOFError, OverflowError, ImportError)
 
 
 def scan(layout: Any, array_paths: Container[str], remainder: bool) -> Scan:
-    """Checks ``layout`` node by node against schema/FORMAT.md, "Layout":
-    known node kinds of one member each with well-formed bodies, ``array``
-    nodes naming one of ``array_paths``, ``pickle`` nodes only when the
-    record has a pickled ``remainder``. On the way it notes the first node
-    that needs unpickling (an ``object`` node imports a class, a ``pickle``
-    node unpickles). The keys of a ``dict`` node are user keys, never node
-    kinds."""
+    """Checks ``layout`` node by node against schema/FORMAT.md, "Layout": known node kinds of one
+    member each with well-formed bodies, ``array`` nodes naming one of ``array_paths``, ``pickle``
+    nodes only when the record has a pickled ``remainder``. On the way it notes the first node that
+    needs unpickling (an ``object`` node imports a class, a ``pickle`` node unpickles). The keys of
+    a ``dict`` node are user keys, never node kinds."""
     needs: str | None = None
     stack = [layout]
     while stack:
@@ -293,9 +276,9 @@ def scan(layout: Any, array_paths: Container[str], remainder: bool) -> Scan:
             elif kind == "array" and b is str:
                 if body not in array_paths:
                     return Scan(f"{{'array': {body!r}}} names no array of the record", needs)
-            elif kind == "float" and b is str and body in _NON_FINITE:
-                pass
-            elif kind == "scalar" and _scalar_ok(body):
+            elif (kind == "float" and b is str and body in _NON_FINITE) or (
+                kind == "scalar" and _scalar_ok(body)
+            ):
                 pass
             elif kind == "object" and b is dict and _class_spec_ok(body.get("class")):
                 state = body.get("state")
@@ -324,9 +307,9 @@ def scan(layout: Any, array_paths: Container[str], remainder: bool) -> Scan:
 
 
 def problem(layout: Any, array_paths: Container[str], remainder: bool = False) -> str | None:
-    """Why ``layout`` is malformed (see :func:`scan`), or ``None``: for
-    readers that report it their own way (an npz manifest's layout, which
-    comes without a pickled remainder, is an ``InvalidFileError``)."""
+    """Why ``layout`` is malformed (see :func:`scan`), or ``None``: for readers that report it their
+    own way (an npz manifest's layout, which comes without a pickled remainder, is an
+    ``InvalidFileError``)."""
     return scan(layout, array_paths, remainder).problem
 
 
@@ -348,8 +331,8 @@ def _scalar_ok(body: Any) -> bool:
 
 @functools.lru_cache(maxsize=64)
 def _scalar_dtype_ok(descr: str) -> bool:
-    """Whether ``descr`` is a dtype a ``scalar`` node may have: bool, int,
-    uint, or float of at most 8 bytes."""
+    """Whether ``descr`` is a dtype a ``scalar`` node may have: bool, int, uint, or float of at most
+    8 bytes."""
     try:
         dtype = np.dtype(descr)
     except Exception:  # numpy raises TypeError, ValueError, SyntaxError...
@@ -387,13 +370,11 @@ def join(
 ) -> Any:
     """Rebuilds the object described by ``layout``.
 
-    ``get_array(path)`` returns the (memory-mapped) array of a path;
-    ``get_pickle()`` the pickled remainder; ``array_paths`` and
-    ``remainder`` are the arrays and whether there is a remainder, as the
-    record says. Checks the whole layout first (:func:`scan`). Raises
-    :class:`CorruptError` for a malformed layout or one that does not
-    describe an object, :class:`PickleNotAllowedError` if rebuilding needs
-    unpickling and ``allow_pickle`` is false.
+    ``get_array(path)`` returns the (memory-mapped) array of a path; ``get_pickle()`` the pickled
+    remainder; ``array_paths`` and ``remainder`` are the arrays and whether there is a remainder, as
+    the record says. Checks the whole layout first (:func:`scan`). Raises :class:`CorruptError` for
+    a malformed layout or one that does not describe an object, :class:`PickleNotAllowedError` if
+    rebuilding needs unpickling and ``allow_pickle`` is false.
     """
     found = scan(layout, array_paths, remainder)
     if found.problem is not None:
@@ -433,46 +414,35 @@ def join(
                 leftovers.append(unpickler.load())
         return leftovers[i]
 
+    def instance(body: dict[str, Any]) -> Any:
+        cls: Any = _find_class(body["class"])
+        obj = cls.__new__(cls)
+        obj.__dict__.update(build({"dict": body["state"]}))
+        return obj
+
+    # scan() let no other node kind through
+    builders: dict[str, Callable[[Any], Any]] = {
+        "dict": lambda body: {k: build(v) for k, v in body.items()},
+        "list": lambda body: [build(v) for v in body],
+        "tuple": lambda body: tuple(build(v) for v in body),
+        "array": array,
+        "float": float,
+        "scalar": lambda body: np.dtype(body[0]).type(body[1]),
+        "pickle": leftover,
+        "object": instance,
+    }
+
     def build(node: Any) -> Any:
         if not isinstance(node, dict):
             return node
         ((kind, body),) = node.items()
-        if kind == "dict":
-            return {k: build(v) for k, v in body.items()}
-        if kind == "list":
-            return [build(v) for v in body]
-        if kind == "tuple":
-            return tuple(build(v) for v in body)
-        if kind == "array":
-            return array(body)
-        if kind == "float":
-            return float(body)
-        if kind == "scalar":
-            return np.dtype(body[0]).type(body[1])
-        if kind == "pickle":
-            return leftover(body)
-        if kind == "object":
-            cls: Any = _find_class(body["class"])
-            obj = cls.__new__(cls)
-            obj.__dict__.update(build({"dict": body["state"]}))
-            return obj
-        raise ValueError(f"{what}: unknown layout node {kind!r}")  # scan() let none through
+        return builders[kind](body)
 
     try:
         return build(layout)
     except LazyvaultError:
         raise
-    except (
-        ValueError,
-        TypeError,
-        KeyError,
-        IndexError,
-        AttributeError,
-        EOFError,
-        OverflowError,
-        ImportError,
-        pickle.UnpicklingError,
-    ) as e:
+    except (*_DAMAGE, pickle.UnpicklingError) as e:
         # a layout or remainder that does not describe an object: damage
         # (or a class that changed or went away since it was stored)
         raise CorruptError(f"{what}: cannot rebuild the object: {e!r}") from e

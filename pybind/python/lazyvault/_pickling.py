@@ -1,25 +1,19 @@
-"""Pickling records and stores (PEP 574, pickle protocol 5); plugged into
-``record`` and ``store`` when imported (unpickling builds Records and Stores).
+"""Pickling records and stores (PEP 574, pickle protocol 5); plugged into ``record`` and ``store``
+when imported (unpickling builds Records and Stores).
 
-- **By value** (``pickle.dumps(record, protocol=p)``, protocols 0-5): the record
-  entry, the pickled remainder bytes and every array as the read-only ndarray
-  viewing its payload (a memory map, or a private copy of at most 64 KiB).
-  numpy's ``ndarray.__reduce_ex__`` moves the bytes: with protocol 5 and a
-  ``buffer_callback``, each C- or Fortran-contiguous array is one out-of-band
-  :class:`pickle.PickleBuffer` of those bytes (no copy, no page read; the main
-  pickle holds a few hundred bytes per array); otherwise, and always for
-  ``datetime64``/``timedelta64``, they are copied in-band. The unpickled record
-  needs no store (:class:`~lazyvault._source.MemorySource`), its arrays are
-  read-only whatever the protocol, and equal records give equal bytes (no ids,
-  no timestamps, dicts in stored order).
-- **By reference across processes**: for ``multiprocessing``'s
-  ``ForkingPickler`` (``Pool`` arguments and results, queues, pipes; spawn and
-  fork) a record of a store directory travels as ``(store path, key, record
-  entry, pickled remainder, allow_pickle)``, and the receiver loads the same
-  payload files (mapping large ones) without opening the index (no lock).
-  Other records travel by value. :meth:`Record.ref` gives the same reference
-  as a :class:`RecordRef`. It stays valid while its payload files exist:
-  overwriting or deleting the record and flushing removes them.
+- **By value** (``pickle.dumps(record, protocol=p)``, protocols 0-5): the record entry, the pickled
+  remainder bytes and every array as the read-only ndarray viewing its payload (a memory map, or a
+  private copy of at most 64 KiB). numpy's ``ndarray.__reduce_ex__`` moves the bytes: with protocol
+  5 and a ``buffer_callback``, each C- or Fortran-contiguous array is one out-of-band
+  :class:`pickle.PickleBuffer` of those bytes (no copy, no page read; the main pickle holds a few
+  hundred bytes per array); otherwise, and always for ``datetime64``/``timedelta64``, they are
+  copied in-band. The unpickled record needs no store (:class:`~lazyvault._source.MemorySource`),
+  its arrays are read-only whatever the protocol, and equal records give equal bytes (no ids, no
+  timestamps, dicts in stored order).
+- **By reference across processes**: for ``multiprocessing``'s ``ForkingPickler`` (``Pool``
+  arguments and results, queues, pipes; spawn and fork) a record of a store directory travels as
+  the fields of its :class:`RecordRef` (:meth:`Record.ref`; see there), and the receiver opens it
+  the same way. Other records travel by value.
 - A :class:`~lazyvault.Store` pickles by path (:func:`reduce_store`).
 """
 
@@ -50,10 +44,10 @@ def _rebuild_record(
     pickled: bytes | None,
     allow_pickle: bool,
 ) -> Record:
-    """Unpickles a record sent by value: its arrays read-only again (numpy
-    gives writable ones after protocols 0-4 and for in-band datetimes) and in
-    the stored byte order (numpy's protocol 0-4 path rebuilds ``>i4`` as native
-    ``<i4`` on little-endian: converted back, one copy of an in-band copy)."""
+    """Unpickles a record sent by value: its arrays read-only again (numpy gives writable ones after
+    protocols 0-4 and for in-band datetimes) and in the stored byte order (numpy's protocol 0-4 path
+    rebuilds ``>i4`` as native ``<i4`` on little-endian: converted back, one copy of an in-band
+    copy)."""
     entries = record["arrays"]
     for name, array in list(arrays.items()):
         entry = entries.get(name)
@@ -66,31 +60,24 @@ def _rebuild_record(
 
 
 def reduce_record(record: Record, protocol: int) -> tuple[Any, ...]:
-    """``Record.__reduce_ex__``, by value (see the module docstring):
-    ``(_rebuild_record, (key, record entry, {name: ndarray}, pickled remainder,
-    allow_pickle))`` whatever ``protocol`` (numpy reads the pickler's).
-
-    ``allow_pickle`` travels along: a record of a store opened without it still
-    refuses to unpickle its remainder after the round trip. Raises
-    :class:`PickleNotAllowedError` for an object array when the source does not
-    allow unpickling (never loaded behind the user's back, not even to pickle).
+    """``Record.__reduce_ex__``, by value: ``(_rebuild_record, (key, record entry, {name: ndarray},
+    pickled remainder, allow_pickle))`` whatever ``protocol`` (numpy reads the pickler's).
+    ``allow_pickle`` travels along: a record of a store opened without it still refuses to unpickle
+    its remainder after the round trip. Raises :class:`PickleNotAllowedError` for an object array
+    when the source does not allow unpickling (never loaded behind the user's back, not even to
+    pickle).
     """
     del protocol
     arrays = {name: record.array(name) for name in array_entries(record)}
-    entry = _without_payload_ids(entry_of(record))
+    entry = entry_of(record)
+    # payload ids blanked: the arrays travel along, so the ids mean nothing to
+    # the receiver, and without them equal records pickle to equal bytes
+    ids = {name: {**e, "id": "0" * 32} for name, e in entry["arrays"].items()}
     allow = bool(source_of(record).allow_pickle)
-    return (_rebuild_record, (record.key, entry, arrays, remainder_of(record), allow))
-
-
-_NO_ID = "0" * 32
-
-
-def _without_payload_ids(record: dict[str, Any]) -> dict[str, Any]:
-    """The record entry with its random payload ids blanked: a record by
-    value carries its arrays, so the ids mean nothing to the receiver, and
-    without them equal records pickle to equal bytes."""
-    arrays = {name: {**e, "id": _NO_ID} for name, e in record["arrays"].items()}
-    return {**record, "arrays": arrays}
+    return (
+        _rebuild_record,
+        (record.key, {**entry, "arrays": ids}, arrays, remainder_of(record), allow),
+    )
 
 
 # -- by reference -------------------------------------------------------------
@@ -99,9 +86,9 @@ def _without_payload_ids(record: dict[str, Any]) -> dict[str, Any]:
 def _open_reference(
     path: str, key: str, record: dict[str, Any], pickled: bytes | None, allow_pickle: bool
 ) -> Record:
-    """A record of the store directory ``path`` rebuilt from its entry (the
-    remainder came along: the index is not opened); its arrays are loaded from
-    the payload files on first access (large ones memory-mapped)."""
+    """A record of the store directory ``path`` rebuilt from its entry (the remainder came along:
+    the index is not opened); its arrays are loaded from the payload files on first access (large
+    ones memory-mapped)."""
     source = DirectorySource(path, allow_pickle, lambda key: pickled)
     return Record(source, key, record)
 
@@ -113,43 +100,35 @@ def _reference_args(record: Record) -> tuple[str, str, dict[str, Any], bytes | N
             f"record {record.key!r} is not read from a store directory (it was unpickled "
             "by value or comes from an archive): it has no reference; pickle it by value"
         )
-    return (
-        os.path.abspath(source.root),
-        record.key,
-        entry_of(record),
-        remainder_of(record),
-        bool(source.allow_pickle),
-    )
+    root, allow = os.path.abspath(source.root), bool(source.allow_pickle)
+    return (root, record.key, entry_of(record), remainder_of(record), allow)
 
 
 def _reduce_for_multiprocessing(record: Record) -> tuple[Any, ...]:
-    """The reducer registered with ``multiprocessing``'s ``ForkingPickler``:
-    by reference for a record of a store directory, by value otherwise."""
+    """The reducer registered with ``multiprocessing``'s ``ForkingPickler``: by reference for a
+    record of a store directory, by value otherwise."""
     if type(source_of(record)) is DirectorySource:
         return (_open_reference, _reference_args(record))
     return reduce_record(record, 4)
 
 
 def register_record_class(cls: type[Record]) -> None:
-    """Registers ``cls`` (Record or one of the subclasses that carry array
-    properties, see ``record.py``) with ``ForkingPickler``, whose reducers
-    are looked up by exact type."""
+    """Registers ``cls`` (Record or a subclass with array properties) with ``ForkingPickler``, whose
+    reducers are looked up by exact type."""
     ForkingPickler.register(cls, _reduce_for_multiprocessing)
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
 class RecordRef:
-    """A small, picklable reference to a record of a store directory: a few
-    hundred bytes with any protocol (0-5), no array data.
+    """A small, picklable reference to a record of a store directory: a few hundred bytes with any
+    protocol (0-5), no array data.
 
-    ``path``: the store's directory (absolute); ``key``; ``record``: the record
-    entry (metadata, array entries, layout); ``pickle``: the pickled remainder
-    bytes (``None`` if there is none); ``allow_pickle``: whether :meth:`open`-ed
-    records may unpickle (as the store it came from). :meth:`open` reads the
-    payload files without opening the index, so any number of processes open it
-    while a writer holds the store; it stays valid while the payloads exist
-    (overwriting or deleting the record and flushing removes them:
-    ``CorruptError`` then).
+    ``path``: the store's directory (absolute); ``key``; ``record``: the record entry (metadata,
+    array entries, layout); ``pickle``: the pickled remainder bytes (``None`` if there is none);
+    ``allow_pickle``: whether :meth:`open`-ed records may unpickle (as the store it came from).
+    :meth:`open` reads the payload files without opening the index, so any number of processes open
+    it while a writer holds the store; it stays valid while the payloads exist (overwriting or
+    deleting the record and flushing removes them: ``CorruptError`` then).
     """
 
     path: str
@@ -159,8 +138,8 @@ class RecordRef:
     allow_pickle: bool = False
 
     def open(self) -> Record:
-        """The record, its arrays mapped read-only from the payload files on
-        first access (``record.store`` is ``None``)."""
+        """The record, its arrays mapped read-only from the payload files on first access
+        (``record.store`` is ``None``)."""
         return _open_reference(self.path, self.key, self.record, self.pickle, self.allow_pickle)
 
     def __hash__(self) -> int:
@@ -172,17 +151,12 @@ class RecordRef:
         return (RecordRef, (self.path, self.key, self.record, self.pickle, self.allow_pickle))
 
     def __repr__(self) -> str:
-        return (
-            f"RecordRef(path={self.path!r}, key={self.key!r}, "
-            f"arrays={list(self.record.get('arrays', {}))!r})"
-        )
+        arrays = list(self.record.get("arrays", {}))
+        return f"RecordRef(path={self.path!r}, key={self.key!r}, arrays={arrays!r})"
 
 
 def record_ref(record: Record) -> RecordRef:
-    """``Record.ref()``: the :class:`RecordRef` of ``record``.
-
-    Raises ``ValueError`` for a record not read from a store directory.
-    """
+    """``Record.ref()`` (see there)."""
     path, key, entry, pickled, allow_pickle = _reference_args(record)
     return RecordRef(path, key, copy.deepcopy(entry), pickled, allow_pickle)
 
@@ -191,22 +165,17 @@ def record_ref(record: Record) -> RecordRef:
 
 
 def _open_store(path: str, allow_pickle: bool, version: int | None) -> Store:
-    """Unpickles a :class:`Store`: a reader of ``version`` that opens at its
-    first use, so a version no longer kept surfaces as an error from that
-    use (inside a Pool task, where the task's caller sees it) rather than
-    from unpickling (which kills a Pool worker and hangs ``map``)."""
+    """Unpickles a :class:`Store` (:func:`~lazyvault.store.open_deferred`): a version no longer kept
+    raises at the first use, inside a Pool task where the caller sees it, not while unpickling
+    (which kills a Pool worker, hanging ``map``)."""
     if version is not None and (type(version) is not int or version < 0):
         raise ValueError(f"bad store version {version!r}")
     return open_deferred(path, "r", allow_pickle, version)
 
 
 def reduce_store(store: Store) -> tuple[Any, ...]:
-    """``Store.__reduce__``: a store pickles by path, as ``(_open_store,
-    (absolute path, allow_pickle, version))``; nothing of its content is
-    copied. It comes back as a reader (mode ``"r"``, no lock) pinned to the
-    version the sender showed; ``refresh()`` moves it on. A closed store
-    comes back as a reader of the latest version.
-    """
+    """``Store.__reduce__`` (see there): ``(_open_store, (absolute path, allow_pickle, version))``,
+    none of its content."""
     version = None if store.closed else store.version
     return (_open_store, (os.path.abspath(store.path), store.allow_pickle, version))
 

@@ -1,10 +1,4 @@
-"""Progress bars for long operations, with tqdm (terminals and notebooks).
-
-``progress=None``: a bar when someone is watching (stderr is a terminal, or
-a Jupyter kernel runs the code), never when output goes to a file or pipe;
-``True`` forces one, ``False`` turns it off; a callable ``f(done, total)``
-gets the counts instead (``total`` None when unknown in advance).
-"""
+"""Progress bars for long operations, with tqdm: ``progress=`` as :class:`~lazyvault.Store` says."""
 
 from __future__ import annotations
 
@@ -31,9 +25,9 @@ def _interactive() -> bool:
 
 @contextmanager
 def progress_callback(progress: ProgressArg, desc: str, unit: str) -> Iterator[Report | None]:
-    """A ``(done, total)`` callback (for the Rust core or a Python loop), or
-    None for no report; the tqdm bar closes when the block ends. Raises
-    ``TypeError`` for a ``progress`` not None, a bool or a callable."""
+    """A ``(done, total)`` callback (for the Rust core or a Python loop), or None for no report; the
+    tqdm bar closes when the block ends. Raises ``TypeError`` for a ``progress`` not None, a bool or
+    a callable."""
     if progress is None:
         progress = _interactive()
     if progress is False:
@@ -45,12 +39,7 @@ def progress_callback(progress: ProgressArg, desc: str, unit: str) -> Iterator[R
                 f"progress must be None, True, False or a callable(done, total), "
                 f"not {type(progress).__name__}"
             )
-        user = progress
-
-        def forward(done: int, total: int | None) -> None:
-            user(done, total)
-
-        yield forward
+        yield progress
         return
     from tqdm.auto import tqdm
 

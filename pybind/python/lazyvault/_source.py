@@ -1,10 +1,5 @@
-"""Where a :class:`Record` gets its arrays and pickled remainder from.
-
-A record proxy only knows its key and its record JSON; a *source* turns an
-array entry into an ndarray and hands over the pickled remainder. Sources:
-the payload files of a store directory (records from ``Store`` and records
-passed by reference to other processes), a ``.lvz`` archive, and arrays
-carried in memory (records unpickled by value).
+"""Where a :class:`Record` (which only knows its key and record JSON) gets its arrays and pickled
+remainder from: a store directory, arrays in memory, or a ``.lvz`` archive (``_archive``).
 """
 
 from __future__ import annotations
@@ -26,28 +21,16 @@ class Source(Protocol):
 
     def map_array(self, key: str, name: str, entry: dict[str, Any]) -> np.ndarray:
         """The array of ``entry`` (read-only, no copy where the source allows)."""
-        ...
 
     def get_pickle(self, key: str) -> bytes | None:
         """The pickled remainder of ``key``, if any."""
-        ...
 
 
 def array_entry(entry: dict[str, Any]) -> _lazyvault.ArrayEntry:
-    """The core's :class:`~lazyvault._lazyvault.ArrayEntry` of a record's array
-    entry (a dict of its record JSON): what the core's payload readers take.
-    Raises ``TypeError`` for an entry missing a field."""
-    return _lazyvault.ArrayEntry(
-        id=entry["id"],
-        descr=entry["descr"],
-        dtype=entry["dtype"],
-        shape=entry["shape"],
-        fortran_order=entry["fortran_order"],
-        nbytes=entry["nbytes"],
-        data_offset=entry["data_offset"],
-        pickled=entry.get("pickled", False),
-        checksum=entry.get("checksum"),
-    )
+    """The core's :class:`~lazyvault._lazyvault.ArrayEntry` of a record's array entry (a dict of its
+    record JSON): what the core's payload readers take. Raises ``TypeError`` for an entry missing a
+    field."""
+    return _lazyvault.ArrayEntry(**entry)
 
 
 def corrupt_array(e: CorruptError, key: str, name: str) -> CorruptError:
@@ -55,13 +38,6 @@ def corrupt_array(e: CorruptError, key: str, name: str) -> CorruptError:
     err = CorruptError(f"record {key!r} array {name!r}: {e}")
     err.key, err.array, err.path = key, name, e.path
     return err
-
-
-def refuse_pickled_array(key: str, name: str) -> PickleNotAllowedError:
-    return PickleNotAllowedError(
-        f"record {key!r} array {name!r} is an object array, stored as a pickle; loading "
-        "it can run arbitrary code: open the store with allow_pickle=True if you trust it"
-    )
 
 
 def load_array(
@@ -72,17 +48,19 @@ def load_array(
     read_bytes: Callable[[_lazyvault.ArrayEntry], bytes],
     map_buffer: Callable[[_lazyvault.ArrayEntry], object],
 ) -> np.ndarray:
-    """The array ``name`` of record ``key`` from its ``entry`` (a dict of the
-    record JSON), read with a source's core readers: ``read_bytes`` (the
-    pickle of an ``object`` array, loaded only if ``allow_pickle``) or
-    ``map_buffer`` (the data, ``None`` for 0 bytes). Raises
-    ``PickleNotAllowedError``, and ``CorruptError`` naming the record and
-    array."""
+    """The array ``name`` of record ``key`` from its ``entry`` (a dict of the record JSON), read
+    with a source's core readers: ``read_bytes`` (the pickle of an ``object`` array, loaded only if
+    ``allow_pickle``) or ``map_buffer`` (the data, ``None`` for 0 bytes). Raises
+    ``PickleNotAllowedError``, and ``CorruptError`` naming the record and array."""
     core_entry = array_entry(entry)
     try:
         if entry.get("pickled"):
             if not allow_pickle:
-                raise refuse_pickled_array(key, name)
+                raise PickleNotAllowedError(
+                    f"record {key!r} array {name!r} is an object array, stored as a pickle; "
+                    "loading it can run arbitrary code: open the store with allow_pickle=True "
+                    "if you trust it"
+                )
             return _arrays.load_pickled(read_bytes(core_entry))
         buffer = map_buffer(core_entry)
     except CorruptError as e:
@@ -93,15 +71,12 @@ def load_array(
 
 
 class DirectorySource:
-    """The payload files of the store directory ``root``, read without the
-    index: each array is checked against its record and read into memory
-    (at most 64 KiB) or memory-mapped (larger)."""
+    """The payload files of the store directory ``root`` (records from ``Store``, and records passed
+    by reference to other processes), read without the index: each array is checked against its
+    record and read into memory (at most 64 KiB) or memory-mapped (larger)."""
 
     def __init__(
-        self,
-        root: str,
-        allow_pickle: bool,
-        get_pickle: Callable[[str], bytes | None],
+        self, root: str, allow_pickle: bool, get_pickle: Callable[[str], bytes | None]
     ) -> None:
         self.root = root
         self.allow_pickle = allow_pickle
@@ -124,15 +99,12 @@ class DirectorySource:
 class MemorySource:
     """Arrays and remainders held in memory (a record unpickled by value).
 
-    Unpickling already ran whatever the pickle asked for, so loading the
-    record's own remainder is allowed by default.
+    Unpickling already ran whatever the pickle asked for, so loading the record's own remainder is
+    allowed by default.
     """
 
     def __init__(
-        self,
-        arrays: dict[str, np.ndarray],
-        pickle: bytes | None,
-        allow_pickle: bool = True,
+        self, arrays: dict[str, np.ndarray], pickle: bytes | None, allow_pickle: bool = True
     ) -> None:
         self.arrays = arrays
         self.pickle = pickle

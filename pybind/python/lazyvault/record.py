@@ -21,10 +21,9 @@ if TYPE_CHECKING:
 class ArrayInfo(NamedTuple):
     """What the index knows of one array payload, without opening it.
 
-    ``shape``: one int per axis (``()`` for 0-d); ``dtype``: the numpy dtype
-    (byte order included); ``nbytes``: data size in bytes (for an ``object``
-    array, the size of its pickle); ``order``: ``"C"`` (row-major) or ``"F"``
-    (Fortran, column-major), the memory order of the payload.
+    ``shape``: one int per axis (``()`` for 0-d); ``dtype``: the numpy dtype (byte order included);
+    ``nbytes``: data size in bytes (for an ``object`` array, the size of its pickle); ``order``:
+    ``"C"`` (row-major) or ``"F"`` (Fortran, column-major), the memory order of the payload.
     """
 
     shape: tuple[int, ...]
@@ -59,12 +58,11 @@ def _is_probe(name: str) -> bool:
 class Record:
     """A lazy proxy of the object stored under one key.
 
-    Metadata attributes (``rec.temperature``) and ``.meta`` come from the
-    index; ``.arrays`` describes the payloads without opening them; an array
-    attribute (``rec.positions``) loads its payload on first access as a
-    read-only ``numpy.ndarray``, cached on the proxy: a view of a memory map
-    (no copy) when over 64 KiB, a private aligned copy when smaller.
-    ``load()`` rebuilds the original object.
+    Metadata attributes (``rec.temperature``) and ``.meta`` come from the index; ``.arrays``
+    describes the payloads without opening them; an array attribute (``rec.positions``) loads its
+    payload on first access as a read-only ``numpy.ndarray``, cached on the proxy: a view of a
+    memory map (no copy) when over 64 KiB, a private aligned copy when smaller. ``load()`` rebuilds
+    the original object.
     """
 
     __slots__ = ("__weakref__", "_cache", "_key", "_pickle", "_record", "_source", "_store")
@@ -104,21 +102,20 @@ class Record:
 
     @property
     def store(self) -> Store | None:
-        """The store this record was read from (``None`` for a record that
-        travelled by pickle, or whose store was closed and freed: a record
-        never keeps its store open)."""
+        """The store this record was read from (``None`` for a record that travelled by pickle, or
+        whose store was closed and freed: a record never keeps its store open)."""
         return self._store() if self._store is not None else None
 
     @property
     def meta(self) -> dict[str, Any]:
-        """The JSON-able fields of the object, nested as in the object
-        (arrays and non-JSON values are left out)."""
+        """The JSON-able fields of the object, nested as in the object (arrays and non-JSON values
+        are left out)."""
         return self._record["meta"]
 
     @property
     def arrays(self) -> dict[str, ArrayInfo]:
-        """``{path: ArrayInfo}`` for every array payload, in the order they
-        were found (``"image"``, ``"frames/0"``, ``"params/w"``)."""
+        """``{path: ArrayInfo}`` for every array payload, in the order they were found (``"image"``,
+        ``"frames/0"``, ``"params/w"``)."""
         return {
             name: ArrayInfo(
                 tuple(e["shape"]),
@@ -130,10 +127,10 @@ class Record:
         }
 
     def array(self, name: str) -> np.ndarray:
-        """The array stored at path ``name``, read-only (see the class).
-        Raises ``KeyError`` if there is none, :class:`CorruptError` if its
-        payload is missing or damaged, :class:`PickleNotAllowedError` for an
-        ``object`` array when the store was opened without ``allow_pickle``."""
+        """The array stored at path ``name``, read-only (see the class). Raises ``KeyError`` if
+        there is none, :class:`CorruptError` if its payload is missing or damaged,
+        :class:`PickleNotAllowedError` for an ``object`` array when the store was opened without
+        ``allow_pickle``."""
         cached = self._cache.get(name)
         if cached is not None:
             return cached
@@ -160,9 +157,8 @@ class Record:
         )
 
     def ref(self) -> Any:
-        """A small, picklable reference to this record (store path + record
-        entry): another process maps the same payload files without opening
-        the index. See :class:`lazyvault.RecordRef`."""
+        """The :class:`lazyvault.RecordRef` of this record; ``ValueError`` for a record not read
+        from a store directory."""
         return _plugged_pickling().ref(self)
 
     def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
@@ -171,8 +167,8 @@ class Record:
         return _plugged_pickling().reduce(self, int(protocol))
 
     def _remainder(self) -> bytes | None:
-        """The pickled remainder of this record (read with it when it came
-        from a store, so never the remainder of a record that replaced it)."""
+        """The pickled remainder of this record (read with it when it came from a store, so never
+        the remainder of a record that replaced it)."""
         if not has_remainder(self):
             return None
         if self._pickle is not None:
@@ -211,8 +207,8 @@ class Record:
         return sorted(set(super().__dir__()) | set(fields))
 
     def _ipython_key_completions_(self) -> list[str]:
-        """What ``rec["<tab>`` offers in IPython: metadata fields and array
-        paths (``"frames/0"`` too)."""
+        """What ``rec["<tab>`` offers in IPython: metadata fields and array paths (``"frames/0"``
+        too)."""
         return [*self._record["meta"], *self._record["arrays"]]
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
@@ -224,9 +220,8 @@ class Record:
         return _display.record_html(self, self._cache.keys())
 
     def __str__(self) -> str:
-        """Several lines: metadata (nested fields as dotted names, the first
-        20) and arrays (shape, dtype, size, order, mapped yet or not); opens
-        no payload."""
+        """Several lines: metadata (nested fields as dotted names, the first 20) and arrays (shape,
+        dtype, size, order, mapped yet or not); opens no payload."""
         return _display.record_text(self, self._cache.keys())
 
     def __repr__(self) -> str:
@@ -242,9 +237,8 @@ class Record:
 
 
 def _attribute_name(name: str) -> bool:
-    """Whether a field or top-level array ``name`` is reachable as
-    ``rec.name``: an identifier that is not a keyword, not one of the
-    proxy's own attributes and not an introspection probe."""
+    """Whether a field or top-level array ``name`` is reachable as ``rec.name``: an identifier that
+    is not a keyword, not one of the proxy's own attributes and not an introspection probe."""
     return (
         name.isidentifier()
         and not keyword.iskeyword(name)
@@ -266,16 +260,16 @@ def _array_property(name: str) -> property:
 
 @functools.lru_cache(maxsize=1024)
 def _class_for(array_names: tuple[str, ...]) -> type[Record]:
-    """The class of a record whose arrays are ``array_names`` (cached: this
-    runs for every record read)."""
+    """The class of a record whose arrays are ``array_names`` (cached: this runs for every record
+    read)."""
     names = tuple(n for n in array_names if _attribute_name(n))
     return _with_array_properties(names) if names else Record
 
 
 @functools.lru_cache(maxsize=1024)
 def _with_array_properties(names: tuple[str, ...]) -> type[Record]:
-    """The subclass of :class:`Record` with a property per array name
-    (cached: a store of like records shares one class)."""
+    """The subclass of :class:`Record` with a property per array name (cached: a store of like
+    records shares one class)."""
     namespace: dict[str, Any] = {n: _array_property(n) for n in names}
     namespace.update(__slots__=(), __module__=Record.__module__, __qualname__="Record")
     namespace["__doc__"] = Record.__doc__
@@ -291,14 +285,14 @@ def _with_array_properties(names: tuple[str, ...]) -> type[Record]:
 
 
 def entry_of(rec: Record) -> dict[str, Any]:
-    """The record entry as read (``meta``, ``arrays``, ``layout``,
-    ``pickle``): the record's own dict, not a copy; do not change it."""
+    """The record entry as read (``meta``, ``arrays``, ``layout``, ``pickle``): the record's own
+    dict, not a copy; do not change it."""
     return rec._record
 
 
 def array_entries(rec: Record) -> dict[str, dict[str, Any]]:
-    """``{path: array entry}`` (``id``, ``descr``, ``shape``, ...) in
-    stored order: the record's own dict, not a copy."""
+    """``{path: array entry}`` (``id``, ``descr``, ``shape``, ...) in stored order: the record's own
+    dict, not a copy."""
     return rec._record["arrays"]
 
 

@@ -1,9 +1,10 @@
-"""``Store``: a ``MutableMapping`` from string keys to stored objects, and
-``Results``, the records a query matched."""
+"""``Store``: a ``MutableMapping`` from string keys to stored objects, and ``Results``, the records
+a query matched."""
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import json
 import math
@@ -48,10 +49,8 @@ def _close_open_stores() -> None:
     # sled flushes on its own only every 500 ms: close what is still open so
     # that a script that forgot close() loses nothing at interpreter exit.
     for store in list(_open_stores):
-        try:
+        with contextlib.suppress(Exception):
             store.close()
-        except Exception:
-            pass
 
 
 # update() writes records in chunks of at most this many records or array
@@ -61,25 +60,14 @@ _UPDATE_CHUNK_RECORDS = 1000
 _UPDATE_CHUNK_BYTES = 256 << 20
 
 
-def _put_args(key: str, obj: Any) -> tuple[Any, ...]:
-    """What the core's ``put`` takes for storing ``obj`` under ``key``:
-    ``(key, meta_json, layout_json, arrays, pickle or None)``."""
-    return (key, *_layout.encode(obj))
-
-
 def check_key(key: object) -> str:
-    """``key`` as a ``str`` the store takes, or :class:`KeyTypeError` /
-    :class:`InvalidKeyError`."""
+    """``key`` as a ``str`` the store takes, or :class:`KeyTypeError` / :class:`InvalidKeyError`."""
     if type(key) is not str:
         if not isinstance(key, str):
             raise KeyTypeError(f"keys are str, not {type(key).__name__}")
         key = str(key)
-    if not key.isascii():
-        try:
-            key.encode("utf-8")
-        except UnicodeEncodeError as e:
-            # lone surrogates: not Unicode scalar values, so not storable text
-            raise InvalidKeyError(f"key {key!r} is not valid Unicode text: {e.reason}") from None
+    if not _layout.text_ok(key):  # lone surrogates: not Unicode scalar values
+        raise InvalidKeyError(f"key {key!r} is not valid Unicode text: surrogates not allowed")
     return key
 
 
@@ -91,8 +79,7 @@ def check_allow_pickle(value: object) -> bool:
 
 
 class _DeferredCore:
-    """Stands in for the core of a Store until its first use, then opens it
-    and replaces itself."""
+    """Stands in for the core of a Store until its first use, then opens it and replaces itself."""
 
     def __init__(self, store: Store, path: str, mode: str, version: int | None) -> None:
         self._store, self.root, self._mode, self._version = store, path, mode, version
@@ -110,8 +97,7 @@ class _DeferredCore:
 
 
 def _retention_seconds(retention: object) -> float | None:
-    """``retention`` as seconds (None: the file system's default), or
-    TypeError / ValueError."""
+    """``retention`` as seconds (None: the file system's default), or TypeError / ValueError."""
     if retention is None:
         return None
     if isinstance(retention, bool) or not isinstance(retention, numbers.Real):
@@ -136,6 +122,10 @@ def _query_text(expr: object) -> str:
     return expr
 
 
+def _no_report(done: int, total: int | None) -> None:
+    pass
+
+
 def _field(field: object) -> str:
     if not isinstance(field, str):
         raise TypeError(f"field must be a str, not {type(field).__name__}")
@@ -143,21 +133,17 @@ def _field(field: object) -> str:
 
 
 class Handle(RecordsDisplay, Mapping[str, Record]):
-    """What a :class:`Store` and a ``.lvz`` :class:`~lazyvault.Archive`
-    share: queries, ``to_pandas`` and displays, all from the index alone (no
-    payload opened). A handle, like a file object, is equal only to itself
-    (the ``Mapping`` default would compare every record, loading
+    """What a :class:`Store` and a ``.lvz`` :class:`~lazyvault.Archive` share: queries,
+    ``to_pandas`` and displays, all from the index alone (no payload opened). A handle, like a file
+    object, is equal only to itself (the ``Mapping`` default would compare every record, loading
     everything) and closes at the end of a ``with`` block."""
 
-    # What Store and Archive define: the core answering keys(), find(text),
-    # count(text) and len(), a display title, path, closed and close().
+    # What Store and Archive define: the core answering keys(), find(text), count(text) and len(),
+    # a display title, path, closed and close().
     _allow_pickle: bool
-
-    def _index(self) -> Any:
-        raise NotImplementedError
-
-    def _title(self) -> str:
-        raise NotImplementedError
+    _index: Callable[[], Any]
+    _title: Callable[[], str]
+    close: Callable[[], None]
 
     @property
     def path(self) -> str | None:
@@ -166,9 +152,6 @@ class Handle(RecordsDisplay, Mapping[str, Record]):
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
-        raise NotImplementedError
-
-    def close(self) -> None:
         raise NotImplementedError
 
     def __eq__(self, other: object) -> bool:
@@ -188,8 +171,8 @@ class Handle(RecordsDisplay, Mapping[str, Record]):
         return self._allow_pickle
 
     def __iter__(self) -> Iterator[str]:
-        """The keys, a snapshot taken now: in Unicode code point order (an
-        archive: in the order they were exported in)."""
+        """The keys, a snapshot taken now: in Unicode code point order (an archive: in the order
+        they were exported in)."""
         return iter(self._index().keys())
 
     def __len__(self) -> int:
@@ -208,13 +191,11 @@ class Handle(RecordsDisplay, Mapping[str, Record]):
     def find(self, expr: str | Callable[[Record], bool]) -> Results:
         """Records whose metadata match ``expr``, in key (archive) order.
 
-        ``expr`` is a query (``"temperature > 250 and material == 'Si'"``,
-        grammar in store/QUERY.md) evaluated in Rust over the index, opening
-        no payload, with the GIL released (a full scan runs on two threads
-        when there are two cores); or a Python callable taking a
-        :class:`Record` (slower: each record crosses into Python). Raises
-        :class:`QueryError` (a ``ValueError`` with ``.column``) for a
-        malformed query, ``TypeError`` for anything else.
+        ``expr`` is a query (``"temperature > 250 and material == 'Si'"``, grammar in
+        store/QUERY.md) evaluated in Rust over the index, opening no payload, with the GIL released
+        (a full scan runs on two threads when there are two cores); or a Python callable taking a
+        :class:`Record` (slower: each record crosses into Python). Raises :class:`QueryError` (a
+        ``ValueError`` with ``.column``) for a malformed query, ``TypeError`` for anything else.
         """
         if callable(expr):
             return Results(self, [k for k in self._index().keys() if expr(self[k])])
@@ -223,8 +204,8 @@ class Handle(RecordsDisplay, Mapping[str, Record]):
         return Results(self, self._index().find(_query_text(expr)))
 
     def count(self, expr: str | Callable[[Record], bool] | None = None) -> int:
-        """Number of records matching ``expr`` (all records without one);
-        ``expr`` as in :meth:`find`."""
+        """Number of records matching ``expr`` (all records without one); ``expr`` as in
+        :meth:`find`."""
         if expr is None:
             return len(self)
         if callable(expr):
@@ -232,12 +213,12 @@ class Handle(RecordsDisplay, Mapping[str, Record]):
         return int(self._index().count(_query_text(expr)))
 
     def to_pandas(self, expr: str | None = None) -> pd.DataFrame:
-        """All records (or those matching the query ``expr``) as a pandas
-        DataFrame: one row per record, index ``key``, the metadata flattened
-        into dotted columns (``params.lr``), and ``<array>.shape`` (tuple)
-        and ``<array>.dtype`` (str) columns. Reads the index only.
-
-        Raises ``ModuleNotFoundError`` (an ``ImportError``) when pandas is
+        """All records (or those matching the query ``expr``) as a pandas DataFrame, from the index
+        only: one row per record, index ``"key"``; columns in first-seen order: the metadata, nested
+        dicts flattened to dotted names (``params.lr``; lists stay values), then per array path
+        ``<path>.shape`` (a tuple) and ``<path>.dtype`` (its ``str``), winning over a metadata field
+        of the same name. Fields a record lacks are missing values (NaN). Raises
+        ``ModuleNotFoundError`` (an ``ImportError``) naming ``pip install pandas`` when pandas is
         not installed, :class:`QueryError` for a malformed ``expr``.
         """
         keys = self._index().keys() if expr is None else self.keys(expr)
@@ -254,15 +235,14 @@ class Handle(RecordsDisplay, Mapping[str, Record]):
 class Store(Handle, MutableMapping[str, Record]):
     """A store of objects made of metadata and numpy arrays (see the README).
 
-    Open with :meth:`Store.open`. ``store[key] = obj`` splits ``obj`` into a
-    JSON metadata record and ``.npy`` payloads; ``store[key]`` returns a lazy
-    :class:`Record`. Keys are any non-empty ``str`` (never turned into paths).
+    Open with :meth:`Store.open`. ``store[key] = obj`` splits ``obj`` into a JSON metadata record
+    and ``.npy`` payloads; ``store[key]`` returns a lazy :class:`Record`. Keys are any non-empty
+    ``str`` (never turned into paths).
 
-    ``progress=`` (:meth:`update`, :meth:`verify`, :meth:`gc`,
-    :meth:`export`, :meth:`import_file`): a tqdm bar when None and
-    interactive (a terminal or a notebook), or True; False for none; or a
-    callable ``f(done, total)`` given the counts instead (``total`` None
-    when unknown).
+    ``progress=`` (:meth:`update`, :meth:`verify`, :meth:`gc`, :meth:`export`, :meth:`import_file`):
+    None (default) a tqdm bar when someone is watching (stderr is a terminal, or a Jupyter kernel
+    runs the code), never when output goes to a file or pipe; True forces one, False turns it off; a
+    callable ``f(done, total)`` gets the counts instead (``total`` None when unknown in advance).
     """
 
     def __init__(self, core: _lazyvault.StoreCore, allow_pickle: bool = False) -> None:
@@ -288,29 +268,26 @@ class Store(Handle, MutableMapping[str, Record]):
         allow_pickle: bool = False,
         retention: float | None = None,
     ) -> Any:
-        """Opens the store at ``path``. ``mode``: ``"a"`` read/write, create
-        if missing (default); ``"r"`` read-only, must exist; ``"w"`` create,
-        must not exist.
+        """Opens the store at ``path``. ``mode``: ``"a"`` read/write, create if missing (default);
+        ``"r"`` read-only, must exist; ``"w"`` create, must not exist.
 
-        An existing store opens as a **reader** (no lock, nothing written, on
-        read-only media too) showing a snapshot, the writer's last
-        ``flush()``/``close()`` (:attr:`version`), until :meth:`refresh`. In
-        mode ``"a"`` the first write takes the **writer** role: one process at a
-        time, shared by the handles of one process (README, "Sharing a store").
-        ``retention``: seconds superseded data is kept for readers on *other
-        machines*, whose locks this one cannot see (default: 900 on a network
-        file system, 0 on a local one). ``allow_pickle``: allow loading parts
-        that need unpickling (object arrays, class instances, pickled
-        remainders), off by default as unpickling can run arbitrary code.
+        An existing store opens as a **reader** (no lock, nothing written, on read-only media too)
+        showing a snapshot, the writer's last ``flush()``/``close()`` (:attr:`version`), until
+        :meth:`refresh`. In mode ``"a"`` the first write takes the **writer** role: one process at a
+        time, shared by the handles of one process (README, "Sharing a store"). ``retention``:
+        seconds superseded data is kept for readers on *other machines*, whose locks this one cannot
+        see (default: 900 on a network file system, 0 on a local one). ``allow_pickle``: allow
+        loading parts that need unpickling (object arrays, class instances, pickled remainders), off
+        by default as unpickling can run arbitrary code.
 
-        A file that starts like a zip (a ``.lvz``, whatever its extension)
-        opens as a read-only :class:`lazyvault.Archive` instead (no lock;
-        ``mode`` ``"a"``/``"w"`` raise :class:`ReadOnlyError`).
+        A file that starts like a zip (a ``.lvz``, whatever its extension) opens as a read-only
+        :class:`lazyvault.Archive` instead (no lock; ``mode`` ``"a"``/``"w"`` raise
+        :class:`ReadOnlyError`).
 
         Raises :class:`StoreExistsError` / :class:`StoreNotFoundError` by mode,
-        :class:`NotAStoreError`, :class:`FormatVersionError` for a newer major
-        format version, ``ValueError`` for a bad mode, ``TypeError`` /
-        ``ValueError`` for a bad ``allow_pickle`` or ``retention``.
+        :class:`NotAStoreError`, :class:`FormatVersionError` for a newer major format version,
+        ``ValueError`` for a bad mode, ``TypeError`` / ``ValueError`` for a bad ``allow_pickle`` or
+        ``retention``.
         """
         if mode is not None and mode not in ("r", "a", "w"):
             raise ValueError(f"mode must be 'r', 'a' or 'w', not {mode!r}")
@@ -345,10 +322,9 @@ class Store(Handle, MutableMapping[str, Record]):
         return self._core.version
 
     def refresh(self) -> int:
-        """Moves a reader to the writer's latest commit; returns the new
-        :attr:`version`. Records and results taken before stay as they were,
-        but payloads only an older snapshot referenced may go once no handle
-        pins it (loading one then raises :class:`CorruptError`: take
+        """Moves a reader to the writer's latest commit; returns the new :attr:`version`. Records
+        and results taken before stay as they were, but payloads only an older snapshot referenced
+        may go once no handle pins it (loading one then raises :class:`CorruptError`: take
         ``store[key]`` again)."""
         if isinstance(self._core, _DeferredCore):
             # a pickled store not opened yet: the latest commit, whatever
@@ -357,11 +333,10 @@ class Store(Handle, MutableMapping[str, Record]):
         return self._core.refresh()
 
     def begin_write(self) -> None:
-        """Takes the writer role now rather than at the first write (as
-        SQLite's ``BEGIN IMMEDIATE``), recovering a crashed writer's leftovers.
-        Raises :class:`ReadOnlyError` in mode ``"r"``, :class:`StoreLockedError`
-        (naming the PID) while another process writes, :class:`CorruptError`
-        when the index needs ``repair``, :class:`StorageError` when the store
+        """Takes the writer role now rather than at the first write (as SQLite's ``BEGIN
+        IMMEDIATE``), recovering a crashed writer's leftovers. Raises :class:`ReadOnlyError` in mode
+        ``"r"``, :class:`StoreLockedError` (naming the PID) while another process writes,
+        :class:`CorruptError` when the index needs ``repair``, :class:`StorageError` when the store
         cannot be written (``EROFS``, ``EACCES``; ``ENOLCK`` without locks)."""
         self._core.begin_write()
 
@@ -372,8 +347,8 @@ class Store(Handle, MutableMapping[str, Record]):
 
     @property
     def retention(self) -> float:
-        """``retention`` (see :meth:`open`); settable, for this handle's later
-        flushes, closes and ``gc()`` (``TypeError``/``ValueError`` as there)."""
+        """``retention`` (see :meth:`open`); settable, for this handle's later flushes, closes and
+        ``gc()`` (``TypeError``/``ValueError`` as there)."""
         return self._core.retention
 
     @retention.setter
@@ -385,7 +360,6 @@ class Store(Handle, MutableMapping[str, Record]):
 
     @property
     def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
         return self._core.closed
 
     def _index(self) -> _lazyvault.StoreCore:
@@ -394,10 +368,9 @@ class Store(Handle, MutableMapping[str, Record]):
     # -- mapping ---------------------------------------------------------
 
     def __getitem__(self, key: str) -> Record:
-        """The lazy record of ``key``, from the index. Raises
-        :class:`MissingKeyError` (a ``KeyError``) if absent,
-        :class:`KeyTypeError` for a non-``str`` key, :class:`InvalidKeyError`
-        for ``""``."""
+        """The lazy record of ``key``, from the index. Raises :class:`MissingKeyError` (a
+        ``KeyError``) if absent, :class:`KeyTypeError` for a non-``str`` key,
+        :class:`InvalidKeyError` for ``""``."""
         key = check_key(key)
         got = self._core.get_full(key)
         if got is None:
@@ -406,31 +379,28 @@ class Store(Handle, MutableMapping[str, Record]):
         return Record(self._source, key, json.loads(raw), self, remainder)
 
     def __setitem__(self, key: str, obj: Any) -> None:
-        """Stores ``obj`` under ``key``, replacing what was there: arrays
-        anywhere in it (attributes, nested dict/list/tuple) as ``.npy``
-        payloads first, then the record (metadata, layout, pickled remainder)
-        into the index. Durable after :meth:`flush` or :meth:`close`."""
+        """Stores ``obj`` under ``key``, replacing what was there: arrays anywhere in it
+        (attributes, nested dict/list/tuple) as ``.npy`` payloads first, then the record (metadata,
+        layout, pickled remainder) into the index. Durable after :meth:`flush` or :meth:`close`."""
         key = check_key(key)
         if isinstance(obj, Record):
             # a record from this or another store (or an archive): copy it as
             # a record (metadata, layout, payloads), never pickle the proxy
             _hook("copy_record")(self, key, obj)
             return
-        self._core.put(*_put_args(key, obj))
+        self._core.put(key, *_layout.encode(obj))
 
     def replace_arrays(self, key: str, arrays: Mapping[str, Any]) -> None:
-        """Replaces some arrays of the record under ``key``, keeping the rest
-        and writing only the new payloads (h5py's ``del group[name];
-        group[name] = new``). ``arrays``: ``{name as in store[key].arrays:
-        numpy.ndarray}``, dtype and shape free (``object`` arrays are pickled:
-        reading back needs ``allow_pickle``). The old payloads go at the next
-        :meth:`flush` (mappings of them stay valid; a proxy not yet loaded
-        then raises ``CorruptError``: take ``store[key]`` again).
+        """Replaces some arrays of the record under ``key``, keeping the rest and writing only the
+        new payloads (h5py's ``del group[name]; group[name] = new``). ``arrays``: ``{name as in
+        store[key].arrays: numpy.ndarray}``, dtype and shape free (``object`` arrays are pickled:
+        reading back needs ``allow_pickle``). The old payloads go at the next :meth:`flush`
+        (mappings of them stay valid; a proxy not yet loaded then raises ``CorruptError``: take
+        ``store[key]`` again).
 
-        Raises, changing nothing, :class:`MissingKeyError` for no record;
-        :class:`InvalidArrayError` (a ``ValueError``) for a name the record has
-        no array of (store the whole object to add one); ``TypeError`` for a
-        value that is not a plain ``numpy.ndarray``.
+        Raises, changing nothing, :class:`MissingKeyError` for no record; :class:`InvalidArrayError`
+        (a ``ValueError``) for a name the record has no array of (store the whole object to add
+        one); ``TypeError`` for a value that is not a plain ``numpy.ndarray``.
         """
         key = check_key(key)
         for name, a in arrays.items():
@@ -456,60 +426,49 @@ class Store(Handle, MutableMapping[str, Record]):
         progress: ProgressArg = None,
         **kwargs: Any,
     ) -> None:
-        """Stores every ``key, obj`` of ``other`` (a mapping, or an iterable of
-        pairs, read one at a time) and of ``kwargs``, as ``dict.update``, in
-        chunks of 1,000 records (ending early with the record that brings a
-        chunk over 256 MiB of arrays): one durability barrier and one index
-        batch a chunk, much faster than ``store[key] = obj`` each. A chunk is
-        all or nothing: if writing it fails (``StorageError``,
-        ``InvalidArrayError``, ...), one of its keys is invalid or splitting
-        one of its objects raises, none of its records is added and its
-        payload files are removed; earlier chunks stay. Durable after
-        :meth:`flush` or :meth:`close`.
+        """Stores every ``key, obj`` of ``other`` (a mapping, or an iterable of pairs, read one at a
+        time) and of ``kwargs``, as ``dict.update``, in chunks of 1,000 records (ending early with
+        the record that brings a chunk over 256 MiB of arrays): one durability barrier and one index
+        batch a chunk, much faster than ``store[key] = obj`` each. A chunk is all or nothing: if
+        writing it fails (``StorageError``, ``InvalidArrayError``, ...), one of its keys is invalid
+        or splitting one of its objects raises, none of its records is added and its payload files
+        are removed; earlier chunks stay. Durable after :meth:`flush` or :meth:`close`.
 
-        ``progress`` (see :class:`Store`) counts records, ``0`` first, then
-        after each chunk; an exception it raises stops the update (earlier
-        chunks stay). It is this
-        option, never a key: ``store["progress"] = obj`` stores that record.
+        ``progress`` (see :class:`Store`) counts records, ``0`` first, then after each chunk; an
+        exception it raises stops the update (earlier chunks stay). It is this option, never a key:
+        ``store["progress"] = obj`` stores that record.
         """
-        if isinstance(other, Mapping):
-            pairs: Iterable[tuple[str, Any]] = ((k, other[k]) for k in other)
-        elif hasattr(other, "keys"):  # dict.update's rule for mapping-likes
+        pairs: Iterable[tuple[str, Any]] = other  # type: ignore[assignment]
+        if hasattr(other, "keys"):  # dict.update's rule: mappings and mapping-likes
             pairs = ((k, other[k]) for k in other.keys())  # type: ignore[index]
-        else:
-            pairs = other
         try:
             total: int | None = len(other) + len(kwargs)  # type: ignore[arg-type]
         except TypeError:
             total = None
         with progress_callback(progress, "update", "record") as report:
-            done = 0
-            if report is not None:
-                report(0, total)
+            tick = report or _no_report
+            done = chunk_bytes = 0
+            tick(0, total)
             chunk: list[tuple[Any, ...]] = []
-            chunk_bytes = 0
 
-            def send() -> None:
+            def send(copied: int = 0) -> None:
                 nonlocal done, chunk_bytes
-                if not chunk:
-                    return
-                self._core.put_many(chunk)
-                done += len(chunk)
-                chunk.clear()
-                chunk_bytes = 0
-                if report is not None:
-                    report(done, total)
+                if chunk:
+                    self._core.put_many(chunk)
+                if chunk or copied:
+                    done += len(chunk) + copied
+                    chunk.clear()
+                    chunk_bytes = 0
+                    tick(done, total)
 
             for key, obj in itertools.chain(pairs, kwargs.items()):
                 key = check_key(key)
                 if isinstance(obj, Record):
                     send()  # keep the order: a copied record goes alone
                     self[key] = obj
-                    done += 1
-                    if report is not None:
-                        report(done, total)
+                    send(copied=1)
                     continue
-                args = _put_args(key, obj)
+                args = (key, *_layout.encode(obj))
                 chunk.append(args)
                 chunk_bytes += sum(len(a[5]) for a in args[3])
                 if len(chunk) >= _UPDATE_CHUNK_RECORDS or chunk_bytes >= _UPDATE_CHUNK_BYTES:
@@ -522,13 +481,12 @@ class Store(Handle, MutableMapping[str, Record]):
     # -- secondary indexes ------------------------------------------------
 
     def create_index(self, field: str) -> None:
-        """Indexes the metadata field ``field`` (a dotted path:
-        ``"params.lr"``) so that ``find``/``count`` with ``==``, ``in [...]``
-        or a range on it read only the matching records. Built now, kept by
-        every write, rebuilt by :meth:`repair`; an existing one is left as it
-        is. Only scalars (None, bool, numbers, str) are indexed; answers are
-        always those of a full scan. Raises ``InvalidFieldError`` (a
-        ``ValueError``) for a bad field path, ``ReadOnlyError`` in mode ``"r"``.
+        """Indexes the metadata field ``field`` (a dotted path: ``"params.lr"``) so that
+        ``find``/``count`` with ``==``, ``in [...]`` or a range on it read only the matching
+        records. Built now, kept by every write, rebuilt by :meth:`repair`; an existing one is left
+        as it is. Only scalars (None, bool, numbers, str) are indexed; answers are always those of a
+        full scan. Raises ``InvalidFieldError`` (a ``ValueError``) for a bad field path,
+        ``ReadOnlyError`` in mode ``"r"``.
         """
         self._core.create_index(_field(field))
 
@@ -541,40 +499,35 @@ class Store(Handle, MutableMapping[str, Record]):
         return self._core.indexes()
 
     def explain(self, expr: str) -> str:
-        """How ``find(expr)`` runs: ``"index temperature: > 250, 42
-        candidate record(s), ..."`` when an index narrows it, else ``"full
-        scan of N records (...)"`` with the reason. Raises ``QueryError``."""
+        """How ``find(expr)`` runs: ``"index temperature: > 250, 42 candidate record(s), ..."`` when
+        an index narrows it, else ``"full scan of N records (...)"`` with the reason. Raises
+        ``QueryError``."""
         return self._core.explain(_query_text(expr))
 
     # -- durability and maintenance ---------------------------------------
 
     def flush(self) -> None:
-        """Makes every change so far durable (it survives a crash) and commits
-        it for readers that open or :meth:`refresh` from now on, then removes
-        the payloads of replaced records no reader may still see. Nothing to do
-        for a handle that has not written."""
+        """Makes every change so far durable (it survives a crash) and commits it for readers that
+        open or :meth:`refresh` from now on, then removes the payloads of replaced records no reader
+        may still see. Nothing to do for a handle that has not written."""
         self._core.flush()
 
     def close(self) -> None:
-        """Flushes, publishes a checkpoint (readers then open in constant
-        time), and releases the snapshot or, for the last handle of the
-        writer, the index and the lock. Idempotent."""
+        """Flushes, publishes a checkpoint (readers then open in constant time), and releases the
+        snapshot or, for the last handle of the writer, the index and the lock. Idempotent."""
         if not isinstance(self._core, _DeferredCore):  # never opened: nothing to do
             self._core.close()
         _open_stores.discard(self)
 
     def verify(self, *, checksums: bool = True, progress: ProgressArg = None) -> dict[str, Any]:
-        """Checks every record against its payload files (each exists, its
-        ``.npy`` header agrees with the record, it holds all the data; with
-        ``checksums``, the data hashed against the XXH3-64 recorded at write
-        time, reading every byte) and the journal (each key's latest entry is
-        its record; no record is in the journal alone). Files no record
-        references are orphans (``gc()`` removes them). ``progress`` (see
-        :class:`Store`) counts records.
+        """Checks every record against its payload files (each exists, its ``.npy`` header agrees
+        with the record, it holds all the data; with ``checksums``, the data hashed against the
+        XXH3-64 recorded at write time, reading every byte) and the journal (each key's latest entry
+        is its record; no record is in the journal alone). Files no record references are orphans
+        (``gc()`` removes them). ``progress`` (see :class:`Store`) counts records.
 
-        Returns ``{"ok": bool, "records": int, "arrays": int, "checksummed":
-        int, "problems": [str], "orphans": [path]}``; ``TypeError`` for a
-        non-bool ``checksums``.
+        Returns ``{"ok": bool, "records": int, "arrays": int, "checksummed": int, "problems": [str],
+        "orphans": [path]}``; ``TypeError`` for a non-bool ``checksums``.
         """
         if not isinstance(checksums, bool):
             raise TypeError(f"checksums must be a bool, not {type(checksums).__name__}")
@@ -582,29 +535,25 @@ class Store(Handle, MutableMapping[str, Record]):
             return self._core.verify(checksums, callback)
 
     def gc(self, *, progress: ProgressArg = None) -> dict[str, int]:
-        """Flushes, removes payload and temporary files no record references
-        (left by a crash or an overwrite) and compacts the journal to one entry
-        per record. Returns ``{"removed_files": n, "removed_bytes": n,
-        "journal_bytes_freed": n}``. ``progress`` (see :class:`Store`) gets
+        """Flushes, removes payload and temporary files no record references (left by a crash or an
+        overwrite) and compacts the journal to one entry per record. Returns ``{"removed_files": n,
+        "removed_bytes": n, "journal_bytes_freed": n}``. ``progress`` (see :class:`Store`) gets
         ``(0, 1)``, then ``(1, 1)``: the core works in one step."""
         with progress_callback(progress, "gc", "step") as report:
-            if report is not None:
-                report(0, 1)
+            tick = report or _no_report
+            tick(0, 1)
             result = self._core.gc()
-            if report is not None:
-                report(1, 1)
+            tick(1, 1)
         return result
 
     @staticmethod
     def repair(path: str | os.PathLike[str]) -> dict[str, Any]:
-        """Rebuilds a lost or damaged index from the record journal (FORMAT.md,
-        "Repair"): takes the lock, moves the old index aside to
-        ``index.damaged-<n>``, replays the journal keeping each key's latest
-        version whose payloads are sound (deleted keys stay deleted), rebuilds
-        the secondary indexes. Returns ``{"records": n, "entries": n,
-        "skipped": [str], "indexes": [str], "moved_index": path or None}``.
-        Raises ``StoreNotFoundError``, ``NotAStoreError``, ``StoreLockedError``
-        while a Store holds it, ``TypeError`` for a path of another type.
+        """Rebuilds a lost or damaged index from the record journal (FORMAT.md, "Repair"): takes the
+        lock, moves the old index aside to ``index.damaged-<n>``, replays the journal keeping each
+        key's latest version whose payloads are sound (deleted keys stay deleted), rebuilds the
+        secondary indexes. Returns ``{"records": n, "entries": n, "skipped": [str], "indexes":
+        [str], "moved_index": path or None}``. Raises ``StoreNotFoundError``, ``NotAStoreError``,
+        ``StoreLockedError`` while a Store holds it, ``TypeError`` for a path of another type.
         """
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or os.PathLike, not {type(path).__name__}")
@@ -613,8 +562,9 @@ class Store(Handle, MutableMapping[str, Record]):
     # -- pickling, archives, interop (thin: the work is in their modules) ----
 
     def __reduce__(self) -> Any:
-        """A Store pickles by path, version and allow_pickle; it comes back
-        as a reader of that version (opened at its first use)."""
+        """A Store pickles by path, version and allow_pickle, none of its content; it comes back as
+        a reader (mode ``"r"``, no lock) pinned to that version (opened at its first use;
+        ``refresh()`` moves it on); a closed store comes back as a reader of the latest version."""
         return _hook("reduce")(self)
 
     def export(
@@ -625,12 +575,12 @@ class Store(Handle, MutableMapping[str, Record]):
         *,
         progress: ProgressArg = None,
     ) -> None:
-        """Writes records to one file, format by extension: ``.lvz`` (a zip of
-        64-byte aligned ``.npy`` members plus the records; ``Store.open`` maps
-        it, ``np.load`` reads it as an npz), ``.npz`` or ``.safetensors``.
-        ``keys`` or ``query`` select the records (all by default). ``progress``
-        (see :class:`Store`) counts arrays written (a ``.lvz``: ``(0, n)``
-        then ``(n, n)``, the core writes it in one step)."""
+        """Writes records to one file, format by extension: ``.lvz`` (a zip of uncompressed ``.npy``
+        members, one per array, data 64-byte aligned, plus the records; ``Store.open`` maps it,
+        ``np.load`` reads it as an npz),
+        ``.npz`` or ``.safetensors``. ``keys`` or ``query`` select the records (all by default).
+        ``progress`` (see :class:`Store`) counts arrays written (a ``.lvz``: ``(0, n)`` then ``(n,
+        n)``, the core writes it in one step)."""
         _hook("export")(self, path, keys=keys, query=query, progress=progress)
 
     def import_file(
@@ -642,17 +592,15 @@ class Store(Handle, MutableMapping[str, Record]):
         max_header_size: int | None = None,
         max_ratio: int | None = None,
     ) -> list[str]:
-        """Reads a ``.npy``, ``.npz``, ``.safetensors`` or ``.lvz`` file (format
-        from the content), or every such file under a directory, into the
-        store in bounded memory; returns the keys written. ``key`` names the
-        record (default: the file's stem; under a directory, its path there
-        without the suffix, and ``key`` is not allowed; a ``.lvz`` keeps its
-        keys). ``progress`` (see :class:`Store`) counts files or records.
-        ``max_header_size``: the largest ``.npy`` header read, in bytes
-        (numpy's meaning, default 10,000); ``max_ratio``: the largest
-        expansion a deflated ``.npz`` member may declare (default 1100). A
-        rejected file leaves the store unchanged; the rules and the errors
-        raised are in :func:`lazyvault._interop.import_file`.
+        """Reads a ``.npy``, ``.npz``, ``.safetensors`` or ``.lvz`` file (format from the content),
+        or every such file under a directory, into the store in bounded memory; returns the keys
+        written. ``key`` names the record (default: the file's stem; under a directory, its path
+        there without the suffix, and ``key`` is not allowed; a ``.lvz`` keeps its keys).
+        ``progress`` (see :class:`Store`) counts files or records. ``max_header_size``: the largest
+        ``.npy`` header read, in bytes (numpy's meaning, default 10,000); ``max_ratio``: the largest
+        expansion a deflated ``.npz`` member may declare (default 1100). A rejected file leaves the
+        store unchanged; the rules and the errors raised are in
+        :func:`lazyvault._interop.import_file`.
         """
         limits = {"max_header_size": max_header_size, "max_ratio": max_ratio}
         keys: list[str] = _hook("import_file")(self, path, key=key, progress=progress, **limits)
@@ -682,9 +630,9 @@ class Store(Handle, MutableMapping[str, Record]):
 
 
 def open_deferred(path: str, mode: str, allow_pickle: bool, version: int | None = None) -> Store:
-    """A Store that opens ``path`` at its first use (how a pickled Store
-    comes back: unpickling never fails, the first use raises where the
-    caller can see it), as of commit ``version`` when given."""
+    """A Store that opens ``path`` at its first use (how a pickled Store comes back: unpickling
+    never fails, the first use raises where the caller can see it), as of commit ``version`` when
+    given."""
     store = Store.__new__(Store)
     core = _DeferredCore(store, path, mode, version)
     Store.__init__(store, core, allow_pickle)  # type: ignore[arg-type]
@@ -692,26 +640,21 @@ def open_deferred(path: str, mode: str, allow_pickle: bool, version: int | None 
 
 
 def core_of(store: Store) -> _lazyvault.StoreCore:
-    """The compiled core of ``store``, for the modules above that hand it to
-    the core's file writers and readers (export, import)."""
+    """The compiled core of ``store``, for the modules above that hand it to the core's file writers
+    and readers (export, import)."""
     return store._core
 
 
 def raw_record(store: Store, key: str) -> tuple[bytes, bytes | None] | None:
-    """``(record JSON, pickled remainder or None)`` of ``key`` as the index
-    holds them (read together), or ``None``."""
+    """``(record JSON, pickled remainder or None)`` of ``key`` as the index holds them (read
+    together), or ``None``."""
     return store._core.get_full(key)
 
 
 # -- seams: the modules a layer up plug in here when imported (lazyvault/__init__
 # imports them all before any store is opened) ---------------------------------
 
-#: ``"open_file"``: ``(path, mode, allow_pickle)`` -> an opened ``.lvz`` archive,
-#: or None when ``path`` is not one (_archive); ``"reduce"``: ``Store.__reduce__``
-#: (_pickling); ``"import_file"``: ``(store, path, key=, progress=,
-#: max_header_size=, max_ratio=)`` -> keys, and ``"copy_record"``: ``(store, key,
-#: record)`` (_interop); ``"export"``: ``(store, path, keys=, query=, progress=)``
-#: (_export).
+#: What the ``plug_*`` functions below plug in, by name.
 _hooks: dict[str, Callable[..., Any]] = {}
 
 
@@ -725,17 +668,20 @@ def _hook(name: str) -> Callable[..., Any]:
 def plug_interop(
     *, import_file: Callable[..., list[str]], copy_record: Callable[[Store, str, Record], None]
 ) -> None:
-    """Makes these the store's import and record copy (``_interop``)."""
+    """Makes these the store's import and record copy (``_interop``): ``import_file(store,
+    path, key=, progress=, max_header_size=, max_ratio=)`` -> keys, ``copy_record(store, key,
+    record)``."""
     _hooks.update(import_file=import_file, copy_record=copy_record)
 
 
 def plug_export(export: Callable[..., None]) -> None:
-    """Makes ``export`` the store's export (``_export``)."""
+    """Makes ``export(store, path, keys=, query=, progress=)`` the store's export (``_export``)."""
     _hooks["export"] = export
 
 
 def plug_file_opener(opener: Callable[[str | os.PathLike[str], str | None, bool], Any]) -> None:
-    """Makes ``opener`` the way ``Store.open`` opens a file (``_archive``)."""
+    """Makes ``opener(path, mode, allow_pickle)`` the way ``Store.open`` opens a file
+    (``_archive``): an opened ``.lvz`` archive, or None when ``path`` is not one."""
     _hooks["open_file"] = opener
 
 
@@ -745,8 +691,8 @@ def plug_pickling(reduce: Callable[[Store], Any]) -> None:
 
 
 class Results(RecordsDisplay, Sequence[Record]):
-    """The records a query matched: a sequence that builds each
-    :class:`Record` only when asked (``len`` and ``keys()`` cost nothing)."""
+    """The records a query matched: a sequence that builds each :class:`Record` only when asked
+    (``len`` and ``keys()`` cost nothing)."""
 
     def __init__(self, store: Handle, keys: list[str]) -> None:
         self._store = store
@@ -769,8 +715,7 @@ class Results(RecordsDisplay, Sequence[Record]):
         return self._store[self._keys[i]]
 
     def __iter__(self) -> Iterator[Record]:
-        for key in self._keys:
-            yield self._store[key]
+        return map(self._store.__getitem__, self._keys)
 
     def to_pandas(self) -> pd.DataFrame:
         """These records as a pandas DataFrame, as :meth:`Store.to_pandas`."""
