@@ -184,7 +184,7 @@ def import_file(
             for found in _importable_files(path)
         ]
     else:
-        files = [(path, key, Path(path).stem)]
+        files = [(path, key, Path(path).stem if key is None else key)]
     for file, given, default in files:
         if given is None and _not_utf8(default):
             raise InvalidKeyError(
