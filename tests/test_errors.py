@@ -231,3 +231,25 @@ def test_missing_key_error_follows_key_error(store: lv.Store) -> None:
     back = roundtrip(told)
     assert type(back) is lv.MissingKeyError and back.args == told.args and str(back) == str(told)
     assert lv.MissingKeyError().key is None
+
+
+def test_archive_and_export_errors_name_the_users_path(store: lv.Store, tmp_path: Path) -> None:
+    # found by a new user's trial: each of these had .path None, or named a
+    # hidden temporary file
+    with pytest.raises(lv.StoreNotFoundError) as missing:
+        lv.Store.open(tmp_path / "missing.lvz")
+    assert missing.value.path == str(tmp_path / "missing.lvz")
+    np.savez(tmp_path / "foreign.npz", a=np.arange(3))
+    (tmp_path / "short.lvz").write_bytes(b"PK\x03\x04" + b"\0" * 40)
+    for name in ("foreign.npz", "short.lvz"):
+        with pytest.raises(lv.CorruptError) as damaged:
+            lv.Store.open(tmp_path / name)
+        assert damaged.value.path == str(tmp_path / name)
+    store["a"] = {"x": np.arange(3)}
+    with pytest.raises(lv.UnknownFormatError) as unknown:
+        store.export(tmp_path / "out.txt")
+    assert unknown.value.path == str(tmp_path / "out.txt")
+    target = tmp_path / "no" / "such" / "dir" / "out.lvz"
+    with pytest.raises(lv.StorageError) as failed:
+        store.export(target)
+    assert failed.value.filename == str(target) and ".tmp" not in str(failed.value)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
+import pickle
 import struct
 import subprocess
 import sys
@@ -1216,3 +1218,39 @@ def test_bad_limits_name_the_parameter(
     assert "max_deflate_ratio" not in str(e.value)
     assert len(store) == 0
     assert store.import_file(tmp_path / "a.npy", max_ratio=np.int64(5), max_header_size=200)
+
+
+def test_file_names_as_bytes_and_not_utf8(store: lv.Store, tmp_path: Path) -> None:
+    np.save(tmp_path / "ok.npy", np.arange(3))
+    # a bytes path, as os.fspath accepts it
+    assert store.import_file(os.fsencode(tmp_path / "ok.npy")) == ["ok"]
+    # a file name of non-UTF-8 bytes (PEP 383 surrogates in str) cannot be a
+    # key: refused naming the file, before anything is written, also inside
+    # a directory; with key= it imports
+    folder = tmp_path / "dir"
+    folder.mkdir()
+    np.save(folder / "good.npy", np.arange(2))
+    bad = os.fsencode(folder) + b"/bad\xff.npy"
+    with open(bad, "wb") as f:
+        np.save(f, np.arange(4))
+    for target in (os.fsdecode(bad), folder):
+        with pytest.raises(lv.InvalidKeyError, match="not valid UTF-8") as info:
+            store.import_file(target)
+        assert "bad" in str(info.value)
+    assert sorted(store) == ["ok"]
+    assert store.import_file(os.fsdecode(bad), key="renamed") == ["renamed"]
+    assert store["renamed"].data.tolist() == [0, 1, 2, 3]
+
+
+def test_a_failed_repickle_names_the_member(tmp_path: Path) -> None:
+    # an object member whose pickle holds a dict, not an array
+    np.savez(tmp_path / "o.npz", o=np.array([{"a": 1}], dtype=object))
+    with lv.Store.open(tmp_path / "s.lv", allow_pickle=True) as store:
+        with zipfile.ZipFile(tmp_path / "o.npz") as z:
+            header = z.read("o.npy")[:128]
+        with zipfile.ZipFile(tmp_path / "bad.npz", "w") as z:
+            z.writestr("o.npy", header + pickle.dumps({"not": "an array"}))
+        with pytest.raises(lv.InvalidFileError) as info:
+            store.import_file(tmp_path / "bad.npz")
+        assert info.value.path == str(tmp_path / "bad.npz")
+        assert info.value.what is not None and "o.npy" in info.value.what

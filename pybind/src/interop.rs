@@ -109,7 +109,8 @@ impl Raised {
 }
 
 /// Gives an `InvalidFileError` that `repickle` raised about `what` (a file
-/// and member) the `path` of that file, as the core's own errors have it.
+/// and member) that `what` and the `path` of that file, as the core's own
+/// errors have them.
 fn name_the_file(
     py: Python<'_>,
     e: &PyErr,
@@ -120,9 +121,14 @@ fn name_the_file(
     let Ok(class) = crate::errors::INVALID_FILE_ERROR.get(py) else {
         return;
     };
-    if !value.is_instance(class).unwrap_or(false)
-        || !value.getattr("path").is_ok_and(|p| p.is_none())
-    {
+    if !value.is_instance(class).unwrap_or(false) {
+        return;
+    }
+    // best effort: the exception raised matters more than its attributes
+    if value.getattr("what").is_ok_and(|w| w.is_none()) {
+        let _ = value.setattr("what", what);
+    }
+    if !value.getattr("path").is_ok_and(|p| p.is_none()) {
         return;
     }
     let file = files
@@ -131,7 +137,6 @@ fn name_the_file(
         .filter(|shown| what.starts_with(shown.as_str()))
         .max_by_key(String::len);
     if let Some(file) = file {
-        // best effort: the exception raised matters more than its attribute
         let _ = value.setattr("path", file);
     }
 }

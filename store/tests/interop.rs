@@ -393,7 +393,7 @@ fn npz_member_refusals() {
     // members colliding once ".npy" is dropped, and duplicate names
     fx.refused(
         &zip_bytes(&[Member::stored("a", &small), Member::stored("a.npy", &small)]),
-        &["'a' and 'a.npy' collide"],
+        &["members 'a' and 'a.npy' are both the array 'a'"],
     );
     fx.refused(
         &zip_bytes(&[

@@ -92,9 +92,11 @@ def export(
             report(n, n)
         return
     if ext not in (".npz", ".safetensors"):
-        raise UnknownFormatError(
+        error = UnknownFormatError(
             f"{path}: export writes .lvz, .npz or .safetensors, not {ext or 'no extension'!r}"
         )
+        error.path = os.fspath(path)
+        raise error
     with progress_callback(progress, "export", "array") as report:
         if ext == ".npz":
             _lazyvault.export_npz(core_of(store), path, selected, report)

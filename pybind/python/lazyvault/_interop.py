@@ -30,6 +30,7 @@ from ._source import array_entry
 from .errors import (
     InteropError,
     InvalidFileError,
+    InvalidKeyError,
     KeyTypeError,
     UnknownFormatError,
 )
@@ -164,7 +165,7 @@ def import_file(
     (:class:`StorageError` too) for a missing file, ``TypeError`` or
     ``ValueError`` for a bad ``key``, ``max_header_size`` or ``max_ratio``.
     """
-    path = os.fspath(path)
+    path = os.fsdecode(path)  # bytes paths too, as os.fspath accepts them
     if key is not None and not isinstance(key, str):
         raise KeyTypeError(f"keys are str, not {type(key).__name__}")
     limits = _Limits(
@@ -183,7 +184,13 @@ def import_file(
             for found in _importable_files(path)
         ]
     else:
-        files = [(path, key, Path(path).stem)]
+        files = [(path, key, Path(path).stem if key is None else key)]
+    for file, given, default in files:
+        if given is None and _not_utf8(default):
+            raise InvalidKeyError(
+                f"{file!r}: a file name that is not valid UTF-8 cannot be a key; rename the "
+                "file, or import it alone with key="
+            )
     with progress_callback(progress, "import", "array") as report:
         keys = _lazyvault.import_files(
             core_of(store),
@@ -195,6 +202,16 @@ def import_file(
             repickle=_repickle if store.allow_pickle else None,
         )
     return list(keys)
+
+
+def _not_utf8(name: str) -> bool:
+    """Whether ``name`` holds bytes of a non-UTF-8 file name (surrogate
+    escapes, PEP 383), which no key can hold."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _repickle(what: str, data: bytes) -> tuple[str, str, tuple[int, ...], bool, bytes]:

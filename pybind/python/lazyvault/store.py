@@ -298,7 +298,9 @@ class Store(Handle, MutableMapping[str, Record]):
             return opened
         if os.fspath(path).endswith(".lvz") and not os.path.exists(path):
             # a mistyped archive name must not become a new directory store
-            raise StoreNotFoundError(f"{os.fspath(path)}: no such archive")
+            error = StoreNotFoundError(f"{os.fspath(path)}: no such archive")
+            error.path = os.fspath(path)
+            raise error
         core = _lazyvault.StoreCore(os.fspath(path), mode or "a")
         if seconds is not None:
             core.retention = seconds

@@ -30,7 +30,13 @@ impl Archive {
     /// file, a file too short or too large to map, and what
     /// [`ArchiveIndex::parse`] refuses.
     pub fn open(path: impl AsRef<Path>) -> Result<Archive> {
-        let path = path.as_ref().to_owned();
+        let path = path.as_ref();
+        // the caller learns which file (CorruptError.path)
+        Archive::open_unnamed(path).map_err(|e| e.with_path(path))
+    }
+
+    fn open_unnamed(path: &Path) -> Result<Archive> {
+        let path = path.to_owned();
         let file = File::open(&path).map_err(Error::io(&path))?;
         let meta = file.metadata().map_err(Error::io(&path))?;
         let what = path.display().to_string();

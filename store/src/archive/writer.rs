@@ -308,13 +308,15 @@ pub fn write_archive_file(
         uuid::Uuid::new_v4().simple(),
         payload::TMP_SUFFIX
     ));
+    // I/O errors name the file the caller asked for, not the hidden
+    // temporary one it is written as.
     let result = (|| -> Result<()> {
         let file = File::options()
             .write(true)
             .read(true)
             .create_new(true)
             .open(&tmp)
-            .map_err(Error::io(&tmp))?;
+            .map_err(Error::io(path))?;
         let shared = Rc::new(RefCell::new(Some(BufWriter::with_capacity(1 << 20, file))));
         let mut writer = ArchiveWriter::new(ArchiveFile(Rc::clone(&shared)), path.to_owned());
         let filled = fill(&mut writer);
@@ -334,8 +336,8 @@ pub fn write_archive_file(
         let file = buffered
             .expect("finish leaves the file")
             .into_inner()
-            .map_err(|e| Error::io(&tmp)(e.into_error()))?;
-        file.sync_all().map_err(Error::io(&tmp))?;
+            .map_err(|e| Error::io(path)(e.into_error()))?;
+        file.sync_all().map_err(Error::io(path))?;
         // Verify what is on disk, through the reader.
         let archive = Archive::open(&tmp)?;
         archive.index().verify_all(archive.bytes())?;

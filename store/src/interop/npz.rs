@@ -13,7 +13,7 @@
 //! every record key to its metadata, its layout and `{array path: member
 //! name}`; every record then comes back under its own key.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::{self, BufReader, Read, Seek};
 use std::path::Path;
@@ -357,13 +357,20 @@ fn plan_records(
     let NpzContents { members, manifest } = contents;
     let Some(mut manifest) = manifest else {
         let mut fields: Vec<(String, Field)> = Vec::with_capacity(members.len());
-        let mut shorts = HashSet::new();
+        // numpy's np.load names a member without its ".npy": "a.npy" and
+        // "a" would be one array
+        let mut shorts: HashMap<String, String> = HashMap::new();
         for (name, array) in members {
             let short = name.strip_suffix(".npy").unwrap_or(&name).to_owned();
-            if !shorts.insert(short.clone()) {
+            if let Some(first) = shorts.insert(short.clone(), name.clone()) {
                 return Err(invalid(
                     what,
-                    format!("members {} and {} collide", quoted(&short), quoted(&name)),
+                    format!(
+                        "members {} and {} are both the array {}",
+                        quoted(&first),
+                        quoted(&name),
+                        quoted(&short)
+                    ),
                 ));
             }
             fields.push((short, Field::Array(array)));
