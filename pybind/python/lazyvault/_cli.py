@@ -16,13 +16,20 @@ import argparse
 import functools
 import json
 import os
+import shutil
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from . import _display
 from ._lazyvault import __version__
-from .errors import InteropError, LazyvaultError, MissingKeyError, StoreNotFoundError
+from .errors import (
+    InteropError,
+    LazyvaultError,
+    MissingKeyError,
+    NotAStoreError,
+    StoreNotFoundError,
+)
 from .record import Record
 from .store import Store
 
@@ -91,13 +98,13 @@ def _flag(flag: str, help: str) -> Option:
 
 
 def _positive_int(text: str) -> int:
-    """A whole number >= 1 (an argparse ``type``: the core takes no other)."""
+    """A whole number from 1 to 2**64-1 (an argparse ``type``: the core takes no other)."""
     try:
         value = int(text)
     except ValueError:
         value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"not a positive integer: {text!r}")
+    if not 1 <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"not a whole number from 1 to 2**64-1: {text!r}")
     return value
 
 
@@ -204,7 +211,7 @@ def _cmd_show(args: argparse.Namespace) -> _Output:
         try:
             rec = store[args.key]
         except MissingKeyError:
-            raise MissingKeyError(f"no record {args.key!r} in {args.path}") from None
+            raise MissingKeyError(args.key, f"no record {args.key!r} in {args.path}") from None
         shown = _as_json(rec, repr=repr(rec))
     meta = json.dumps(shown["meta"], indent=2, ensure_ascii=False, default=_json_default)
     lines = [shown["repr"], "", "meta:", meta, "", "arrays:"]
@@ -287,7 +294,8 @@ def _cmd_export(args: argparse.Namespace) -> _Output:
 @_command(
     "import",
     "read .npy, .npz, .safetensors or .lvz files (format from the content), or every such "
-    "file under a directory, into a store (created if missing); prints the keys written",
+    "file under a directory, into a store (created if missing), all or nothing; prints the "
+    "keys written",
     "lazyvault import runs.lv model.safetensors --key bert",
     _path("the store (opened for writing; created if missing)"),
     _opt("files", metavar="FILE", nargs="+", help="files or directories to import"),
@@ -310,21 +318,26 @@ def _cmd_export(args: argparse.Namespace) -> _Output:
         help="accept deflated .npz members that declare up to R times their compressed size "
         "(default: 1100)",
     ),
+    _flag(
+        "--allow-pickle",
+        "import object arrays, stored as pickles (loading them can run code: trust the file)",
+    ),
     _NO_PROGRESS,
-    _flag("--json", "print the keys written per file as JSON"),
+    _flag("--json", "print the keys written as JSON"),
 )
 def _cmd_import(args: argparse.Namespace) -> _Output:
     if args.key is not None and len(args.files) != 1:
         raise _UsageError("import", "--key names the record of a single FILE")
     limits = {"max_header_size": args.max_header_size, "max_ratio": args.max_ratio}
-    with Store.open(args.path, mode="a") as store:
-        imported = {
-            file: store.import_file(file, key=args.key, progress=_progress(args), **limits)
-            for file in args.files
-        }
-    keys = [key for keys in imported.values() for key in keys]
-    summary = {"path": args.path, "records": len(keys), "files": imported}
-    return _Output(summary, _lines(keys))
+    created = not os.path.exists(args.path)
+    try:
+        with Store.open(args.path, mode="a", allow_pickle=args.allow_pickle) as store:
+            keys = store.import_file(args.files, args.key, progress=_progress(args), **limits)
+    except LazyvaultError:
+        if created:  # a refused import leaves no empty store behind
+            shutil.rmtree(args.path, ignore_errors=True)
+        raise
+    return _Output({"path": args.path, "records": len(keys), "keys": keys}, _lines(keys))
 
 
 @_command(
@@ -367,7 +380,16 @@ def _cmd_verify(args: argparse.Namespace) -> _Output:
     _path("the store (opened for writing)"),
     _flag("--json", "print the report as JSON"),
 )
+def _refuse_archive(path: str, command: str) -> None:
+    if os.path.isfile(path):  # an archive is one read-only file
+        raise NotAStoreError(
+            f"{path} is a file (a .lvz archive?): {command} works on a store directory; "
+            f"`{PROG} verify {path}` checks an archive whole"
+        )
+
+
 def _cmd_gc(args: argparse.Namespace) -> _Output:
+    _refuse_archive(args.path, "gc")
     if not os.path.exists(os.path.join(args.path, "lazyvault.json")):
         # mode "a" would create an empty store at a mistyped path
         raise StoreNotFoundError(f"{args.path}: no such store")
@@ -390,6 +412,7 @@ def _cmd_gc(args: argparse.Namespace) -> _Output:
     _flag("--json", "print the report as JSON"),
 )
 def _cmd_repair(args: argparse.Namespace) -> _Output:
+    _refuse_archive(args.path, "repair")
     report = Store.repair(args.path)
     lines = [
         f"{args.path}: index rebuilt: {report['records']:,} records from "

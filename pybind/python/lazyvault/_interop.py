@@ -17,7 +17,7 @@ import json
 import operator
 import os
 import pickle
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -121,7 +121,7 @@ def _limit(name: str, value: object, what: str) -> int | None:
 
 def import_file(
     store: Store,
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     key: str | None = None,
     progress: ProgressArg = None,
     max_header_size: int | None = None,
@@ -136,7 +136,8 @@ def import_file(
     ends in one of :data:`IMPORT_SUFFIXES` (case-insensitive), in sorted
     order, skipping names that start with ``.`` and lazyvault stores inside
     it; each single-record file is keyed by its path relative to the
-    directory without the suffix (``"sub/a"``). ``key`` must be None.
+    directory without the suffix (``"sub/a"``). ``key`` must be None. A
+    list or tuple of files and directories: all of them, in one commit.
 
     All or nothing: every file is checked whole (headers, zip directories,
     declared sizes, an archive's CRC-32s) before anything is written, and
@@ -165,26 +166,28 @@ def import_file(
     (:class:`StorageError` too) for a missing file, ``TypeError`` or
     ``ValueError`` for a bad ``key``, ``max_header_size`` or ``max_ratio``.
     """
-    path = os.fsdecode(path)  # bytes paths too, as os.fspath accepts them
+    # bytes paths too, as os.fspath accepts them
+    paths = [os.fsdecode(p) for p in (path if isinstance(path, list | tuple) else [path])]
     if key is not None and not isinstance(key, str):
         raise KeyTypeError(f"keys are str, not {type(key).__name__}")
     limits = _Limits(
         _limit("max_header_size", max_header_size, "bytes of .npy header text"),
         _limit("max_ratio", max_ratio, "uncompressed bytes per compressed byte"),
     )
-    files: list[tuple[str, str | None, str]]  # (path, key, default key)
-    if os.path.isdir(path):
-        if key is not None:
+    files: list[tuple[str, str | None, str]] = []  # (path, key, default key)
+    for item in paths:
+        if key is not None and (len(paths) > 1 or os.path.isdir(item)):
             raise InteropError(
-                f"{path} is a directory: its files are keyed by their paths, key= names "
-                "the record of a single file"
+                f"{item}: key= names the record of a single file; a directory's files are "
+                "keyed by their paths, several files by their names"
             )
-        files = [
-            (os.fspath(found), None, found.relative_to(path).with_suffix("").as_posix())
-            for found in _importable_files(path)
-        ]
-    else:
-        files = [(path, key, Path(path).stem if key is None else key)]
+        if os.path.isdir(item):
+            files += [
+                (os.fspath(found), None, found.relative_to(item).with_suffix("").as_posix())
+                for found in _importable_files(item)
+            ]
+        else:
+            files.append((item, key, Path(item).stem if key is None else key))
     for file, given, default in files:
         if given is None and _not_utf8(default):
             raise InvalidKeyError(

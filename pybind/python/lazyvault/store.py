@@ -587,7 +587,7 @@ class Store(Handle, MutableMapping[str, Record]):
 
     def import_file(
         self,
-        path: str | os.PathLike[str],
+        path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         key: str | None = None,
         *,
         progress: ProgressArg = None,
@@ -595,14 +595,14 @@ class Store(Handle, MutableMapping[str, Record]):
         max_ratio: int | None = None,
     ) -> list[str]:
         """Reads a ``.npy``, ``.npz``, ``.safetensors`` or ``.lvz`` file (format from the content),
-        or every such file under a directory, into the store in bounded memory; returns the keys
-        written. ``key`` names the record (default: the file's stem; under a directory, its path
-        there without the suffix, and ``key`` is not allowed; a ``.lvz`` keeps its keys).
-        ``progress`` (see :class:`Store`) counts files or records. ``max_header_size``: the largest
-        ``.npy`` header read, in bytes (numpy's meaning, default 10,000); ``max_ratio``: the largest
-        expansion a deflated ``.npz`` member may declare (default 1100). A rejected file leaves the
-        store unchanged; the rules and the errors raised are in
-        :func:`lazyvault._interop.import_file`.
+        every such file under a directory, or a list of files and directories, into the store in
+        bounded memory, all or nothing (one commit); returns the keys written. ``key`` names the
+        record of a single file (default: the file's stem; under a directory, its path there
+        without the suffix; a ``.lvz`` keeps its keys). ``progress`` (see :class:`Store`) counts
+        arrays over every file, from ``(0, total)``. ``max_header_size``: the largest ``.npy``
+        header read, in bytes (numpy's meaning, default 10,000); ``max_ratio``: the largest
+        expansion a deflated ``.npz`` member may declare (default 1100). The rules and the errors
+        raised are in :func:`lazyvault._interop.import_file`.
         """
         limits = {"max_header_size": max_header_size, "max_ratio": max_ratio}
         keys: list[str] = _hook("import_file")(self, path, key=key, progress=progress, **limits)
