@@ -97,6 +97,14 @@ def _flag(flag: str, help: str) -> Option:
     return _opt(flag, action="store_true", help=help)
 
 
+def _refuse_archive(path: str, command: str) -> None:
+    if os.path.isfile(path):  # an archive is one read-only file
+        raise NotAStoreError(
+            f"{path} is a file (a .lvz archive?): {command} works on a store directory; "
+            f"`{PROG} verify {path}` checks an archive whole"
+        )
+
+
 def _positive_int(text: str) -> int:
     """A whole number from 1 to 2**64-1 (an argparse ``type``: the core takes no other)."""
     try:
@@ -380,14 +388,6 @@ def _cmd_verify(args: argparse.Namespace) -> _Output:
     _path("the store (opened for writing)"),
     _flag("--json", "print the report as JSON"),
 )
-def _refuse_archive(path: str, command: str) -> None:
-    if os.path.isfile(path):  # an archive is one read-only file
-        raise NotAStoreError(
-            f"{path} is a file (a .lvz archive?): {command} works on a store directory; "
-            f"`{PROG} verify {path}` checks an archive whole"
-        )
-
-
 def _cmd_gc(args: argparse.Namespace) -> _Output:
     _refuse_archive(args.path, "gc")
     if not os.path.exists(os.path.join(args.path, "lazyvault.json")):
