@@ -23,12 +23,9 @@ if TYPE_CHECKING:
 __all__ = ["export", "member_name"]
 
 
-def member_name(key: str, array_path: str) -> str:
-    """The npz member name (without ``.npy``) of ``array_path`` of record
-    ``key``: ``<key>/<array path>`` split on ``/``, each segment made safe
-    (see ``_interop``'s docstring). Never absolute, never with a ``..``
-    segment."""
-    return _lazyvault.npz_member_name(key, array_path)
+#: The npz member name (without ``.npy``) of an array path of a record:
+#: ``<key>/<array path>``, each segment made safe, never absolute or ``..``.
+member_name = _lazyvault.npz_member_name
 
 
 def _resolve_keys(store: Store, keys: Iterable[str] | None, query: str | None) -> list[str]:
@@ -38,10 +35,9 @@ def _resolve_keys(store: Store, keys: Iterable[str] | None, query: str | None) -
         return list(store.keys(query))
     if keys is None:
         return list(store)
-    if isinstance(keys, str):
-        raise TypeError("keys must be an iterable of str, not one str (wrap it: keys=[key])")
-    if isinstance(keys, bytes) or not isinstance(keys, Iterable):
-        raise TypeError(f"keys must be an iterable of str, not {type(keys).__name__}")
+    if isinstance(keys, str | bytes) or not isinstance(keys, Iterable):
+        kind = "one str (wrap it: keys=[key])" if isinstance(keys, str) else type(keys).__name__
+        raise TypeError(f"keys must be an iterable of str, not {kind}")
     out = list(dict.fromkeys(keys))
     for k in out:
         if not isinstance(k, str):

@@ -18,7 +18,6 @@ import operator
 import os
 import pickle
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +31,6 @@ from .errors import (
     InvalidFileError,
     InvalidKeyError,
     KeyTypeError,
-    UnknownFormatError,
 )
 from .record import entry_of, remainder_of, source_of
 from .store import check_key, core_of, plug_interop
@@ -43,9 +41,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_MAX_DEFLATE_RATIO",
-    "InteropError",
-    "InvalidFileError",
-    "UnknownFormatError",
     "copy_record",
     "detect_format",
     "import_file",
@@ -70,16 +65,8 @@ _PICKLE_ENCODING = "latin1"
 # -- detection ----------------------------------------------------------------
 
 
-def detect_format(path: str | os.PathLike[str]) -> str:
-    """``"npy"``, ``"npz"``, ``"safetensors"`` or ``"lvz"``, from the content.
-
-    A zip is ``"lvz"`` when it holds lazyvault's archive manifest, else
-    ``"npz"``. Raises :class:`UnknownFormatError` for anything else,
-    :class:`InvalidFileError` for a file that starts like a safetensors file
-    but whose header length exceeds it, :class:`StorageError` when the file
-    cannot be read.
-    """
-    return str(_lazyvault.detect_format(os.fspath(path)))
+#: ``"npy"``, ``"npz"``, ``"safetensors"`` or ``"lvz"``, from the content (the core's).
+detect_format = _lazyvault.detect_format
 
 
 # -- import -----------------------------------------------------------------
@@ -90,14 +77,6 @@ def detect_format(path: str | os.PathLike[str]) -> str:
 IMPORT_SUFFIXES = (".npy", ".npz", ".safetensors", ".lvz")
 
 
-@dataclass(frozen=True)
-class _Limits:
-    """The reading limits of one import (None: the defaults)."""
-
-    max_header_size: int | None = None
-    max_ratio: int | None = None
-
-
 _U64_MAX = 2**64 - 1
 
 
@@ -106,14 +85,9 @@ def _limit(name: str, value: object, what: str) -> int | None:
     to 2**64-1 (``what`` says what it counts, for the message)."""
     if value is None:
         return None
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an int ({what}) or None, not bool")
-    try:
-        number = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(
-            f"{name} must be an int ({what}) or None, not {type(value).__name__}"
-        ) from None
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{name} must be an int ({what}) or None, not {type(value).__name__}")
+    number = operator.index(value)  # type: ignore[arg-type]
     if not 1 <= number <= _U64_MAX:
         raise ValueError(f"{name} must be from 1 to 2**64-1 ({what}), not {number}")
     return number
@@ -127,53 +101,44 @@ def import_file(
     max_header_size: int | None = None,
     max_ratio: int | None = None,
 ) -> list[str]:
-    """Reads ``path`` (format from its content) into ``store``; returns the
-    keys written. ``key`` defaults to the file's stem; an ``.lvz`` (or an
-    ``.npz`` exported by lazyvault) brings its records back under their own
-    keys unless it holds exactly one record and ``key`` is given.
+    """Reads ``path`` (format from its content) into ``store``; returns the keys written. ``key``
+    defaults to the file's stem; an ``.lvz`` (or an ``.npz`` exported by lazyvault) brings its
+    records back under their own keys unless it holds exactly one record and ``key`` is given.
 
-    A directory: every file under it (subdirectories included) whose name
-    ends in one of :data:`IMPORT_SUFFIXES` (case-insensitive), in sorted
-    order, skipping names that start with ``.`` and lazyvault stores inside
-    it; each single-record file is keyed by its path relative to the
-    directory without the suffix (``"sub/a"``). ``key`` must be None. A
-    list or tuple of files and directories: all of them, in one commit.
+    A directory: every file under it (subdirectories included) whose name ends in one of
+    :data:`IMPORT_SUFFIXES` (case-insensitive), in sorted order, skipping names that start with
+    ``.`` and lazyvault stores inside it; each single-record file is keyed by its path relative to
+    the directory without the suffix (``"sub/a"``). ``key`` must be None. A list or tuple of files
+    and directories: all of them, in one commit.
 
-    All or nothing: every file is checked whole (headers, zip directories,
-    declared sizes, an archive's CRC-32s) before anything is written, and
-    the records of every file are committed together, so a refusal at any
-    file, or a failure while copying (a CRC mismatch, a full disk), leaves
-    the store unchanged. Two files that would give the same key (``a.npy``
-    and ``a.npz``; a key an ``.lvz`` brings back) raise
-    :class:`InteropError` naming the key and both files.
+    All or nothing: every file is checked whole (headers, zip directories, declared sizes, an
+    archive's CRC-32s) before anything is written, and the records of every file are committed
+    together, so a refusal at any file, or a failure while copying (a CRC mismatch, a full disk),
+    leaves the store unchanged. Two files that would give the same key (``a.npy`` and ``a.npz``; a
+    key an ``.lvz`` brings back) raise :class:`InteropError` naming the key and both files.
 
-    ``progress``: see :mod:`lazyvault._progress`; counts arrays over every
-    file, ``(0, total)`` once all are checked, then after each array (it
-    runs while the store's writer lock is held: it must not write to this
-    store). ``max_header_size``: the largest ``.npy`` header text read, in
-    bytes, for ``.npy`` files and ``.npz`` members (numpy's
-    ``max_header_size``; an int from 1, default :data:`NPY_MAX_HEADER_SIZE`,
-    10,000). ``max_ratio``: the largest uncompressed-to-compressed ratio a
-    deflated ``.npz`` member may declare (an int from 1, default
+    ``progress``: see :mod:`lazyvault._progress`; counts arrays over every file, ``(0, total)`` once
+    all are checked, then after each array (it runs while the store's writer lock is held: it must
+    not write to this store). ``max_header_size``: the largest ``.npy`` header text read, in bytes,
+    for ``.npy`` files and ``.npz`` members (numpy's ``max_header_size``; an int from 1, default
+    :data:`NPY_MAX_HEADER_SIZE`, 10,000). ``max_ratio``: the largest uncompressed-to-compressed
+    ratio a deflated ``.npz`` member may declare (an int from 1, default
     :data:`DEFAULT_MAX_DEFLATE_RATIO`, 1100).
 
-    Raises :class:`UnknownFormatError`, :class:`InvalidFileError` (``path``
-    the file, ``what`` and the message naming the member, tensor or
-    record), :class:`PickleNotAllowedError` for object arrays of a
-    ``.npy``/``.npz`` when the store was opened without ``allow_pickle``,
-    :class:`StorageError` (``ENOSPC``) when the arrays do not fit on the
-    store's file system (checked before writing), ``FileNotFoundError``
-    (:class:`StorageError` too) for a missing file, ``TypeError`` or
-    ``ValueError`` for a bad ``key``, ``max_header_size`` or ``max_ratio``.
+    Raises :class:`UnknownFormatError`, :class:`InvalidFileError` (``path`` the file, ``what`` and
+    the message naming the member, tensor or record), :class:`PickleNotAllowedError` for object
+    arrays of a ``.npy``/``.npz`` when the store was opened without ``allow_pickle``,
+    :class:`StorageError` (``ENOSPC``) when the arrays do not fit on the store's file system
+    (checked before writing), ``FileNotFoundError`` (:class:`StorageError` too) for a missing file,
+    ``TypeError`` or ``ValueError`` for a bad ``key``, ``max_header_size`` or ``max_ratio``.
     """
     # bytes paths too, as os.fspath accepts them
-    paths = [os.fsdecode(p) for p in (path if isinstance(path, list | tuple) else [path])]
+    items = [path] if isinstance(path, str | bytes | os.PathLike) else list(path)
+    paths = [os.fsdecode(p) for p in items]
     if key is not None and not isinstance(key, str):
         raise KeyTypeError(f"keys are str, not {type(key).__name__}")
-    limits = _Limits(
-        _limit("max_header_size", max_header_size, "bytes of .npy header text"),
-        _limit("max_ratio", max_ratio, "uncompressed bytes per compressed byte"),
-    )
+    header_limit = _limit("max_header_size", max_header_size, "bytes of .npy header text")
+    ratio_limit = _limit("max_ratio", max_ratio, "uncompressed bytes per compressed byte")
     files: list[tuple[str, str | None, str]] = []  # (path, key, default key)
     for item in paths:
         if key is not None and (len(paths) > 1 or os.path.isdir(item)):
@@ -199,8 +164,8 @@ def import_file(
             core_of(store),
             files,
             allow_pickle=store.allow_pickle,
-            max_header_size=limits.max_header_size,
-            max_deflate_ratio=limits.max_ratio,
+            max_header_size=header_limit,
+            max_deflate_ratio=ratio_limit,
             progress=report,
             repickle=_repickle if store.allow_pickle else None,
         )
@@ -208,13 +173,8 @@ def import_file(
 
 
 def _not_utf8(name: str) -> bool:
-    """Whether ``name`` holds bytes of a non-UTF-8 file name (surrogate
-    escapes, PEP 383), which no key can hold."""
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
+    """Whether ``name`` holds surrogates (a non-UTF-8 file name, PEP 383), which no key can hold."""
+    return any("\ud800" <= c <= "\udfff" for c in name)
 
 
 def _repickle(what: str, data: bytes) -> tuple[str, str, tuple[int, ...], bool, bytes]:

@@ -1,14 +1,12 @@
 """The exception hierarchy of lazyvault.
 
-Every error lazyvault raises derives from :class:`LazyvaultError`; where
-Python itself would raise a builtin exception the class derives from that
-builtin too, so ``except KeyError`` / ``except ValueError`` keep working
-(the pattern of pydantic-core's ``ValidationError(ValueError)``).
+Every error lazyvault raises derives from :class:`LazyvaultError`; where Python itself would raise a
+builtin exception the class derives from that builtin too, so ``except KeyError`` / ``except
+ValueError`` keep working (the pattern of pydantic-core's ``ValidationError(ValueError)``).
 
-The classes are created by the compiled core (``lazyvault._lazyvault``),
-which raises them with their data as attributes (``path``, ``key``,
-``array``, ``pid``, ...; each class's docstring lists its own); this module
-re-exports them.
+The classes are created by the compiled core (``lazyvault._lazyvault``), which raises them with
+their data as attributes (``path``, ``key``, ``array``, ``pid``, ...; each class's docstring lists
+its own); this module re-exports them.
 """
 
 # ruff: noqa: F405 (the names of __all__ come from the star import)
