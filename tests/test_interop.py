@@ -32,7 +32,7 @@ import pytest
 
 import lazyvault as lv
 from lazyvault import _export, _interop, _lazyvault
-from lazyvault._interop import InvalidFileError, UnknownFormatError
+from lazyvault.errors import InvalidFileError, UnknownFormatError
 
 from conftest import payload_files
 
