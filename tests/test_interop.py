@@ -1222,8 +1222,10 @@ def test_bad_limits_name_the_parameter(
 
 def test_file_names_as_bytes_and_not_utf8(store: lv.Store, tmp_path: Path) -> None:
     np.save(tmp_path / "ok.npy", np.arange(3))
-    # a bytes path, as os.fspath accepts it
+    # a bytes path, as os.fspath accepts it; not a path at all: os.fspath's TypeError
     assert store.import_file(os.fsencode(tmp_path / "ok.npy")) == ["ok"]
+    with pytest.raises(TypeError, match=r"os\.PathLike object, not NoneType"):
+        store.import_file(None)  # type: ignore[arg-type]
     # a file name of non-UTF-8 bytes (PEP 383 surrogates in str) cannot be a
     # key: refused naming the file, before anything is written, also inside
     # a directory; with key= it imports

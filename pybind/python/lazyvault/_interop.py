@@ -133,7 +133,7 @@ def import_file(
     ``TypeError`` or ``ValueError`` for a bad ``key``, ``max_header_size`` or ``max_ratio``.
     """
     # bytes paths too, as os.fspath accepts them
-    items = [path] if isinstance(path, str | bytes | os.PathLike) else list(path)
+    items: list[Any] = list(path) if isinstance(path, list | tuple) else [path]
     paths = [os.fsdecode(p) for p in items]
     if key is not None and not isinstance(key, str):
         raise KeyTypeError(f"keys are str, not {type(key).__name__}")
