@@ -141,39 +141,6 @@ fn name_the_file(
     }
 }
 
-/// Imports the `.npy`, `.npz`, `.safetensors` or `.lvz` file at `path`
-/// into `store` (`lazyvault_store::interop::import_file`); returns the keys
-/// written. `import_files` with one file.
-#[pyfunction]
-#[pyo3(signature = (
-    store, path, key, default_key, *, allow_pickle=false, max_header_size=None,
-    max_deflate_ratio=None, progress=None, repickle=None
-))]
-#[allow(clippy::too_many_arguments)]
-pub fn import_file(
-    py: Python<'_>,
-    store: &StoreCore,
-    path: PathBuf,
-    key: Option<String>,
-    default_key: String,
-    allow_pickle: bool,
-    max_header_size: Option<usize>,
-    max_deflate_ratio: Option<u64>,
-    progress: Option<Py<PyAny>>,
-    repickle: Option<Py<PyAny>>,
-) -> PyResult<Vec<String>> {
-    import_files(
-        py,
-        store,
-        vec![(path, key, default_key)],
-        allow_pickle,
-        max_header_size,
-        max_deflate_ratio,
-        progress,
-        repickle,
-    )
-}
-
 /// Imports every file of `files`, `[(path, key or None, default key)]`,
 /// into `store` as one commit, all checked before any array is written
 /// (`lazyvault_store::interop::import_files`); returns the keys written.

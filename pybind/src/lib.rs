@@ -29,7 +29,6 @@ fn _lazyvault(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(array::npy_header, m)?)?;
     m.add_function(wrap_pyfunction!(array::parse_descr, m)?)?;
     m.add_function(wrap_pyfunction!(store::check_query, m)?)?;
-    m.add_function(wrap_pyfunction!(interop::import_file, m)?)?;
     m.add_function(wrap_pyfunction!(interop::import_files, m)?)?;
     m.add_function(wrap_pyfunction!(interop::detect_format, m)?)?;
     m.add_function(wrap_pyfunction!(interop::npz_has_manifest, m)?)?;

@@ -48,7 +48,6 @@ __all__ = [
     "dumps_archive",
     "export_npz",
     "export_safetensors",
-    "import_file",
     "import_files",
     "map_array",
     "npy_header",
@@ -422,21 +421,6 @@ def read_safetensors_header(
     """``(__metadata__ or None, tensors, data section offset)``; each tensor
     ``{"name", "dtype", "shape", "data_offsets"}``, all checked.
     ``InvalidFileError``."""
-
-def import_file(
-    store: StoreCore,
-    path: str | PathLike[str],
-    key: str | None,
-    default_key: str,
-    *,
-    allow_pickle: bool = False,
-    max_header_size: int | None = None,
-    max_deflate_ratio: int | None = None,
-    progress: Callable[[int, int], object] | None = None,
-    repickle: Callable[[str, bytes], tuple[str, str, Sequence[int], bool, bytes]] | None = None,
-) -> list[str]:
-    """Imports a ``.npy``, ``.npz``, ``.safetensors`` or ``.lvz`` file into
-    ``store``: ``import_files(store, [(path, key, default_key)], ...)``."""
 
 def import_files(
     store: StoreCore,
