@@ -394,7 +394,7 @@ def test_import_of_several_files_is_all_or_nothing(tmp_path: Path) -> None:
     assert json.loads(proc.stdout) == {"path": str(store), "records": 1, "keys": ["good"]}
     objects = tmp_path / "objects.npy"
     np.save(objects, np.array([{"a": 1}], dtype=object))
-    assert_error(cli("import", store, objects), 1, "allow_pickle")
+    assert_error(cli("import", store, objects), 1, "--allow-pickle")
     assert cli("import", store, objects, "--allow-pickle").returncode == 0
     with lv.Store.open(store, mode="r", allow_pickle=True) as s:
         assert sorted(s) == ["good", "objects"] and s["objects"].data[0] == {"a": 1}

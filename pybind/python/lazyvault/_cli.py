@@ -28,6 +28,7 @@ from .errors import (
     LazyvaultError,
     MissingKeyError,
     NotAStoreError,
+    PickleNotAllowedError,
     StoreNotFoundError,
 )
 from .record import Record
@@ -341,9 +342,11 @@ def _cmd_import(args: argparse.Namespace) -> _Output:
     try:
         with Store.open(args.path, mode="a", allow_pickle=args.allow_pickle) as store:
             keys = store.import_file(args.files, args.key, progress=_progress(args), **limits)
-    except LazyvaultError:
+    except LazyvaultError as e:
         if created:  # a refused import leaves no empty store behind
             shutil.rmtree(args.path, ignore_errors=True)
+        if isinstance(e, PickleNotAllowedError):  # the command line's way to allow it
+            raise PickleNotAllowedError(f"{e}; here: --allow-pickle") from None
         raise
     return _Output({"path": args.path, "records": len(keys), "keys": keys}, _lines(keys))
 
