@@ -13,10 +13,10 @@ import numpy as np
 
 from . import _layout, _lazyvault
 from ._display import RecordsDisplay
-from ._source import array_entry, corrupt_array, load_array
+from ._source import UNTRUSTED, Trust, array_entry, corrupt_array, load_array, trust_of
 from .errors import ClosedError, CorruptError, LazyvaultError, MissingKeyError, ReadOnlyError
 from .record import Record
-from .store import Handle, Store, check_allow_pickle, check_key, plug_file_opener, raw_record
+from .store import Handle, Store, check_key, plug_file_opener, raw_record
 
 #: The first bytes of every ``.lvz`` file (a zip local file header).
 ZIP_MAGIC = b"PK\x03\x04"
@@ -54,9 +54,9 @@ class ArchiveSource:
     read-only ndarray viewing the archive's bytes (its file mapping, or the buffer given to
     :func:`loads`), no copy."""
 
-    def __init__(self, core: _lazyvault.ArchiveCore, allow_pickle: bool) -> None:
+    def __init__(self, core: _lazyvault.ArchiveCore, trust: Trust) -> None:
         self.core = core
-        self.allow_pickle = bool(allow_pickle)
+        self.trust = trust
 
     def get_pickle(self, key: str) -> bytes | None:
         return self.core.get_pickle(key)
@@ -70,9 +70,8 @@ class ArchiveSource:
             raise corrupt_array(e, key, name) from e
 
     def map_array(self, key: str, name: str, entry: dict[str, Any]) -> np.ndarray:
-        return load_array(
-            key, name, entry, self.allow_pickle, self.core.read_array_bytes, self.core.map_array
-        )
+        core, allow = self.core, self.trust.allow_pickle
+        return load_array(key, name, entry, allow, core.read_array_bytes, core.map_array)
 
 
 class Archive(Handle):
@@ -90,12 +89,12 @@ class Archive(Handle):
     __setitem__ = __delitem__ = update = replace_arrays = _read_only
 
     def __init__(
-        self, core: _lazyvault.ArchiveCore, allow_pickle: bool = False, path: str | None = None
+        self, core: _lazyvault.ArchiveCore, trust: Trust = UNTRUSTED, path: str | None = None
     ) -> None:
         self._core: _lazyvault.ArchiveCore | None = core
         self._path = path if path is not None else core.path
-        self._allow_pickle = bool(allow_pickle)
-        self._source = ArchiveSource(core, self._allow_pickle)
+        self._trust = trust
+        self._source = ArchiveSource(core, trust)
 
     def _index(self) -> _lazyvault.ArchiveCore:
         if self._core is None:
@@ -149,7 +148,7 @@ class Archive(Handle):
     def __reduce__(self) -> Any:
         if self._path is None:
             raise TypeError("an archive read from a buffer cannot be pickled; pickle its records")
-        return (open_archive, (self._path, self._allow_pickle))
+        return (open_archive, (self._path, *self._trust))
 
     def _title(self) -> str:
         where = repr(self._path) if self._path is not None else "<buffer>"
@@ -167,18 +166,19 @@ class Archive(Handle):
         return f"<lazyvault.Archive {where} records={len(self)} nbytes={self.nbytes}>"
 
 
-def open_archive(path: str | os.PathLike[str], allow_pickle: bool = False) -> Archive:
-    """Opens the ``.lvz`` archive at ``path`` read-only (memory-mapped once; no lock). Raises
-    :class:`CorruptError` for a file that is not a lazyvault archive or is damaged (truncated,
-    compressed or encrypted array members, unsafe member names), :class:`FormatVersionError` for a
-    newer major format version."""
+def open_archive(
+    path: str | os.PathLike[str], allow_pickle: bool = False, safe_classes: Iterable[type] = ()
+) -> Archive:
+    """Opens the ``.lvz`` archive at ``path`` read-only (memory-mapped once; no lock);
+    ``allow_pickle`` and ``safe_classes`` as in ``Store.open``. Raises :class:`CorruptError` for a
+    file that is not a lazyvault archive or is damaged (truncated, compressed or encrypted array
+    members, unsafe member names), :class:`FormatVersionError` for a newer major format version."""
+    trust = trust_of(allow_pickle, safe_classes)
     path = os.fspath(path)
-    return Archive(_lazyvault.ArchiveCore.open(path), allow_pickle, path)
+    return Archive(_lazyvault.ArchiveCore.open(path), trust, path)
 
 
-def open_if_archive(
-    path: str | os.PathLike[str], mode: str | None, allow_pickle: bool
-) -> Archive | None:
+def open_if_archive(path: str | os.PathLike[str], mode: str | None, trust: Trust) -> Archive | None:
     """What ``Store.open`` opens for a file that starts like a zip (whatever its extension): the
     archive, read-only, or :class:`ReadOnlyError` for a mode other than ``"r"``; ``None`` for
     anything else."""
@@ -190,7 +190,7 @@ def open_if_archive(
             f"mode='r' (or no mode), not {mode!r}; to change its records, "
             "import it into a store (store.import_file(path))"
         )
-    return open_archive(path, allow_pickle=allow_pickle)
+    return open_archive(path, *trust)
 
 
 plug_file_opener(open_if_archive)
@@ -237,14 +237,18 @@ def dumps(obj: Any) -> bytes:
     return _lazyvault.dumps_archive(DUMPS_KEY, *_layout.encode(obj))
 
 
-def loads(buffer: Any, *, allow_pickle: bool = False) -> Any:
+def loads(buffer: Any, *, allow_pickle: bool = False, safe_classes: Iterable[type] = ()) -> Any:
     """The object stored by :func:`dumps` in ``buffer`` (``bytes``, ``bytearray``, ``memoryview``,
     ``mmap``, ``uint8`` array: anything with a contiguous buffer; never written to), its arrays
-    read-only views into ``buffer`` (no copy) that keep it alive. Raises
-    :class:`PickleNotAllowedError` when rebuilding needs unpickling (class instances, a pickled
-    remainder) without ``allow_pickle=True``; ``TypeError`` for another buffer;
-    :class:`LazyvaultError` for an archive of more than one record."""
-    check_allow_pickle(allow_pickle)
+    read-only views into ``buffer`` (no copy) that keep it alive. ``safe_classes``: classes whose
+    instances are rebuilt without ``allow_pickle``, from the listed class (matched by
+    ``module:qualname``, never imported; see ``Store.open``). Raises
+    :class:`PickleNotAllowedError` when rebuilding needs unpickling (instances of other classes, a
+    pickled remainder) without ``allow_pickle=True``; ``TypeError`` for another buffer, a bad
+    ``allow_pickle`` or a ``safe_classes`` item that is not a class, ``ValueError`` for a class
+    whose instances are stored as pickles; :class:`LazyvaultError` for an archive of more than one
+    record."""
+    trust = trust_of(allow_pickle, safe_classes)
     try:
         core = _lazyvault.ArchiveCore.from_buffer(buffer)
     except (TypeError, BufferError) as e:
@@ -258,4 +262,4 @@ def loads(buffer: Any, *, allow_pickle: bool = False) -> Any:
             f"loads() expects an archive of one object, this one holds {len(keys)} records; "
             "open a multi-record archive with lazyvault.Store.open"
         )
-    return Archive(core, allow_pickle)[keys[0]].load()
+    return Archive(core, trust)[keys[0]].load()

@@ -67,11 +67,20 @@ def _plain_state_class(value: Any) -> bool:
     """Whether ``value`` is an instance whose state is just its ``__dict__`` (dataclasses and
     ordinary classes without custom pickling). Subclasses of C types (``list``, ``dict``, ``int``,
     ``np.ndarray``, ...) keep state outside ``__dict__``, so they are not."""
-    cls = type(value)
     return (
         hasattr(value, "__dict__")
         and not isinstance(value, type)
-        and "<locals>" not in cls.__qualname__
+        and plain_state_type(type(value))
+        and all(type(k) is str and text_ok(k) for k in vars(value))
+    )
+
+
+def plain_state_type(cls: type) -> bool:
+    """Whether instances of ``cls`` may be stored as plain state (see :func:`_plain_state_class`),
+    as far as the class tells: what ``safe_classes`` must be."""
+    return (
+        "<locals>" not in cls.__qualname__
+        and cls.__dictoffset__ != 0  # instances have a __dict__
         and cls.__module__ not in (None, "builtins")
         and not getattr(cls, "__slots__", None)
         and all(base.__flags__ & _HEAPTYPE for base in cls.__mro__ if base is not object)
@@ -79,7 +88,6 @@ def _plain_state_class(value: Any) -> bool:
         and cls.__reduce__ is object.__reduce__
         and getattr(cls, "__getstate__", object.__getstate__) is object.__getstate__
         and not hasattr(cls, "__setstate__")
-        and all(type(k) is str and text_ok(k) for k in vars(value))
     )
 
 
@@ -246,6 +254,8 @@ class Scan(NamedTuple):
 
     problem: str | None  # why it is malformed (the first thing found), or None
     needs_pickle: str | None  # why rebuilding it needs unpickling, or None
+    # the classes outside ``safe`` it imports, when those are all it needs unpickling for
+    untrusted: tuple[str, ...] = ()
 
 
 _NON_FINITE = ("nan", "inf", "-inf")
@@ -253,13 +263,17 @@ _NON_FINITE = ("nan", "inf", "-inf")
 _DAMAGE = (ValueError, TypeError, LookupError, AttributeError, EOFError, OverflowError, ImportError)
 
 
-def scan(layout: Any, array_paths: Container[str], remainder: bool) -> Scan:
+def scan(
+    layout: Any, array_paths: Container[str], remainder: bool, safe: Container[str] = ()
+) -> Scan:
     """Checks ``layout`` node by node against schema/FORMAT.md, "Layout": known node kinds of one
     member each with well-formed bodies, ``array`` nodes naming one of ``array_paths``, ``pickle``
     nodes only when the record has a pickled ``remainder``. On the way it notes the first node that
-    needs unpickling (an ``object`` node imports a class, a ``pickle`` node unpickles). The keys of
-    a ``dict`` node are user keys, never node kinds."""
+    needs unpickling (an ``object`` node imports a class, unless ``safe`` holds its name; a
+    ``pickle`` node unpickles). The keys of a ``dict`` node are user keys, never node kinds."""
     needs: str | None = None
+    untrusted: dict[str, None] = {}  # object nodes' classes outside safe, in order
+    pickled = False
     stack = [layout]
     while stack:
         node = stack.pop()
@@ -284,12 +298,15 @@ def scan(layout: Any, array_paths: Container[str], remainder: bool) -> Scan:
                 state = body.get("state")
                 if type(state) is not dict:
                     return Scan(f"the object node of {body['class']} has no state dict", needs)
-                needs = needs or f"it rebuilds an instance of {body['class']}"
+                if body["class"] not in safe:
+                    needs = needs or f"it rebuilds an instance of {body['class']}"
+                    untrusted[body["class"]] = None
                 stack.extend(state.values())
             elif kind == "pickle" and b is int and body >= 0:
                 if not remainder:
                     return Scan(f"{node!r} but the record has no pickled remainder", needs)
                 needs = needs or "part of it is a pickled remainder"
+                pickled = True
             elif kind in ("dict", "list", "tuple", "array", "float", "scalar", "object", "pickle"):
                 return Scan(f"a {kind!r} node holds {_cut(body)}", needs)
             else:
@@ -303,7 +320,7 @@ def scan(layout: Any, array_paths: Container[str], remainder: bool) -> Scan:
         elif not (node is None or t is bool or t is str):
             # a JSON array (a list is {"list": [...]}), or not JSON at all
             return Scan(f"a {t.__name__} where a node belongs: {_cut(node)}", needs)
-    return Scan(None, needs)
+    return Scan(None, needs, () if pickled else tuple(untrusted))
 
 
 def problem(layout: Any, array_paths: Container[str], remainder: bool = False) -> str | None:
@@ -367,19 +384,32 @@ def join(
     *,
     array_paths: Container[str],
     remainder: bool,
+    safe_classes: dict[str, type] | None = None,
 ) -> Any:
     """Rebuilds the object described by ``layout``.
 
     ``get_array(path)`` returns the (memory-mapped) array of a path; ``get_pickle()`` the pickled
     remainder; ``array_paths`` and ``remainder`` are the arrays and whether there is a remainder, as
-    the record says. Checks the whole layout first (:func:`scan`). Raises :class:`CorruptError` for
-    a malformed layout or one that does not describe an object, :class:`PickleNotAllowedError` if
-    rebuilding needs unpickling and ``allow_pickle`` is false.
+    the record says; ``safe_classes``: ``{"module:qualname": class}``, the classes whose instances
+    are rebuilt from that class (nothing imported) without ``allow_pickle``. Checks the whole layout
+    first (:func:`scan`). Raises :class:`CorruptError` for a malformed layout or one that does not
+    describe an object, :class:`PickleNotAllowedError` if rebuilding needs unpickling (a pickled
+    remainder, a class outside ``safe_classes``) and ``allow_pickle`` is false.
     """
-    found = scan(layout, array_paths, remainder)
+    safe_classes = safe_classes or {}
+    found = scan(layout, array_paths, remainder, safe_classes)
     if found.problem is not None:
         raise CorruptError(f"{what}: malformed layout: {found.problem}")
     if not allow_pickle and found.needs_pickle is not None:
+        if found.untrusted:
+            names = ", ".join(name.partition(":")[2] for name in found.untrusted)
+            raise PickleNotAllowedError(
+                f"{what}: loading it rebuilds instances of {', '.join(found.untrusted)}, not "
+                "in safe_classes; importing a class can run arbitrary code. If you trust the "
+                f"class, list it: Store.open(..., safe_classes=[{names}]) (lazyvault.loads "
+                "too); if you trust the store, open it with allow_pickle=True. Its metadata "
+                "and arrays stay readable without either (.meta, .arrays)."
+            )
         raise PickleNotAllowedError(
             f"{what}: loading it needs unpickling ({found.needs_pickle}), which can run "
             "arbitrary code; open the store with allow_pickle=True if you trust it. Its "
@@ -415,7 +445,9 @@ def join(
         return leftovers[i]
 
     def instance(body: dict[str, Any]) -> Any:
-        cls: Any = _find_class(body["class"])
+        cls: Any = safe_classes.get(body["class"])  # a listed class: never imported
+        if cls is None:
+            cls = _find_class(body["class"])
         obj = cls.__new__(cls)
         obj.__dict__.update(build({"dict": body["state"]}))
         return obj

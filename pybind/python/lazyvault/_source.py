@@ -5,19 +5,67 @@ remainder from: a store directory, arrays in memory, or a ``.lvz`` archive (``_a
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from . import _arrays, _lazyvault
+from . import _arrays, _layout, _lazyvault
 from .errors import CorruptError, PickleNotAllowedError
+
+
+class Trust(NamedTuple):
+    """What ``load()`` may rebuild beyond JSON values and arrays: anything, unpickling included
+    (``allow_pickle``), or else only instances of ``safe_classes`` (object nodes whose class is
+    named ``module:qualname`` of one of them, rebuilt from that class object: nothing is imported).
+    A handle's, carried along by its records (and their pickles: classes pickle by reference)."""
+
+    allow_pickle: bool = False
+    safe_classes: tuple[type, ...] = ()
+
+    def by_name(self) -> dict[str, type]:
+        """``{"module:qualname": class}`` of the safe classes."""
+        return {class_name(cls): cls for cls in self.safe_classes}
+
+
+def class_name(cls: type) -> str:
+    """``"module:qualname"``: how a layout's object node names the class of an instance."""
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def trust_of(allow_pickle: object, safe_classes: Iterable[type] = ()) -> Trust:
+    """The :class:`Trust` of ``Store.open`` / ``loads`` arguments. Raises ``TypeError`` for an
+    ``allow_pickle`` that is not True or False, for ``safe_classes`` that is not an iterable (a
+    ``str`` neither) or holds something other than a class (named); ``ValueError`` for a class
+    whose instances lazyvault does not store as plain state (``__slots__``, custom pickling, a
+    C base such as ``dict``, a class defined in a function): those are pickled, so loading them
+    needs ``allow_pickle``."""
+    if type(allow_pickle) is not bool:
+        raise TypeError(f"allow_pickle must be True or False, not {allow_pickle!r}")
+    if isinstance(safe_classes, (str, bytes, type)) or not isinstance(safe_classes, Iterable):
+        raise TypeError(f"safe_classes must be a list of classes, not {safe_classes!r}")
+    classes = tuple(safe_classes)
+    for cls in classes:
+        if not isinstance(cls, type):
+            raise TypeError(f"safe_classes holds {cls!r}, which is not a class")
+        if not _layout.plain_state_type(cls):
+            raise ValueError(
+                f"safe_classes holds {class_name(cls)}, whose instances lazyvault stores as a "
+                "pickle (its state is not a plain __dict__: __slots__, custom pickling, a C "
+                "base class, or a class defined in a function): loading them needs allow_pickle"
+            )
+    return Trust(allow_pickle, tuple(dict.fromkeys(classes)))
+
+
+#: No trust: neither unpickling nor any class (what a handle opened with no arguments has).
+UNTRUSTED = Trust()
+_TRUSTED = Trust(allow_pickle=True)
 
 
 class Source(Protocol):
     """What a :class:`Record` needs from where it was read."""
 
-    allow_pickle: bool
+    trust: Trust
 
     def map_array(self, key: str, name: str, entry: dict[str, Any]) -> np.ndarray:
         """The array of ``entry`` (read-only, no copy where the source allows)."""
@@ -75,11 +123,9 @@ class DirectorySource:
     by reference to other processes), read without the index: each array is checked against its
     record and read into memory (at most 64 KiB) or memory-mapped (larger)."""
 
-    def __init__(
-        self, root: str, allow_pickle: bool, get_pickle: Callable[[str], bytes | None]
-    ) -> None:
+    def __init__(self, root: str, trust: Trust, get_pickle: Callable[[str], bytes | None]) -> None:
         self.root = root
-        self.allow_pickle = allow_pickle
+        self.trust = trust
         self._get_pickle = get_pickle
 
     def get_pickle(self, key: str) -> bytes | None:
@@ -90,7 +136,7 @@ class DirectorySource:
             key,
             name,
             entry,
-            self.allow_pickle,
+            self.trust.allow_pickle,
             functools.partial(_lazyvault.read_array_bytes, self.root),
             functools.partial(_lazyvault.map_array, self.root),
         )
@@ -104,11 +150,11 @@ class MemorySource:
     """
 
     def __init__(
-        self, arrays: dict[str, np.ndarray], pickle: bytes | None, allow_pickle: bool = True
+        self, arrays: dict[str, np.ndarray], pickle: bytes | None, trust: Trust = _TRUSTED
     ) -> None:
         self.arrays = arrays
         self.pickle = pickle
-        self.allow_pickle = allow_pickle
+        self.trust = trust
 
     def get_pickle(self, key: str) -> bytes | None:
         return self.pickle

@@ -144,16 +144,19 @@ class Record:
     def load(self) -> Any:
         """The original object rebuilt: dicts, lists, tuples, dataclasses and
         class instances as they were, arrays read-only (as :meth:`array`).
-        Raises :class:`PickleNotAllowedError` when that needs unpickling (a
-        class instance, a pickled remainder) without ``allow_pickle=True``."""
+        Raises :class:`PickleNotAllowedError` when that needs unpickling (an
+        instance of a class not in the store's ``safe_classes``, a pickled
+        remainder) without ``allow_pickle=True``."""
+        trust = self._source.trust
         return _layout.join(
             self._record["layout"],
             self.array,
             self._remainder,
-            self._source.allow_pickle,
+            trust.allow_pickle,
             f"record {self._key!r}",
             array_paths=self._record["arrays"],
             remainder=has_remainder(self),
+            safe_classes=trust.by_name(),
         )
 
     def ref(self) -> Any:
@@ -163,8 +166,15 @@ class Record:
 
     def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
         # By value (PEP 574: arrays out-of-band with protocol 5); across
-        # multiprocessing, by reference (see _pickling).
+        # multiprocessing, by reference (see _pickling). A subclass pickles
+        # as itself.
         return _plugged_pickling().reduce(self, int(protocol))
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # ForkingPickler looks reducers up by exact type: each subclass too
+        super().__init_subclass__(**kwargs)
+        if _pickling is not None:
+            _pickling.register_class(cls)
 
     def _remainder(self) -> bytes | None:
         """The pickled remainder of this record (read with it when it came from a store, so never
@@ -272,11 +282,8 @@ def _with_array_properties(names: tuple[str, ...]) -> type[Record]:
     records shares one class)."""
     namespace: dict[str, Any] = {n: _array_property(n) for n in names}
     namespace.update(__slots__=(), __module__=Record.__module__, __qualname__="Record")
-    namespace["__doc__"] = Record.__doc__
-    cls = type("Record", (Record,), namespace)
-    if _pickling is not None:
-        _pickling.register_class(cls)
-    return cls
+    namespace.update(__doc__=Record.__doc__, __record_arrays__=names)
+    return type("Record", (Record,), namespace)  # registered by __init_subclass__
 
 
 # -- for the package's other modules: a record's attribute names are the user's
@@ -309,6 +316,26 @@ def remainder_of(rec: Record) -> bytes | None:
 def source_of(rec: Record) -> Source:
     """Where the record's arrays and remainder come from."""
     return rec._source
+
+
+def own_class(rec: Record) -> type[Record] | None:
+    """The class of ``rec`` when it is a user's subclass of :class:`Record`, which ``rec`` pickles
+    as; ``None`` for Record and the subclasses made here (which ``Record()`` picks again)."""
+    cls = type(rec)
+    return None if cls is Record or "__record_arrays__" in vars(cls) else cls
+
+
+def rebuild(cls: type[Record] | None, source: Source, key: str, record: dict[str, Any]) -> Record:
+    """A record of class ``cls`` (:func:`own_class`; ``None``: Record) as ``Record(source, key,
+    record)`` makes one: the way an unpickled record comes back. A subclass's own ``__init__`` is
+    not called (as with any unpickled object)."""
+    if cls is None:
+        return Record(source, key, record)
+    if not (isinstance(cls, type) and issubclass(cls, Record)):
+        raise TypeError(f"{cls!r} is not a subclass of lazyvault.Record")
+    rec = cls.__new__(cls, source, key, record)
+    Record.__init__(rec, source, key, record)
+    return rec
 
 
 # -- seam: _pickling (a layer up: unpickling builds Records) plugs in here when

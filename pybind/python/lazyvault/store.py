@@ -27,7 +27,7 @@ import numpy as np
 from . import _arrays, _frame, _layout, _lazyvault
 from ._display import RecordsDisplay
 from ._progress import ProgressArg, progress_callback
-from ._source import DirectorySource
+from ._source import UNTRUSTED, DirectorySource, Trust, trust_of
 from .errors import (
     InvalidKeyError,
     KeyTypeError,
@@ -69,13 +69,6 @@ def check_key(key: object) -> str:
     if not _layout.text_ok(key):  # lone surrogates: not Unicode scalar values
         raise InvalidKeyError(f"key {key!r} is not valid Unicode text: surrogates not allowed")
     return key
-
-
-def check_allow_pickle(value: object) -> bool:
-    """``value`` if it is True or False, else ``TypeError``."""
-    if type(value) is not bool:
-        raise TypeError(f"allow_pickle must be True or False, not {value!r}")
-    return value
 
 
 class _DeferredCore:
@@ -140,7 +133,7 @@ class Handle(RecordsDisplay, Mapping[str, Record]):
 
     # What Store and Archive define: the core answering keys(), find(text), count(text) and len(),
     # a display title, path, closed and close().
-    _allow_pickle: bool
+    _trust: Trust
     _index: Callable[[], Any]
     _title: Callable[[], str]
     close: Callable[[], None]
@@ -168,7 +161,13 @@ class Handle(RecordsDisplay, Mapping[str, Record]):
     @property
     def allow_pickle(self) -> bool:
         """Whether parts that need unpickling may be loaded."""
-        return self._allow_pickle
+        return self._trust.allow_pickle
+
+    @property
+    def safe_classes(self) -> tuple[type, ...]:
+        """The classes whose instances ``load()`` rebuilds without ``allow_pickle`` (see
+        :meth:`Store.open`)."""
+        return self._trust.safe_classes
 
     def __iter__(self) -> Iterator[str]:
         """The keys, a snapshot taken now: in Unicode code point order (an archive: in the order
@@ -245,17 +244,17 @@ class Store(Handle, MutableMapping[str, Record]):
     callable ``f(done, total)`` gets the counts instead (``total`` None when unknown in advance).
     """
 
-    def __init__(self, core: _lazyvault.StoreCore, allow_pickle: bool = False) -> None:
+    def __init__(self, core: _lazyvault.StoreCore, trust: Trust = UNTRUSTED) -> None:
         if not isinstance(core, (_lazyvault.StoreCore, _DeferredCore)):
             raise TypeError("open a store with lazyvault.Store.open(path, mode)")
         self._core = core
         self._path = core.root
-        self._allow_pickle = check_allow_pickle(allow_pickle)
+        self._trust = trust
         # a weak reference: a Store dropped without close() must be freed (and
         # its lock released) at once, not when the cycle collector runs
         this = weakref.ref(self)
         self._source = DirectorySource(
-            self._path, self._allow_pickle, lambda key: cast(Store, this())._core.get_pickle(key)
+            self._path, trust, lambda key: cast(Store, this())._core.get_pickle(key)
         )
         _open_stores.add(self)
 
@@ -266,6 +265,7 @@ class Store(Handle, MutableMapping[str, Record]):
         mode: Literal["r", "a", "w"] | None = None,
         *,
         allow_pickle: bool = False,
+        safe_classes: Iterable[type] = (),
         retention: float | None = None,
     ) -> Any:
         """Opens the store at ``path``. ``mode``: ``"a"`` read/write, create if missing (default);
@@ -278,7 +278,12 @@ class Store(Handle, MutableMapping[str, Record]):
         seconds superseded data is kept for readers on *other machines*, whose locks this one cannot
         see (default: 900 on a network file system, 0 on a local one). ``allow_pickle``: allow
         loading parts that need unpickling (object arrays, class instances, pickled remainders), off
-        by default as unpickling can run arbitrary code.
+        by default as unpickling can run arbitrary code. ``safe_classes``: classes (dataclasses and
+        other classes whose state is a plain ``__dict__``) whose instances ``load()`` rebuilds
+        without ``allow_pickle``: an instance stored as class ``module:qualname`` is rebuilt from
+        the listed class of that name, which is never imported (a class defined in ``__main__`` or
+        a notebook works; a redefined class of the same name is the one listed); list the classes
+        of nested instances too. Any other class, and pickled parts, still need ``allow_pickle``.
 
         A file that starts like a zip (a ``.lvz``, whatever its extension) opens as a read-only
         :class:`lazyvault.Archive` instead (no lock; ``mode`` ``"a"``/``"w"`` raise
@@ -286,14 +291,16 @@ class Store(Handle, MutableMapping[str, Record]):
 
         Raises :class:`StoreExistsError` / :class:`StoreNotFoundError` by mode,
         :class:`NotAStoreError`, :class:`FormatVersionError` for a newer major format version,
-        ``ValueError`` for a bad mode, ``TypeError`` / ``ValueError`` for a bad ``allow_pickle`` or
-        ``retention``.
+        ``ValueError`` for a bad mode, ``TypeError`` / ``ValueError`` for a bad ``allow_pickle``,
+        ``retention`` or ``safe_classes`` (``TypeError`` for an item that is not a class,
+        ``ValueError`` for a class whose instances are stored as pickles: ``__slots__``, custom
+        pickling, a C base class, a class defined in a function).
         """
         if mode is not None and mode not in ("r", "a", "w"):
             raise ValueError(f"mode must be 'r', 'a' or 'w', not {mode!r}")
-        check_allow_pickle(allow_pickle)
+        trust = trust_of(allow_pickle, safe_classes)
         seconds = _retention_seconds(retention)  # checked before anything is opened
-        opened = _hook("open_file")(path, mode, allow_pickle)  # an .lvz archive
+        opened = _hook("open_file")(path, mode, trust)  # an .lvz archive
         if opened is not None:
             return opened
         if os.fspath(path).endswith(".lvz") and not os.path.exists(path):
@@ -304,7 +311,7 @@ class Store(Handle, MutableMapping[str, Record]):
         core = _lazyvault.StoreCore(os.fspath(path), mode or "a")
         if seconds is not None:
             core.retention = seconds
-        return cls(core, allow_pickle)
+        return cls(core, trust)
 
     @property
     def path(self) -> str:
@@ -564,9 +571,10 @@ class Store(Handle, MutableMapping[str, Record]):
     # -- pickling, archives, interop (thin: the work is in their modules) ----
 
     def __reduce__(self) -> Any:
-        """A Store pickles by path, version and allow_pickle, none of its content; it comes back as
-        a reader (mode ``"r"``, no lock) pinned to that version (opened at its first use;
-        ``refresh()`` moves it on); a closed store comes back as a reader of the latest version."""
+        """A Store pickles by path, version, allow_pickle and safe_classes (by name), none of its
+        content; it comes back as a reader (mode ``"r"``, no lock) pinned to that version (opened at
+        its first use; ``refresh()`` moves it on); a closed store comes back as a reader of the
+        latest version."""
         return _hook("reduce")(self)
 
     def export(
@@ -631,13 +639,13 @@ class Store(Handle, MutableMapping[str, Record]):
             return f"<lazyvault.Store {self._path!r} (unavailable: {type(e).__name__}: {e})>"
 
 
-def open_deferred(path: str, mode: str, allow_pickle: bool, version: int | None = None) -> Store:
+def open_deferred(path: str, mode: str, trust: Trust, version: int | None = None) -> Store:
     """A Store that opens ``path`` at its first use (how a pickled Store comes back: unpickling
     never fails, the first use raises where the caller can see it), as of commit ``version`` when
     given."""
     store = Store.__new__(Store)
     core = _DeferredCore(store, path, mode, version)
-    Store.__init__(store, core, allow_pickle)  # type: ignore[arg-type]
+    Store.__init__(store, core, trust)  # type: ignore[arg-type]
     return store
 
 
@@ -681,8 +689,8 @@ def plug_export(export: Callable[..., None]) -> None:
     _hooks["export"] = export
 
 
-def plug_file_opener(opener: Callable[[str | os.PathLike[str], str | None, bool], Any]) -> None:
-    """Makes ``opener(path, mode, allow_pickle)`` the way ``Store.open`` opens a file
+def plug_file_opener(opener: Callable[[str | os.PathLike[str], str | None, Trust], Any]) -> None:
+    """Makes ``opener(path, mode, trust)`` the way ``Store.open`` opens a file
     (``_archive``): an opened ``.lvz`` archive, or None when ``path`` is not one."""
     _hooks["open_file"] = opener
 
