@@ -419,3 +419,45 @@ def test_assigning_a_record_copies_it(tmp_path: Path) -> None:
         assert dst.count("t == 300") == 1
         back = rec.load()
         assert back["pos"].tolist() == [[1.0, 1.0]] * 3 and back["nested"]["w"][1, 1] == 1.0
+
+
+class Frame(lv.Record):
+    """A user's subclass of Record (no __slots__, so instances have a __dict__)."""
+
+    @property
+    def total(self) -> float:
+        return float(self.image.sum())
+
+
+def test_record_subclass_keeps_its_class_and_out_of_band_buffers(pstore: lv.Store) -> None:
+    pstore["k"] = {"frame": 3, "image": np.arange(20_000.0)}
+    rec = pstore["k"]
+    frame = Frame(rec._source, rec.key, rec._record)
+    data, buffers = oob_dumps(frame)
+    assert len(buffers) == 1 and len(data) < 4096  # the array stays out of band
+    back = pickle.loads(data, buffers=buffers)
+    assert type(back) is Frame and back.total == frame.total and back.frame == 3
+    assert np.shares_memory(back.image, frame.image) and not back.image.flags.writeable
+    # deterministic, and a state set on the instance travels with it
+    assert pickle.dumps(frame, protocol=4) == pickle.dumps(Frame(rec._source, "k", rec._record))
+    frame.label = "kept"
+    assert pickle.loads(pickle.dumps(frame)).label == "kept"
+
+
+@dataclasses.dataclass
+class Point:
+    x: float
+    y: float
+
+
+def test_record_ref_carries_safe_classes_by_name(store_path: Path) -> None:
+    with lv.Store.open(store_path) as s:
+        s["k"] = {"point": Point(1.0, 2.0)}
+    with lv.Store.open(store_path, "r", safe_classes=[Point]) as s:
+        ref = s["k"].ref()
+        assert ref.safe_classes == (Point,)
+        for protocol in PROTOCOLS:
+            data = pickle.dumps(ref, protocol=protocol)
+            assert len(data) < 4096 and b"Point" in data
+            back = pickle.loads(data)
+            assert back == ref and back.open().load() == {"point": Point(1.0, 2.0)}
