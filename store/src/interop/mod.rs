@@ -42,9 +42,10 @@
 //! `{"data": array}`; a foreign `.npz` one record `{member name without
 //! ".npy": array}`; lazyvault's `.npz` (with the [`NPZ_MANIFEST`] member) a
 //! record per manifest entry under its own key; a `.safetensors` file one
-//! record `{tensor name: array}` plus its `"__metadata__"` map and, for
-//! raw-bit tensors (BF16, F8), `"safetensors_dtypes"`; an `.lvz` its
-//! records under their own keys.
+//! record `{tensor name: array}` plus its `"__metadata__"` map (when not
+//! empty) and, for raw-bit tensors (BF16, F8), `"safetensors_dtypes"`, or,
+//! when lazyvault exported it from several records, those records under
+//! their own keys; an `.lvz` its records under their own keys.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -339,7 +340,7 @@ fn plan_file(source: &ImportSource<'_>, options: &ImportOptions) -> Result<FileP
     let records = match format {
         Format::Npy => npy::plan(path, key.unwrap_or(default_key), options)?,
         Format::Npz => npz::plan(path, key, default_key, options)?,
-        Format::Safetensors => safetensors::plan(path, key.unwrap_or(default_key))?,
+        Format::Safetensors => safetensors::plan(path, key, default_key)?,
         Format::Lvz => {
             let (mapped, records) = lvz::plan(path, key)?;
             archive = Some(mapped);
