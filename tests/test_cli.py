@@ -205,6 +205,30 @@ def test_verify_problems_exit_1(small_store: Path) -> None:
     assert report["ok"] is False and len(report["problems"]) == 1
 
 
+def test_verify_counts_a_failed_checksum_as_compared(small_store: Path) -> None:
+    # one checksum compared and failed was printed as "0 checksums"
+    proc = cli("verify", small_store)
+    assert ", 4 checksums compared\n" in proc.stdout, proc.stdout
+    victim = next((small_store / "arrays").rglob("*.npy"))
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 1  # header and size still match: only the checksum tells
+    victim.write_bytes(bytes(data))
+    proc = cli("verify", small_store)
+    assert proc.returncode == 1
+    assert ": 1 problem(s): 5 records, 4 arrays checked, 4 checksums compared, 1 mismatch\n" in (
+        proc.stdout
+    )
+    report = json.loads(cli("verify", small_store, "--json").stdout)
+    assert (report["checksummed"], report["checksum_mismatches"]) == (4, 1)
+    with lv.Store.open(small_store, mode="r") as store:
+        report = store.verify(progress=False)
+        assert (report["checksummed"], report["checksum_mismatches"]) == (4, 1)
+        assert len(report["problems"]) == 1 and "checksum" in report["problems"][0]
+        quick = store.verify(checksums=False, progress=False)
+        assert (quick["checksummed"], quick["checksum_mismatches"]) == (0, 0)
+    assert ", 0 checksums compared\n" in cli("verify", small_store, "--quick").stdout
+
+
 def test_gc_removes_orphans(small_store: Path) -> None:
     original = next((small_store / "arrays").rglob("*.npy"))
     orphan = small_store / "arrays" / "ab" / ("ab" + "0" * 30 + ".npy")
