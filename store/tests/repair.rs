@@ -438,7 +438,7 @@ fn verify_reports_damaged_journal_entries_and_payload_checksums() {
             true
         })
         .unwrap();
-    assert_eq!(seen, [(1, 1)]);
+    assert_eq!(seen, [(0, 1), (1, 1)]);
 }
 
 #[test]

@@ -388,8 +388,9 @@ impl Store {
     /// long enough, and with `checksums` the data hashed against the
     /// checksum recorded at write time) and against the journal (the latest
     /// entry of each key is that record; no key is in the journal alone),
-    /// and lists orphan files. `progress(done, total)` is called after each
-    /// record; returning `false` stops the check with [`UsageError::Cancelled`](crate::UsageError::Cancelled).
+    /// and lists orphan files. `progress(done, total)` is called with
+    /// `(0, total)` first, then after each record; returning `false` stops
+    /// the check with [`UsageError::Cancelled`](crate::UsageError::Cancelled).
     /// Writers of this process wait until it returns.
     ///
     /// # Errors
@@ -411,6 +412,7 @@ impl Store {
             _ => None,
         };
         let total = index.len()?;
+        Self::go_on(progress(0, total))?;
         let mut report = VerifyReport::default();
         let mut referenced = HashSet::new();
         let mut check = JournalCheck::new(&self.root, index)?;
