@@ -424,6 +424,18 @@ def test_import_of_several_files_is_all_or_nothing(tmp_path: Path) -> None:
         assert sorted(s) == ["good", "objects"] and s["objects"].data[0] == {"a": 1}
 
 
+def test_import_of_an_empty_directory_or_a_file_twice_creates_no_store(tmp_path: Path) -> None:
+    # an empty directory created an empty store; a file twice was "a key collision"
+    (tmp_path / "empty").mkdir()
+    np.save(tmp_path / "a.npy", np.arange(3))
+    store = tmp_path / "s.lv"
+    assert_error(cli("import", store, tmp_path / "empty"), 1, "nothing to import")
+    assert not store.exists()
+    proc = cli("import", store, tmp_path / "a.npy", tmp_path / "a.npy")
+    assert_error(proc, 1, "a.npy is given twice")
+    assert not store.exists()
+
+
 def test_gc_and_repair_refuse_an_archive(small_store: Path, tmp_path: Path) -> None:
     archive = tmp_path / "a.lvz"
     with lv.Store.open(small_store) as store:

@@ -840,8 +840,10 @@ def test_safetensors_export_refuses_unsupported_dtypes(store: lv.Store, tmp_path
         ]
     ):
         store[f"k{i}"] = {"a": array}
-        with pytest.raises(lv.InvalidArrayError, match="no safetensors equivalent"):
+        with pytest.raises(lv.InvalidArrayError, match="no safetensors equivalent") as e:
             store.export(tmp_path / "x.safetensors", keys=[f"k{i}"])
+        # a structured dtype is named by its fields, not numpy's name "void32"
+        assert ("[('a', '<i4')]" in str(e.value)) == (array.dtype.names is not None), e.value
         assert not (tmp_path / "x.safetensors").exists()
     assert list(tmp_path.iterdir()) == [tmp_path / "test.lv"]  # no temporary left
 
@@ -1037,10 +1039,13 @@ def test_break_it_regressions(tmp_path: Path) -> None:
     """Found by a break-it trial of the interop layer."""
     with lv.Store.open(tmp_path / "s.lv", allow_pickle=True) as store:
         # a missing path: StorageError (an OSError), store unchanged; a directory
-        # holding only the store itself: nothing to import (stores are skipped)
+        # holding only the store itself: nothing to import (stores are skipped),
+        # refused
         with pytest.raises(lv.StorageError):
             store.import_file(tmp_path / "missing.npy")
-        assert store.import_file(tmp_path) == [] and len(store) == 0
+        with pytest.raises(lv.InteropError, match="nothing to import"):
+            store.import_file(tmp_path)
+        assert len(store) == 0
         # export to npz/safetensors refuses what only pickle can hold
         store["r"] = {"x": np.arange(2.0), "tags": {"a"}}
         for ext in ("npz", "safetensors"):
@@ -1274,12 +1279,42 @@ def test_bad_limits_name_the_parameter(
     assert store.import_file(tmp_path / "a.npy", max_ratio=np.int64(5), max_header_size=200)
 
 
+def test_a_path_that_is_no_path_names_the_parameter(store: lv.Store, tmp_path: Path) -> None:
+    # os.fspath's TypeError ("expected str, bytes or os.PathLike object, not
+    # NoneType") named no parameter
+    np.save(tmp_path / "ok.npy", np.arange(3))
+    for bad, shown in [(None, "None"), (3, "int"), ([tmp_path / "ok.npy", None], "None")]:
+        message = f"^path must be a path or a list of paths, not {shown}$"
+        with pytest.raises(TypeError, match=message):
+            store.import_file(bad)  # type: ignore[arg-type]
+    assert len(store) == 0
+
+
+def test_the_same_file_twice_is_named_as_such(store: lv.Store, tmp_path: Path) -> None:
+    # was reported as two files giving one key
+    np.save(tmp_path / "a.npy", np.arange(3))
+    for second in (tmp_path / "a.npy", tmp_path / "." / "a.npy", tmp_path):
+        with pytest.raises(lv.InteropError, match=r"a\.npy is given twice.*the same file"):
+            store.import_file([tmp_path / "a.npy", second])
+    assert len(store) == 0
+
+
+def test_an_empty_directory_is_nothing_to_import(store: lv.Store, tmp_path: Path) -> None:
+    # imported nothing, silently (and the command line created an empty store)
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    (tmp_path / "empty" / "notes.txt").write_text("not an array file")
+    message = r"empty: no \.npy, \.npz, \.safetensors or \.lvz file under this directory"
+    with pytest.raises(lv.InteropError, match=message):
+        store.import_file(tmp_path / "empty")
+    with pytest.raises(lv.InteropError, match="nothing to import"):
+        store.import_file([])
+    assert len(store) == 0
+
+
 def test_file_names_as_bytes_and_not_utf8(store: lv.Store, tmp_path: Path) -> None:
     np.save(tmp_path / "ok.npy", np.arange(3))
-    # a bytes path, as os.fspath accepts it; not a path at all: os.fspath's TypeError
+    # a bytes path, as os.fspath accepts it
     assert store.import_file(os.fsencode(tmp_path / "ok.npy")) == ["ok"]
-    with pytest.raises(TypeError, match=r"os\.PathLike object, not NoneType"):
-        store.import_file(None)  # type: ignore[arg-type]
     # a file name of non-UTF-8 bytes (PEP 383 surrogates in str) cannot be a
     # key: refused naming the file, before anything is written, also inside
     # a directory; with key= it imports

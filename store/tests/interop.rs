@@ -981,6 +981,28 @@ fn keys_of_several_files_must_not_collide() {
 }
 
 #[test]
+fn a_file_given_twice_is_named_as_such() {
+    // was reported as two files giving one key
+    let fx = Fixture::new();
+    let npy = fx.file("a.npy", &npy_file("'<f8'", &[1], &f8(&[7.0])));
+    let other = fx.dir.path().join(".").join("a.npy");
+    for (second, key) in [(&npy, "a"), (&other, "b")] {
+        let err = fx.import_all(&[(&npy, "a"), (second, key)]).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            matches!(err, Error::Interop(InteropError::Unsupported(_))),
+            "{err:?}"
+        );
+        assert!(
+            msg.contains("given twice") && msg.contains("a.npy"),
+            "{msg}"
+        );
+    }
+    assert!(fx.store.keys().unwrap().is_empty());
+    assert!(fx.payload_files().is_empty());
+}
+
+#[test]
 fn several_files_are_imported_all_or_nothing() {
     // a directory import failing on its 3rd file kept the first two
     let fx = Fixture::new();

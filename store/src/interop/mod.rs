@@ -298,7 +298,9 @@ pub struct ImportSource<'a> {
 /// [`InteropError::Unsupported`](crate::InteropError::Unsupported) for `key`
 /// given with a file of several records;
 /// [`InteropError::KeyCollision`](crate::InteropError::KeyCollision) when two
-/// files give the same key; [`UsageError::Cancelled`](crate::UsageError::Cancelled);
+/// files give the same key;
+/// [`InteropError::Unsupported`](crate::InteropError::Unsupported) for a file
+/// given twice; [`UsageError::Cancelled`](crate::UsageError::Cancelled);
 /// and the errors of [`Store::put_staged`] (free space first). On any error
 /// the store is as it was.
 pub fn import_files(
@@ -356,8 +358,24 @@ fn plan_file(source: &ImportSource<'_>, options: &ImportOptions) -> Result<FileP
     })
 }
 
-/// Refuses two files of one import that give the same key.
+/// Refuses a file given twice (the same file by two paths included), then
+/// two files of one import that give the same key.
 fn check_collisions(plans: &[FilePlan]) -> Result<()> {
+    let mut files: HashMap<PathBuf, &Path> = HashMap::new();
+    for plan in plans {
+        let real = std::fs::canonicalize(&plan.path).map_err(Error::io(&plan.path))?;
+        if let Some(first) = files.insert(real, &plan.path) {
+            let again = if first == plan.path {
+                String::new()
+            } else {
+                format!(" (as {})", plan.path.display())
+            };
+            return Err(Error::from(crate::InteropError::Unsupported(format!(
+                "{} is given twice{again}: the same file, give it once",
+                first.display()
+            ))));
+        }
+    }
     let mut seen: HashMap<&str, &Path> = HashMap::new();
     for plan in plans {
         for r in &plan.records {

@@ -123,6 +123,17 @@ pub(crate) fn tensor_kind(descr: &str, kept: Option<&str>) -> Option<TensorKind>
     })
 }
 
+/// An array's dtype as a message shows it: numpy's name, or the descr for
+/// a structured or opaque (`void`) dtype, whose name (`void640`) says
+/// nothing of its fields.
+fn shown_dtype(entry: &ArrayEntry) -> String {
+    if entry.dtype.starts_with("void") || entry.descr.starts_with('[') {
+        entry.descr.clone()
+    } else {
+        entry.dtype.clone()
+    }
+}
+
 /// One tensor to write.
 struct Tensor<'a> {
     name: String,
@@ -170,7 +181,7 @@ fn tensors(records: &[ExportRecord]) -> Result<Vec<Tensor<'_>>> {
                     detail: format!(
                         "dtype {} has no safetensors equivalent (safetensors holds bool, \
                      (u)int8-64, float16/32/64, little-endian complex64, and BF16/F8 raw bits)",
-                        entry.dtype
+                        shown_dtype(entry)
                     ),
                 })
             })?;
