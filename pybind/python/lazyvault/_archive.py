@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
 from collections.abc import Iterable
 from typing import Any
 
@@ -14,7 +15,14 @@ import numpy as np
 from . import _layout, _lazyvault
 from ._display import RecordsDisplay
 from ._source import array_entry, corrupt_array, load_array
-from .errors import ClosedError, CorruptError, LazyvaultError, MissingKeyError, ReadOnlyError
+from .errors import (
+    ClosedError,
+    CorruptError,
+    LazyvaultError,
+    MissingKeyError,
+    NotAStoreError,
+    ReadOnlyError,
+)
 from .record import Record
 from .store import Handle, Store, check_allow_pickle, check_key, plug_file_opener, raw_record
 
@@ -176,14 +184,31 @@ def open_archive(path: str | os.PathLike[str], allow_pickle: bool = False) -> Ar
     return Archive(_lazyvault.ArchiveCore.open(path), allow_pickle, path)
 
 
+def _zip_without_manifest(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a readable zip without the archive manifest (a damaged one is not)."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            return "lazyvault/manifest.json" not in zf.namelist()
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return False
+
+
 def open_if_archive(
     path: str | os.PathLike[str], mode: str | None, allow_pickle: bool
 ) -> Archive | None:
     """What ``Store.open`` opens for a file that starts like a zip (whatever its extension): the
-    archive, read-only, or :class:`ReadOnlyError` for a mode other than ``"r"``; ``None`` for
+    archive, read-only, or :class:`ReadOnlyError` for a mode other than ``"r"``;
+    :class:`NotAStoreError` for a zip without the archive manifest (an ``.npz``); ``None`` for
     anything else."""
     if not is_archive_file(path):
         return None
+    if _zip_without_manifest(path):  # an .npz, say: not damaged, just no store
+        error = NotAStoreError(
+            f"{os.fspath(path)}: a zip file that is neither a lazyvault store nor a .lvz archive "
+            "(no lazyvault/manifest.json member); import its arrays with store.import_file(path)"
+        )
+        error.path = os.fspath(path)
+        raise error
     if mode not in (None, "r"):
         raise ReadOnlyError(
             f"{os.fspath(path)!r} is a .lvz archive, which is read-only: open it with "
