@@ -205,6 +205,30 @@ def test_verify_problems_exit_1(small_store: Path) -> None:
     assert report["ok"] is False and len(report["problems"]) == 1
 
 
+def test_verify_counts_a_failed_checksum_as_compared(small_store: Path) -> None:
+    # one checksum compared and failed was printed as "0 checksums"
+    proc = cli("verify", small_store)
+    assert ", 4 checksums compared\n" in proc.stdout, proc.stdout
+    victim = next((small_store / "arrays").rglob("*.npy"))
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 1  # header and size still match: only the checksum tells
+    victim.write_bytes(bytes(data))
+    proc = cli("verify", small_store)
+    assert proc.returncode == 1
+    assert ": 1 problem(s): 5 records, 4 arrays checked, 4 checksums compared, 1 mismatch\n" in (
+        proc.stdout
+    )
+    report = json.loads(cli("verify", small_store, "--json").stdout)
+    assert (report["checksummed"], report["checksum_mismatches"]) == (4, 1)
+    with lv.Store.open(small_store, mode="r") as store:
+        report = store.verify(progress=False)
+        assert (report["checksummed"], report["checksum_mismatches"]) == (4, 1)
+        assert len(report["problems"]) == 1 and "checksum" in report["problems"][0]
+        quick = store.verify(checksums=False, progress=False)
+        assert (quick["checksummed"], quick["checksum_mismatches"]) == (0, 0)
+    assert ", 0 checksums compared\n" in cli("verify", small_store, "--quick").stdout
+
+
 def test_gc_removes_orphans(small_store: Path) -> None:
     original = next((small_store / "arrays").rglob("*.npy"))
     orphan = small_store / "arrays" / "ab" / ("ab" + "0" * 30 + ".npy")
@@ -398,6 +422,18 @@ def test_import_of_several_files_is_all_or_nothing(tmp_path: Path) -> None:
     assert cli("import", store, objects, "--allow-pickle").returncode == 0
     with lv.Store.open(store, mode="r", allow_pickle=True) as s:
         assert sorted(s) == ["good", "objects"] and s["objects"].data[0] == {"a": 1}
+
+
+def test_import_of_an_empty_directory_or_a_file_twice_creates_no_store(tmp_path: Path) -> None:
+    # an empty directory created an empty store; a file twice was "a key collision"
+    (tmp_path / "empty").mkdir()
+    np.save(tmp_path / "a.npy", np.arange(3))
+    store = tmp_path / "s.lv"
+    assert_error(cli("import", store, tmp_path / "empty"), 1, "nothing to import")
+    assert not store.exists()
+    proc = cli("import", store, tmp_path / "a.npy", tmp_path / "a.npy")
+    assert_error(proc, 1, "a.npy is given twice")
+    assert not store.exists()
 
 
 def test_gc_and_repair_refuse_an_archive(small_store: Path, tmp_path: Path) -> None:

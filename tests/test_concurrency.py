@@ -302,6 +302,7 @@ def test_two_processes_alternate_200_hand_offs(store_path: Path) -> None:
             "records": 200,
             "arrays": 200,
             "checksummed": 200,
+            "checksum_mismatches": 0,
             "problems": [],
             "orphans": [],
         }

@@ -44,14 +44,16 @@ def fill_golden(store: lv.Store) -> None:
 
 
 # sha256 of the files the former Python writer (zipfile, json.dumps, struct;
-# lazyvault before issue 12) wrote for fill_golden's store.
+# lazyvault before issue 12) wrote for fill_golden's store; g2.safetensors
+# since issue 13 also lists the records in its "lazyvault" metadata entry
+# (without that list, the bytes are still the former writer's).
 GOLDEN = {
     "g.npz": ({}, "0c1f1cc04ce51362fbb29da4b457bc4c93422eda802314d83434b547cb8d632f"),
     "g1.safetensors": (
         {"keys": ["run-1"]},
         "fcf814c1a5bde8106006e959517e57b7d1e71b13982dd4564f7f91b9b4ef5be5",
     ),
-    "g2.safetensors": ({}, "fb61e1c7f84807659b26012cce97a1f6d7def63904a958966e0e2f2db80dd33d"),
+    "g2.safetensors": ({}, "7a03d9b524357d379261007383d3d1ccfb9a056c06036496792e71b66808d9b7"),
 }
 
 

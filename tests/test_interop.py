@@ -764,15 +764,69 @@ def test_safetensors_round_trip_with_non_string_metadata(store: lv.Store, tmp_pa
 
 
 def test_safetensors_export_of_several_records(store: lv.Store, tmp_path: Path) -> None:
-    store["a"] = {"x": 1, "w": np.ones(2, "f4")}
-    store["b"] = {"y": "two", "w": np.zeros(3, "f4")}
+    # came back as one record of tensors "a/w", "b/w" whose "__metadata__"
+    # held every record's metadata, although the file carries our marker
+    store["a"] = {"x": 1, "w": np.ones(2, "f4"), "t": (1, "u"), "nan": math.nan}
+    store["b"] = {"y": "two", "w": np.zeros(3, ">f8"), "deep": {"v": np.arange(2, dtype="i2")}}
     store["c"] = {"skip": True}
     store.export(tmp_path / "ab.safetensors", query="exists(w)")
     header, _ = raw_safetensors_header(tmp_path / "ab.safetensors")
-    assert sorted(k for k in header if k != "__metadata__") == ["a/w", "b/w"]
-    store.import_file(tmp_path / "ab.safetensors", key="ab")
-    assert store["ab"].meta == {"__metadata__": {"a": {"x": 1}, "b": {"y": "two"}}}
-    assert store["ab"].array("b/w").tolist() == [0.0, 0.0, 0.0]
+    assert sorted(k for k in header if k != "__metadata__") == ["a/w", "b/deep/v", "b/w"]
+    with lv.Store.open(tmp_path / "back.lv") as back:
+        with pytest.raises(lv.InteropError, match="2 records; key= renames a single"):
+            back.import_file(tmp_path / "ab.safetensors", key="ab")
+        assert list(back) == []
+        assert back.import_file(tmp_path / "ab.safetensors") == ["a", "b"]
+        assert list(back) == ["a", "b"]
+        for key in ("a", "b"):
+            assert back[key].meta == store[key].meta
+            assert back[key]._record["layout"] == store[key]._record["layout"]
+            assert set(back[key].arrays) == set(store[key].arrays)
+        a, b = back["a"].load(), back["b"].load()
+        assert a["t"] == (1, "u") and math.isnan(a["nan"]) and a["w"].tolist() == [1.0, 1.0]
+        assert b["y"] == "two" and b["w"].dtype == np.dtype("<f8")  # written little-endian
+        assert b["deep"]["v"].tolist() == [0, 1]
+
+
+def test_safetensors_of_other_tools_stays_one_record(store: lv.Store, tmp_path: Path) -> None:
+    # without our marker's record list, names with "/" are just names
+    path = tmp_path / "o.safetensors"
+    tensors = {"a/w": ("U8", (1,), b"\x01"), "b/w": ("U8", (1,), b"\x02")}
+    path.write_bytes(safetensors_bytes(tensors, {"a": '{"x": 1}'}))
+    assert store.import_file(path, key="o") == ["o"]
+    assert store["o"].meta == {"__metadata__": {"a": '{"x": 1}'}}
+    assert sorted(store["o"].arrays) == ["a/w", "b/w"]
+
+
+def test_safetensors_without_metadata_and_with_an_empty_map_import_alike(
+    store: lv.Store, tmp_path: Path
+) -> None:
+    # no __metadata__ gave no field, {} gave the field {}
+    tensors = {"w": ("F32", (1,), b"\x00\x00\x80\x3f")}
+    (tmp_path / "none.safetensors").write_bytes(safetensors_bytes(tensors))
+    (tmp_path / "empty.safetensors").write_bytes(safetensors_bytes(tensors, {}))
+    assert raw_safetensors_header(tmp_path / "empty.safetensors")[0]["__metadata__"] == {}
+    store.import_file(tmp_path / "none.safetensors", key="none")
+    store.import_file(tmp_path / "empty.safetensors", key="empty")
+    assert store["none"].meta == store["empty"].meta == {}
+    assert store["none"]._record["layout"] == store["empty"]._record["layout"]
+    assert store["empty"].load()["w"].tolist() == [1.0]
+
+
+def test_real_minilm_in_a_several_record_export(
+    store: lv.Store, minilm_safetensors: Path, tmp_path: Path
+) -> None:
+    # a real file's record, exported beside another one, comes back whole
+    store.import_file(minilm_safetensors, key="model")
+    store["config"] = {"dim": 384, "w": np.arange(3, dtype="f4")}
+    store.export(tmp_path / "both.safetensors")
+    with lv.Store.open(tmp_path / "back.lv") as back:
+        assert back.import_file(tmp_path / "both.safetensors") == ["config", "model"]
+        assert back["model"].meta == {"__metadata__": {"format": "pt"}}
+        assert back["config"].meta == {"dim": 384}
+        assert set(back["model"].arrays) == set(store["model"].arrays)
+        for name in sorted(store["model"].arrays)[::13]:
+            assert_same_array(back["model"].array(name), store["model"].array(name))
 
 
 def test_safetensors_export_refuses_unsupported_dtypes(store: lv.Store, tmp_path: Path) -> None:
@@ -786,8 +840,10 @@ def test_safetensors_export_refuses_unsupported_dtypes(store: lv.Store, tmp_path
         ]
     ):
         store[f"k{i}"] = {"a": array}
-        with pytest.raises(lv.InvalidArrayError, match="no safetensors equivalent"):
+        with pytest.raises(lv.InvalidArrayError, match="no safetensors equivalent") as e:
             store.export(tmp_path / "x.safetensors", keys=[f"k{i}"])
+        # a structured dtype is named by its fields, not numpy's name "void32"
+        assert ("[('a', '<i4')]" in str(e.value)) == (array.dtype.names is not None), e.value
         assert not (tmp_path / "x.safetensors").exists()
     assert list(tmp_path.iterdir()) == [tmp_path / "test.lv"]  # no temporary left
 
@@ -983,10 +1039,13 @@ def test_break_it_regressions(tmp_path: Path) -> None:
     """Found by a break-it trial of the interop layer."""
     with lv.Store.open(tmp_path / "s.lv", allow_pickle=True) as store:
         # a missing path: StorageError (an OSError), store unchanged; a directory
-        # holding only the store itself: nothing to import (stores are skipped)
+        # holding only the store itself: nothing to import (stores are skipped),
+        # refused
         with pytest.raises(lv.StorageError):
             store.import_file(tmp_path / "missing.npy")
-        assert store.import_file(tmp_path) == [] and len(store) == 0
+        with pytest.raises(lv.InteropError, match="nothing to import"):
+            store.import_file(tmp_path)
+        assert len(store) == 0
         # export to npz/safetensors refuses what only pickle can hold
         store["r"] = {"x": np.arange(2.0), "tags": {"a"}}
         for ext in ("npz", "safetensors"):
@@ -1220,12 +1279,42 @@ def test_bad_limits_name_the_parameter(
     assert store.import_file(tmp_path / "a.npy", max_ratio=np.int64(5), max_header_size=200)
 
 
+def test_a_path_that_is_no_path_names_the_parameter(store: lv.Store, tmp_path: Path) -> None:
+    # os.fspath's TypeError ("expected str, bytes or os.PathLike object, not
+    # NoneType") named no parameter
+    np.save(tmp_path / "ok.npy", np.arange(3))
+    for bad, shown in [(None, "None"), (3, "int"), ([tmp_path / "ok.npy", None], "None")]:
+        message = f"^path must be a path or a list of paths, not {shown}$"
+        with pytest.raises(TypeError, match=message):
+            store.import_file(bad)  # type: ignore[arg-type]
+    assert len(store) == 0
+
+
+def test_the_same_file_twice_is_named_as_such(store: lv.Store, tmp_path: Path) -> None:
+    # was reported as two files giving one key
+    np.save(tmp_path / "a.npy", np.arange(3))
+    for second in (tmp_path / "a.npy", tmp_path / "." / "a.npy", tmp_path):
+        with pytest.raises(lv.InteropError, match=r"a\.npy is given twice.*the same file"):
+            store.import_file([tmp_path / "a.npy", second])
+    assert len(store) == 0
+
+
+def test_an_empty_directory_is_nothing_to_import(store: lv.Store, tmp_path: Path) -> None:
+    # imported nothing, silently (and the command line created an empty store)
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    (tmp_path / "empty" / "notes.txt").write_text("not an array file")
+    message = r"empty: no \.npy, \.npz, \.safetensors or \.lvz file under this directory"
+    with pytest.raises(lv.InteropError, match=message):
+        store.import_file(tmp_path / "empty")
+    with pytest.raises(lv.InteropError, match="nothing to import"):
+        store.import_file([])
+    assert len(store) == 0
+
+
 def test_file_names_as_bytes_and_not_utf8(store: lv.Store, tmp_path: Path) -> None:
     np.save(tmp_path / "ok.npy", np.arange(3))
-    # a bytes path, as os.fspath accepts it; not a path at all: os.fspath's TypeError
+    # a bytes path, as os.fspath accepts it
     assert store.import_file(os.fsencode(tmp_path / "ok.npy")) == ["ok"]
-    with pytest.raises(TypeError, match=r"os\.PathLike object, not NoneType"):
-        store.import_file(None)  # type: ignore[arg-type]
     # a file name of non-UTF-8 bytes (PEP 383 surrogates in str) cannot be a
     # key: refused naming the file, before anything is written, also inside
     # a directory; with key= it imports

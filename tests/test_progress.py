@@ -152,7 +152,36 @@ def test_verify_takes_the_same_progress(store: lv.Store) -> None:
     store.update(objects(3))
     calls, report = recorder()
     assert store.verify(progress=report)["ok"]
-    assert calls and calls[-1] == (3, 3)
+    # the total first (the first report came after the first record)
+    assert calls[0] == (0, 3) and calls[-1] == (3, 3)
+
+
+# -- bars show their total from the first report -------------------------------------
+
+
+@pytest.mark.parametrize("operation", ["update", "verify", "export", "import", "gc"])
+def test_a_bar_shows_its_total_at_once(
+    store: lv.Store, tmp_path: Path, capsys: pytest.CaptureFixture[str], operation: str
+) -> None:
+    # the bar began without a total and showed it only on a later redraw
+    # (tqdm redraws on progress, at most every 0.1 s): "0 record [...]"
+    if operation != "update":
+        store.update(objects(3), progress=False)
+        store.export(tmp_path / "in.npz", progress=False)
+    if operation == "update":
+        store.update(objects(3), progress=True)
+    elif operation == "verify":
+        store.verify(progress=True)
+    elif operation == "export":
+        store.export(tmp_path / "out.safetensors", progress=True)
+    elif operation == "import":
+        with lv.Store.open(tmp_path / "back.lv") as back:
+            back.import_file(tmp_path / "in.npz", progress=True)
+    else:
+        store.gc(progress=True)
+    total = {"update": 3, "verify": 3, "export": 6, "import": 6, "gc": 1}[operation]
+    err = capsys.readouterr().err
+    assert f"| 0/{total} [" in err, err
 
 
 # -- importing a directory --------------------------------------------------------------

@@ -103,6 +103,7 @@ pub fn verify_report<'py>(py: Python<'py>, r: &VerifyReport) -> PyResult<Bound<'
     d.set_item("records", r.records)?;
     d.set_item("arrays", r.arrays)?;
     d.set_item("checksummed", r.checksummed)?;
+    d.set_item("checksum_mismatches", r.checksum_mismatches)?;
     d.set_item("problems", &r.problems)?;
     let orphans: Vec<String> = r
         .orphans

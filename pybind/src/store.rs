@@ -308,7 +308,10 @@ impl StoreCore {
         let mut last = std::time::Instant::now();
         let report = py.detach(|| {
             self.inner.verify_with(checksums, &mut |done, total| {
-                if last.elapsed() < std::time::Duration::from_millis(100) && done < total {
+                if last.elapsed() < std::time::Duration::from_millis(100)
+                    && 0 < done
+                    && done < total
+                {
                     return true;
                 }
                 last = std::time::Instant::now();

@@ -126,9 +126,12 @@ pub struct VerifyReport {
     pub records: u64,
     /// Payloads checked.
     pub arrays: u64,
-    /// Payloads whose data was hashed and matched the checksum recorded at
-    /// write time (a mismatch is a problem instead).
+    /// Payloads whose data was hashed and compared with the checksum
+    /// recorded at write time, matching or not.
     pub checksummed: u64,
+    /// Of those, the payloads whose checksum did not match (each is also
+    /// one of the `problems`).
+    pub checksum_mismatches: u64,
     /// One line per damaged or missing payload, undecodable record, or
     /// disagreement between the index and the journal.
     pub problems: Vec<String>,

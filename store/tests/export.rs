@@ -178,6 +178,62 @@ fn safetensors_is_little_endian_c_order_sorted_by_itemsize() {
 }
 
 #[test]
+fn safetensors_of_several_records_imports_back_as_those_records() {
+    // came back as one record "k" of tensors "a/x"..., the records' metadata
+    // as one "__metadata__" map, although the file carries our marker
+    use lazyvault_store::interop::{import_file, ImportHooks, ImportOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let (store, f8, _, u1) = filled(dir.path());
+    let path = dir.path().join("out.safetensors");
+    safetensors::export_safetensors(&store, &path, &keys(&store), &mut no_progress()).unwrap();
+    let back = Store::open(dir.path().join("back.lv"), Mode::Append).unwrap();
+    let import = |key: Option<&str>| {
+        let options = ImportOptions::default();
+        import_file(
+            &back,
+            &path,
+            key,
+            "k",
+            &options,
+            &mut ImportHooks::default(),
+        )
+    };
+    // key= renames a single record only: refused, nothing written
+    let err = import(Some("x")).unwrap_err();
+    assert!(
+        matches!(&err, Error::Interop(InteropError::Unsupported(m)) if m.contains("2 records")),
+        "{err}"
+    );
+    assert!(back.keys().unwrap().is_empty());
+    assert_eq!(import(None).unwrap(), ["../b", "a"]);
+    assert_eq!(keys(&back), keys(&store));
+    for key in keys(&store) {
+        let (was, now) = (
+            store.get(&key).unwrap().unwrap(),
+            back.get(&key).unwrap().unwrap(),
+        );
+        assert_eq!(now.meta, was.meta, "{key}");
+        assert_eq!(now.layout, was.layout, "{key}");
+        let paths = |r: &lazyvault_schema::Record| r.arrays.keys().cloned().collect::<Vec<_>>();
+        assert_eq!(paths(&now), paths(&was), "{key}");
+    }
+    let bytes = |key: &str, name: &str| {
+        let record = back.get(key).unwrap().unwrap();
+        lazyvault_store::map_payload(back.root(), &record.arrays[name])
+            .unwrap()
+            .as_bytes()
+            .to_vec()
+    };
+    assert_eq!(bytes("a", "x"), f8);
+    assert_eq!(bytes("../b", "big"), u1);
+    // the big-endian Fortran-ordered array comes back little-endian, C order
+    let w = back.get("a").unwrap().unwrap().arrays["w"].clone();
+    assert_eq!((w.descr.as_str(), w.fortran_order), ("'<i2'", false));
+    let c: Vec<u8> = (0..6i16).flat_map(i16::to_le_bytes).collect();
+    assert_eq!(bytes("a", "w"), c);
+}
+
+#[test]
 fn a_vanished_payload_names_everything_and_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let (store, ..) = filled(dir.path());

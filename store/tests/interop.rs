@@ -566,6 +566,102 @@ fn safetensors_tensors_metadata_and_raw_bits() {
 }
 
 #[test]
+fn safetensors_without_metadata_and_with_an_empty_map_import_alike() {
+    // no "__metadata__" gave no field, `{}` gave the field {}
+    let fx = Fixture::new();
+    let tensor = json!({"dtype": "U8", "shape": [2], "data_offsets": [0, 2]});
+    let none = fx.file(
+        "none.safetensors",
+        &safetensors(json!({"w": tensor}), &[1, 2]),
+    );
+    let empty = safetensors(json!({"__metadata__": {}, "w": tensor}), &[1, 2]);
+    let empty = fx.file("empty.safetensors", &empty);
+    fx.import_with(&none, Some("none"), &ImportOptions::default())
+        .unwrap();
+    fx.import_with(&empty, Some("empty"), &ImportOptions::default())
+        .unwrap();
+    let (a, b) = (
+        fx.store.get("none").unwrap().unwrap(),
+        fx.store.get("empty").unwrap().unwrap(),
+    );
+    assert!(a.meta.is_empty(), "{:?}", a.meta);
+    assert_eq!((&b.meta, &b.layout), (&a.meta, &a.layout));
+}
+
+#[test]
+fn safetensors_records_marker_must_match_the_file() {
+    // our export of several records lists them in its marker; a file whose
+    // tensors or metadata do not match its list is refused, naming what
+    let fx = Fixture::new();
+    let t = |begin: u64| json!({"dtype": "U8", "shape": [1], "data_offsets": [begin, begin + 1]});
+    let file = |records: serde_json::Value, metadata: serde_json::Value| {
+        let marker = json!({"version": 1, "json": ["a", "b"], "fields": [], "records": records});
+        let mut metadata = metadata.as_object().unwrap().clone();
+        metadata.insert("lazyvault".into(), marker.to_string().into());
+        safetensors(
+            json!({"__metadata__": metadata, "a/x": t(0), "b/y": t(1)}),
+            &[1, 2],
+        )
+    };
+    let layout = |p: &str| json!({"dict": {p: {"array": p}}});
+    let good = json!([
+        {"key": "a", "arrays": ["x"], "layout": layout("x")},
+        {"key": "b", "arrays": ["y"], "layout": layout("y")}
+    ]);
+    let meta = json!({"a": "{}", "b": r#"{"n": 1}"#});
+    for (records, metadata, part) in [
+        (json!({}), meta.clone(), "'records' is not a list"),
+        (
+            json!([{"key": "a", "arrays": ["x"], "layout": layout("x")}]),
+            meta.clone(),
+            "tensor 'b/y' belongs to no record",
+        ),
+        (
+            json!([
+                {"key": "a", "arrays": ["x", "z"], "layout": layout("x")},
+                {"key": "b", "arrays": ["y"], "layout": layout("y")}
+            ]),
+            meta.clone(),
+            "record 'a': no tensor 'a/z'",
+        ),
+        (
+            json!([
+                {"key": "a", "arrays": ["x"], "layout": layout("x")},
+                {"key": "a", "arrays": ["y"], "layout": layout("y")}
+            ]),
+            meta.clone(),
+            "duplicate key",
+        ),
+        (
+            json!([
+                {"key": "a", "arrays": ["x"], "layout": layout("y")},
+                {"key": "b", "arrays": ["y"], "layout": layout("y")}
+            ]),
+            meta.clone(),
+            "record 'a': bad or missing layout",
+        ),
+        (
+            good.clone(),
+            json!({"a": "{}", "b": "[1]"}),
+            "record 'b': __metadata__ holds no JSON object",
+        ),
+        (
+            good.clone(),
+            json!({"a": "{}", "b": "{}", "c": "x"}),
+            "__metadata__ entry 'c' belongs to no record",
+        ),
+    ] {
+        fx.refused(&file(records, metadata), &["lazyvault", part]);
+    }
+    let path = fx.file("good.safetensors", &file(good, meta));
+    assert_eq!(fx.import(&path).unwrap(), ["a", "b"]);
+    let b = fx.store.get("b").unwrap().unwrap();
+    assert_eq!(serde_json::Value::Object(b.meta), json!({"n": 1}));
+    assert_eq!(fx.bytes("b", "y"), [2]);
+    assert_eq!(fx.bytes("a", "x"), [1]);
+}
+
+#[test]
 fn safetensors_refusals() {
     let fx = Fixture::new();
     let t = |dtype: &str, shape: serde_json::Value, offsets: serde_json::Value| json!({"dtype": dtype, "shape": shape, "data_offsets": offsets});
@@ -879,6 +975,28 @@ fn keys_of_several_files_must_not_collide() {
     let msg = err.to_string();
     for part in ["'a'", "a.npy", "b.lvz"] {
         assert!(msg.contains(part), "{msg} lacks {part}");
+    }
+    assert!(fx.store.keys().unwrap().is_empty());
+    assert!(fx.payload_files().is_empty());
+}
+
+#[test]
+fn a_file_given_twice_is_named_as_such() {
+    // was reported as two files giving one key
+    let fx = Fixture::new();
+    let npy = fx.file("a.npy", &npy_file("'<f8'", &[1], &f8(&[7.0])));
+    let other = fx.dir.path().join(".").join("a.npy");
+    for (second, key) in [(&npy, "a"), (&other, "b")] {
+        let err = fx.import_all(&[(&npy, "a"), (second, key)]).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            matches!(err, Error::Interop(InteropError::Unsupported(_))),
+            "{err:?}"
+        );
+        assert!(
+            msg.contains("given twice") && msg.contains("a.npy"),
+            "{msg}"
+        );
     }
     assert!(fx.store.keys().unwrap().is_empty());
     assert!(fx.payload_files().is_empty());

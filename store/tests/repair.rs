@@ -395,7 +395,8 @@ fn verify_reports_damaged_journal_entries_and_payload_checksums() {
         checksum.starts_with("xxh3-64:") && checksum.len() == 8 + 16,
         "{checksum}"
     );
-    assert_eq!(store.verify().unwrap().checksummed, 1);
+    let report = store.verify().unwrap();
+    assert_eq!((report.checksummed, report.checksum_mismatches), (1, 0));
 
     // Flip one data byte: header and size still match, only the checksum tells.
     let payload = path.join(record.arrays["a"].relpath());
@@ -405,6 +406,9 @@ fn verify_reports_damaged_journal_entries_and_payload_checksums() {
     fs::write(&payload, &bytes).unwrap();
     let report = store.verify().unwrap();
     assert_eq!(report.problems.len(), 1);
+    // the one checksum compared is counted, as the one that failed (it
+    // said 0 checksums, as if none had been compared)
+    assert_eq!((report.checksummed, report.checksum_mismatches), (1, 1));
     assert!(
         report.problems[0].contains("checksum"),
         "{:?}",
@@ -434,7 +438,7 @@ fn verify_reports_damaged_journal_entries_and_payload_checksums() {
             true
         })
         .unwrap();
-    assert_eq!(seen, [(1, 1)]);
+    assert_eq!(seen, [(0, 1), (1, 1)]);
 }
 
 #[test]

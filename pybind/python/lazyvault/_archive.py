@@ -14,7 +14,14 @@ import numpy as np
 from . import _layout, _lazyvault
 from ._display import RecordsDisplay
 from ._source import UNTRUSTED, Trust, array_entry, corrupt_array, load_array, trust_of
-from .errors import ClosedError, CorruptError, LazyvaultError, MissingKeyError, ReadOnlyError
+from .errors import (
+    ClosedError,
+    CorruptError,
+    LazyvaultError,
+    MissingKeyError,
+    NotAStoreError,
+    ReadOnlyError,
+)
 from .record import Record
 from .store import Handle, Store, check_key, plug_file_opener, raw_record
 
@@ -178,12 +185,32 @@ def open_archive(
     return Archive(_lazyvault.ArchiveCore.open(path), trust, path)
 
 
+def _zip_without_manifest(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a readable zip without the archive manifest (a damaged one is not): the
+    core reads its central directory; ``npz_has_manifest`` raises for an unreadable zip)."""
+    try:
+        if _lazyvault.detect_format(path) != "npz":
+            return False
+        _lazyvault.npz_has_manifest(path)
+    except (LazyvaultError, OSError):
+        return False
+    return True
+
+
 def open_if_archive(path: str | os.PathLike[str], mode: str | None, trust: Trust) -> Archive | None:
     """What ``Store.open`` opens for a file that starts like a zip (whatever its extension): the
-    archive, read-only, or :class:`ReadOnlyError` for a mode other than ``"r"``; ``None`` for
+    archive, read-only, or :class:`ReadOnlyError` for a mode other than ``"r"``;
+    :class:`NotAStoreError` for a zip without the archive manifest (an ``.npz``); ``None`` for
     anything else."""
     if not is_archive_file(path):
         return None
+    if _zip_without_manifest(path):  # an .npz, say: not damaged, just no store
+        error = NotAStoreError(
+            f"{os.fspath(path)}: a zip file that is neither a lazyvault store nor a .lvz archive "
+            "(no lazyvault/manifest.json member); import its arrays with store.import_file(path)"
+        )
+        error.path = os.fspath(path)
+        raise error
     if mode not in (None, "r"):
         raise ReadOnlyError(
             f"{os.fspath(path)!r} is a .lvz archive, which is read-only: open it with "

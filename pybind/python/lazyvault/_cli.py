@@ -368,7 +368,12 @@ def _cmd_verify(args: argparse.Namespace) -> _Output:
         else:  # a .lvz archive: CRC-32 of every member
             report = store.verify()
     status = "ok" if report["ok"] else f"{len(report['problems'])} problem(s)"
-    checksums = f", {report['checksummed']:,} checksums" if "checksummed" in report else ""
+    checksums = ""
+    if "checksummed" in report:  # archives check CRC-32s instead
+        n, bad = report["checksummed"], report["checksum_mismatches"]
+        checksums = f", {n:,} checksum{'' if n == 1 else 's'} compared"
+        if bad:
+            checksums += f", {bad:,} mismatch{'' if bad == 1 else 'es'}"
     lines = [
         f"{args.path}: {status}: {report['records']:,} records, "
         f"{report['arrays']:,} arrays checked{checksums}",

@@ -130,10 +130,19 @@ def import_file(
     arrays of a ``.npy``/``.npz`` when the store was opened without ``allow_pickle``,
     :class:`StorageError` (``ENOSPC``) when the arrays do not fit on the store's file system
     (checked before writing), ``FileNotFoundError`` (:class:`StorageError` too) for a missing file,
-    ``TypeError`` or ``ValueError`` for a bad ``key``, ``max_header_size`` or ``max_ratio``.
+    ``TypeError`` or ``ValueError`` for a bad ``key``, ``max_header_size`` or ``max_ratio``,
+    ``TypeError`` for a ``path`` that is not a path or a list of paths; :class:`InteropError` for
+    a directory with no file to import or an empty list (nothing is written, and the command
+    line's ``import`` creates no store) and for a file given twice.
     """
     # bytes paths too, as os.fspath accepts them
     items: list[Any] = list(path) if isinstance(path, list | tuple) else [path]
+    for item in items:
+        if not isinstance(item, str | bytes | os.PathLike):
+            shown = "None" if item is None else type(item).__name__
+            raise TypeError(f"path must be a path or a list of paths, not {shown}")
+    if not items:
+        raise InteropError("path is an empty list: nothing to import")
     paths = [os.fsdecode(p) for p in items]
     if key is not None and not isinstance(key, str):
         raise KeyTypeError(f"keys are str, not {type(key).__name__}")
@@ -147,9 +156,14 @@ def import_file(
                 "keyed by their paths, several files by their names"
             )
         if os.path.isdir(item):
+            found = list(_importable_files(item))
+            if not found:
+                raise InteropError(
+                    f"{item}: no .npy, .npz, .safetensors or .lvz file under this directory: "
+                    "nothing to import"
+                )
             files += [
-                (os.fspath(found), None, found.relative_to(item).with_suffix("").as_posix())
-                for found in _importable_files(item)
+                (os.fspath(f), None, f.relative_to(item).with_suffix("").as_posix()) for f in found
             ]
         else:
             files.append((item, key, Path(item).stem if key is None else key))

@@ -46,9 +46,13 @@ def progress_callback(progress: ProgressArg, desc: str, unit: str) -> Iterator[R
     bar = tqdm(desc=desc, unit=unit, total=None, leave=False)
 
     def update(done: int, total: int | None) -> None:
-        if bar.total != total:
-            bar.total = total
+        # every caller reports (0, total) first, as soon as it knows the total:
+        # drawn at once (tqdm redraws only on progress, at most every 0.1 s)
+        changed = bar.total != total
+        bar.total = total
         bar.update(done - bar.n)
+        if changed:
+            bar.refresh()
 
     try:
         yield update

@@ -535,8 +535,10 @@ class Store(Handle, MutableMapping[str, Record]):
         is its record; no record is in the journal alone). Files no record references are orphans
         (``gc()`` removes them). ``progress`` (see :class:`Store`) counts records.
 
-        Returns ``{"ok": bool, "records": int, "arrays": int, "checksummed": int, "problems": [str],
-        "orphans": [path]}``; ``TypeError`` for a non-bool ``checksums``.
+        Returns ``{"ok": bool, "records": int, "arrays": int, "checksummed": int,
+        "checksum_mismatches": int, "problems": [str], "orphans": [path]}``: ``checksummed`` counts
+        the checksums compared, ``checksum_mismatches`` those that differed (each also a problem);
+        ``TypeError`` for a non-bool ``checksums``.
         """
         if not isinstance(checksums, bool):
             raise TypeError(f"checksums must be a bool, not {type(checksums).__name__}")

@@ -42,9 +42,10 @@
 //! `{"data": array}`; a foreign `.npz` one record `{member name without
 //! ".npy": array}`; lazyvault's `.npz` (with the [`NPZ_MANIFEST`] member) a
 //! record per manifest entry under its own key; a `.safetensors` file one
-//! record `{tensor name: array}` plus its `"__metadata__"` map and, for
-//! raw-bit tensors (BF16, F8), `"safetensors_dtypes"`; an `.lvz` its
-//! records under their own keys.
+//! record `{tensor name: array}` plus its `"__metadata__"` map (when not
+//! empty) and, for raw-bit tensors (BF16, F8), `"safetensors_dtypes"`, or,
+//! when lazyvault exported it from several records, those records under
+//! their own keys; an `.lvz` its records under their own keys.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -297,7 +298,9 @@ pub struct ImportSource<'a> {
 /// [`InteropError::Unsupported`](crate::InteropError::Unsupported) for `key`
 /// given with a file of several records;
 /// [`InteropError::KeyCollision`](crate::InteropError::KeyCollision) when two
-/// files give the same key; [`UsageError::Cancelled`](crate::UsageError::Cancelled);
+/// files give the same key;
+/// [`InteropError::Unsupported`](crate::InteropError::Unsupported) for a file
+/// given twice; [`UsageError::Cancelled`](crate::UsageError::Cancelled);
 /// and the errors of [`Store::put_staged`] (free space first). On any error
 /// the store is as it was.
 pub fn import_files(
@@ -339,7 +342,7 @@ fn plan_file(source: &ImportSource<'_>, options: &ImportOptions) -> Result<FileP
     let records = match format {
         Format::Npy => npy::plan(path, key.unwrap_or(default_key), options)?,
         Format::Npz => npz::plan(path, key, default_key, options)?,
-        Format::Safetensors => safetensors::plan(path, key.unwrap_or(default_key))?,
+        Format::Safetensors => safetensors::plan(path, key, default_key)?,
         Format::Lvz => {
             let (mapped, records) = lvz::plan(path, key)?;
             archive = Some(mapped);
@@ -355,8 +358,24 @@ fn plan_file(source: &ImportSource<'_>, options: &ImportOptions) -> Result<FileP
     })
 }
 
-/// Refuses two files of one import that give the same key.
+/// Refuses a file given twice (the same file by two paths included), then
+/// two files of one import that give the same key.
 fn check_collisions(plans: &[FilePlan]) -> Result<()> {
+    let mut files: HashMap<PathBuf, &Path> = HashMap::new();
+    for plan in plans {
+        let real = std::fs::canonicalize(&plan.path).map_err(Error::io(&plan.path))?;
+        if let Some(first) = files.insert(real, &plan.path) {
+            let again = if first == plan.path {
+                String::new()
+            } else {
+                format!(" (as {})", plan.path.display())
+            };
+            return Err(Error::from(crate::InteropError::Unsupported(format!(
+                "{} is given twice{again}: the same file, give it once",
+                first.display()
+            ))));
+        }
+    }
     let mut seen: HashMap<&str, &Path> = HashMap::new();
     for plan in plans {
         for r in &plan.records {

@@ -190,7 +190,7 @@ fn read_manifest<R: Read + Seek>(
 
 /// Whether a JSON value equals Python's `1` (as `==` compares: `1`, `1.0`
 /// and `true` do).
-fn is_one(v: Option<&Value>) -> bool {
+pub(super) fn is_one(v: Option<&Value>) -> bool {
     match v {
         Some(Value::Number(n)) => n.as_f64() == Some(1.0),
         Some(Value::Bool(b)) => *b,
@@ -303,7 +303,7 @@ const LAYOUT_KINDS: [&str; 7] = [
 /// Whether `layout` is a tree of known nodes (FORMAT.md, "Layout") naming
 /// only `paths` as arrays. `object` nodes are allowed: loading them is
 /// gated by `allow_pickle` as for any record.
-fn layout_ok(layout: &Value, paths: &HashSet<&str>) -> bool {
+pub(super) fn layout_ok(layout: &Value, paths: &HashSet<&str>) -> bool {
     let mut stack = vec![layout];
     while let Some(node) = stack.pop() {
         let node = match node {

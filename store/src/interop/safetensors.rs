@@ -19,8 +19,14 @@
 //! (`uint16`, `uint8`), never converted, and their tags are kept in the
 //! record's metadata under `"safetensors_dtypes"`. A `"lazyvault"` entry in
 //! `__metadata__` (written by our export) says which values are JSON we
-//! encoded and which were top-level metadata fields.
+//! encoded and which were top-level metadata fields; in a file exported
+//! from several records it also lists them (`"records"`: key, array paths,
+//! layout), and the file comes back as those records under their keys. A
+//! file without that list (written by other tools, or from one record) is
+//! one record; an empty `__metadata__` gives no `"__metadata__"` field, as
+//! none does.
 
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::Read;
 use std::path::Path;
@@ -29,6 +35,7 @@ use indexmap::IndexMap;
 use serde_json::{Map, Value};
 
 use super::json::parse_strict;
+use super::npz::quoted;
 use super::{flat_record, invalid, shown, Field, PlannedArray, PlannedRecord, Source};
 use crate::error::{Error, Result};
 
@@ -197,8 +204,8 @@ fn check_coverage(tensors: &[Tensor], data_len: u64, what: &str) -> Result<()> {
                 what,
                 format!(
                     "tensors {} and {} overlap ({}-{} and {}-{})",
-                    super::npz::quoted(&a.name),
-                    super::npz::quoted(&t.name),
+                    quoted(&a.name),
+                    quoted(&t.name),
                     a.begin,
                     a.end,
                     t.begin,
@@ -213,7 +220,7 @@ fn check_coverage(tensors: &[Tensor], data_len: u64, what: &str) -> Result<()> {
                     "bytes {end}-{} of the data section belong to no tensor (tensor {} starts at \
                      {}): safetensors tensors cover the data section without gaps",
                     t.begin,
-                    super::npz::quoted(&t.name),
+                    quoted(&t.name),
                     t.begin
                 ),
             ));
@@ -236,7 +243,7 @@ fn check_coverage(tensors: &[Tensor], data_len: u64, what: &str) -> Result<()> {
 
 /// Checks one tensor entry.
 fn check_tensor(file: &str, name: &str, entry: &Value, data_len: u64) -> Result<Tensor> {
-    let what = format!("{file} tensor {}", super::npz::quoted(name));
+    let what = format!("{file} tensor {}", quoted(name));
     let Some(entry) = entry.as_object() else {
         return Err(invalid(&what, "entry is not an object"));
     };
@@ -250,10 +257,7 @@ fn check_tensor(file: &str, name: &str, entry: &Value, data_len: u64) -> Result<
         ));
     }
     let Some((descr, dtype, raw)) = dtype_of(tag) else {
-        return Err(invalid(
-            &what,
-            format!("unknown dtype {}", super::npz::quoted(tag)),
-        ));
+        return Err(invalid(&what, format!("unknown dtype {}", quoted(tag))));
     };
     let shape_value = entry.get("shape").unwrap_or(&Value::Null);
     let shape: Option<Vec<u64>> = shape_value
@@ -318,14 +322,47 @@ fn descr_size(descr: &str) -> u64 {
     digits.parse().unwrap_or(1)
 }
 
+/// Our marker, `{"version": 1, "json": [...], "fields": [...]}` plus, in a
+/// file exported from several records, `"records": [...]`.
+struct Marker {
+    /// Keys of `__metadata__` whose values are JSON we encoded.
+    json: Vec<String>,
+    /// Keys that were top-level metadata fields of the (single) record.
+    fields: Vec<String>,
+    /// `[{"key", "arrays": [array paths], "layout"}, ...]`, unchecked.
+    records: Option<Value>,
+}
+
+/// The marker in `metadata`, or `None` when it has none or one that is not
+/// ours (its text is then kept like any other entry).
+fn marker_of(metadata: Option<&IndexMap<String, String>>) -> Option<Marker> {
+    let doc: Value = serde_json::from_str(metadata?.get(MARKER)?).ok()?;
+    if !super::npz::is_one(doc.get("version")) {
+        return None;
+    }
+    let strings = |key: &str| -> Option<Vec<String>> {
+        doc.get(key)?
+            .as_array()?
+            .iter()
+            .map(|s| s.as_str().map(str::to_owned))
+            .collect()
+    };
+    Some(Marker {
+        json: strings("json")?,
+        fields: strings("fields")?,
+        records: doc.get("records").cloned(),
+    })
+}
+
 /// `(top-level fields, the rest for "__metadata__")` of a file's
 /// `__metadata__`: values our export JSON-encoded are decoded, fields it
 /// lifted from the record go back to the top. Without a valid marker
 /// everything stays text in the rest.
 fn decode_metadata(
     metadata: &IndexMap<String, String>,
+    marker: Option<&Marker>,
 ) -> (Map<String, Value>, Map<String, Value>) {
-    let Some((encoded, fields)) = metadata.get(MARKER).and_then(|m| parse_marker(m)) else {
+    let Some(marker) = marker else {
         let rest = metadata
             .iter()
             .map(|(k, v)| (k.clone(), Value::String(v.clone())))
@@ -335,13 +372,13 @@ fn decode_metadata(
     let mut top = Map::new();
     let mut rest = Map::new();
     for (k, v) in metadata.iter().filter(|(k, _)| *k != MARKER) {
-        let value = if encoded.contains(k) {
+        let value = if marker.json.contains(k) {
             // not ours after all: keep the text
             parse_strict(v.as_bytes()).unwrap_or_else(|_| Value::String(v.clone()))
         } else {
             Value::String(v.clone())
         };
-        if fields.contains(k) {
+        if marker.fields.contains(k) {
             top.insert(k.clone(), value);
         } else {
             rest.insert(k.clone(), value);
@@ -350,33 +387,37 @@ fn decode_metadata(
     (top, rest)
 }
 
-/// Our marker `{"version": 1, "json": [...], "fields": [...]}`, or `None`.
-fn parse_marker(text: &str) -> Option<(Vec<String>, Vec<String>)> {
-    let doc: Value = serde_json::from_str(text).ok()?;
-    let version_one = match doc.get("version") {
-        Some(Value::Number(n)) => n.as_f64() == Some(1.0),
-        Some(Value::Bool(b)) => *b,
-        _ => false,
-    };
-    let strings = |key: &str| -> Option<Vec<String>> {
-        doc.get(key)?
-            .as_array()?
-            .iter()
-            .map(|s| s.as_str().map(str::to_owned))
-            .collect()
-    };
-    version_one.then_some(())?;
-    Some((strings("json")?, strings("fields")?))
+/// The planned array of tensor `t` of a file (`what` names it).
+fn planned_array(header: &Header, t: &Tensor, what: &str) -> PlannedArray {
+    PlannedArray {
+        what: format!("{what} tensor {}", quoted(&t.name)),
+        descr: t.descr.to_owned(),
+        dtype: t.dtype.to_owned(),
+        shape: t.shape.clone(),
+        fortran_order: false,
+        nbytes: t.end - t.begin,
+        header_len: 0,
+        pickled: false,
+        source: Source::Range {
+            offset: header.data_start + t.begin,
+        },
+    }
 }
 
 /// The record a checked header gives (see [`super`]): its metadata fields,
-/// then `"__metadata__"`, `"safetensors_dtypes"`, then the tensors.
-fn plan_record(header: &Header, key: &str, what: &str) -> Result<PlannedRecord> {
+/// then `"__metadata__"` (when not empty: a file without it and one with
+/// `{}` give the same record), `"safetensors_dtypes"`, then the tensors.
+fn plan_record(
+    header: &Header,
+    marker: Option<&Marker>,
+    key: &str,
+    what: &str,
+) -> Result<PlannedRecord> {
     let mut obj = Map::new();
     if let Some(metadata) = &header.metadata {
-        let (top, rest) = decode_metadata(metadata);
+        let (top, rest) = decode_metadata(metadata, marker);
         obj.extend(top);
-        if !rest.is_empty() || !metadata.contains_key(MARKER) {
+        if !rest.is_empty() {
             obj.insert(METADATA_KEY.to_owned(), Value::Object(rest));
         }
     }
@@ -391,34 +432,148 @@ fn plan_record(header: &Header, key: &str, what: &str) -> Result<PlannedRecord> 
     }
     let mut fields: Vec<(String, Field)> =
         obj.into_iter().map(|(k, v)| (k, Field::Json(v))).collect();
-    let mut names: std::collections::HashSet<String> =
-        fields.iter().map(|(k, _)| k.clone()).collect();
+    let mut names: HashSet<String> = fields.iter().map(|(k, _)| k.clone()).collect();
     for t in &header.tensors {
         if !names.insert(t.name.clone()) {
             return Err(invalid(
                 what,
-                format!(
-                    "tensor {} collides with a metadata field",
-                    super::npz::quoted(&t.name)
-                ),
+                format!("tensor {} collides with a metadata field", quoted(&t.name)),
             ));
         }
-        let array = PlannedArray {
-            what: format!("{what} tensor {}", super::npz::quoted(&t.name)),
-            descr: t.descr.to_owned(),
-            dtype: t.dtype.to_owned(),
-            shape: t.shape.clone(),
-            fortran_order: false,
-            nbytes: t.end - t.begin,
-            header_len: 0,
-            pickled: false,
-            source: Source::Range {
-                offset: header.data_start + t.begin,
-            },
-        };
-        fields.push((t.name.clone(), Field::Array(array)));
+        fields.push((t.name.clone(), Field::Array(planned_array(header, t, what))));
     }
     Ok(flat_record(key, fields))
+}
+
+/// The records of a file our export wrote from several records (the
+/// marker's `"records"`): each under its own key (or its only one under
+/// `key`), its metadata the JSON object `__metadata__` holds under that
+/// key, its arrays the tensors `<key>/<array path>` of its `"arrays"`, laid
+/// out by its `"layout"`. Every tensor and every `__metadata__` entry must
+/// belong to a record.
+///
+/// # Errors
+/// [`InteropError::InvalidFile`](crate::InteropError::InvalidFile) when the
+/// records do not match the header;
+/// [`InteropError::Unsupported`](crate::InteropError::Unsupported) for `key`
+/// with several records.
+fn plan_records(
+    header: &Header,
+    records: &Value,
+    key: Option<&str>,
+    what: &str,
+) -> Result<Vec<PlannedRecord>> {
+    let bad = |detail: String| invalid(what, format!("lazyvault's {MARKER:?} metadata: {detail}"));
+    let empty = IndexMap::new();
+    let metadata = header.metadata.as_ref().unwrap_or(&empty);
+    let Some(list) = records.as_array() else {
+        return Err(bad("'records' is not a list".into()));
+    };
+    let tensors: HashMap<&str, &Tensor> = header
+        .tensors
+        .iter()
+        .map(|t| (t.name.as_str(), t))
+        .collect();
+    let mut used: HashSet<&str> = HashSet::new();
+    let mut keys: HashSet<&str> = HashSet::new();
+    let mut out = Vec::with_capacity(list.len());
+    for rec in list {
+        let Some(rec) = rec.as_object() else {
+            return Err(bad("a record is not an object".into()));
+        };
+        let k = match rec.get("key").and_then(Value::as_str) {
+            Some(k) if !k.is_empty() && keys.insert(k) => k,
+            _ => {
+                let shown = rec.get("key").map_or("None".to_owned(), Value::to_string);
+                return Err(bad(format!("bad or duplicate key {shown}")));
+            }
+        };
+        let meta = metadata
+            .get(k)
+            .and_then(|text| parse_strict(text.as_bytes()).ok());
+        let Some(Value::Object(meta)) = meta else {
+            return Err(bad(format!(
+                "record {}: {METADATA_KEY} holds no JSON object under its key",
+                quoted(k)
+            )));
+        };
+        let paths: Option<Vec<&str>> = rec
+            .get("arrays")
+            .and_then(Value::as_array)
+            .and_then(|a| a.iter().map(Value::as_str).collect());
+        let Some(paths) = paths else {
+            return Err(bad(format!(
+                "record {}: 'arrays' is not a list of array paths",
+                quoted(k)
+            )));
+        };
+        let tags = meta.get(TAGS_FIELD).and_then(Value::as_object);
+        let mut arrays = IndexMap::with_capacity(paths.len());
+        for &p in &paths {
+            let name = format!("{k}/{p}");
+            let Some((&name, &t)) = tensors.get_key_value(name.as_str()) else {
+                return Err(bad(format!(
+                    "record {}: no tensor {}",
+                    quoted(k),
+                    quoted(&name)
+                )));
+            };
+            if !used.insert(name) || arrays.contains_key(p) {
+                return Err(bad(format!("tensor {} listed twice", quoted(name))));
+            }
+            let tag = tags.and_then(|m| m.get(p)).and_then(Value::as_str);
+            if t.raw && tag != Some(t.tag.as_str()) {
+                return Err(bad(format!(
+                    "record {}: tensor {} is {} but the record's {TAGS_FIELD:?} does not say so",
+                    quoted(k),
+                    quoted(name),
+                    t.tag
+                )));
+            }
+            arrays.insert(p.to_owned(), planned_array(header, t, what));
+        }
+        let set: HashSet<&str> = paths.iter().copied().collect();
+        let layout = match rec.get("layout") {
+            Some(layout) if super::npz::layout_ok(layout, &set) => layout.clone(),
+            _ => return Err(bad(format!("record {}: bad or missing layout", quoted(k)))),
+        };
+        out.push(PlannedRecord {
+            key: k.to_owned(),
+            meta,
+            layout,
+            arrays,
+            pickle: None,
+        });
+    }
+    if let Some(t) = header
+        .tensors
+        .iter()
+        .find(|t| !used.contains(t.name.as_str()))
+    {
+        return Err(bad(format!(
+            "tensor {} belongs to no record",
+            quoted(&t.name)
+        )));
+    }
+    if let Some(k) = metadata
+        .keys()
+        .find(|k| *k != MARKER && !keys.contains(k.as_str()))
+    {
+        return Err(bad(format!(
+            "{METADATA_KEY} entry {} belongs to no record",
+            quoted(k)
+        )));
+    }
+    if let Some(key) = key {
+        if out.len() != 1 {
+            return Err(Error::from(crate::InteropError::Unsupported(format!(
+                "{what} holds {} records; key= renames a single record only",
+                out.len()
+            ))));
+        }
+        out[0].key = key.to_owned();
+    }
+    Ok(out)
 }
 
 /// Reads and checks the header of the safetensors file at `path`.
@@ -431,10 +586,21 @@ pub fn read_file_header(path: &Path) -> Result<Header> {
     read_header(&mut file, len, &shown(path))
 }
 
-/// Phase 1 of the safetensors file at `path`: one record under `key`,
-/// checked, nothing written.
-pub(crate) fn plan(path: &Path, key: &str) -> Result<Vec<PlannedRecord>> {
+/// Phase 1 of the safetensors file at `path`, checked, nothing written: the
+/// records of a file our export wrote from several records, each under its
+/// own key ([`plan_records`]); otherwise one record under `key`, or
+/// `default_key`.
+pub(crate) fn plan(
+    path: &Path,
+    key: Option<&str>,
+    default_key: &str,
+) -> Result<Vec<PlannedRecord>> {
     let what = shown(path);
     let header = read_file_header(path)?;
-    Ok(vec![plan_record(&header, key, &what)?])
+    let marker = marker_of(header.metadata.as_ref());
+    if let Some(records) = marker.as_ref().and_then(|m| m.records.as_ref()) {
+        return plan_records(&header, records, key, &what);
+    }
+    let key = key.unwrap_or(default_key);
+    Ok(vec![plan_record(&header, marker.as_ref(), key, &what)?])
 }

@@ -86,6 +86,17 @@ fn walk_two_levels(dir: &Path, mut f: impl FnMut(PathBuf, &str, u64)) -> Result<
     Ok(())
 }
 
+/// What [`Store::verify_with`] found hashing one payload.
+enum Hashed {
+    /// No checksum was recorded, or one of an algorithm this version does
+    /// not know: nothing compared.
+    NotCompared,
+    /// The data's checksum is the recorded one.
+    Match,
+    /// It is not: the problem to report.
+    Mismatch(Error),
+}
+
 /// The index checked against the journal replayed up to the index's
 /// position: shared by `verify` (which reports each disagreement) and `gc`
 /// (which refuses to run on any).
@@ -377,8 +388,9 @@ impl Store {
     /// long enough, and with `checksums` the data hashed against the
     /// checksum recorded at write time) and against the journal (the latest
     /// entry of each key is that record; no key is in the journal alone),
-    /// and lists orphan files. `progress(done, total)` is called after each
-    /// record; returning `false` stops the check with [`UsageError::Cancelled`](crate::UsageError::Cancelled).
+    /// and lists orphan files. `progress(done, total)` is called with
+    /// `(0, total)` first, then after each record; returning `false` stops
+    /// the check with [`UsageError::Cancelled`](crate::UsageError::Cancelled).
     /// Writers of this process wait until it returns.
     ///
     /// # Errors
@@ -400,6 +412,7 @@ impl Store {
             _ => None,
         };
         let total = index.len()?;
+        Self::go_on(progress(0, total))?;
         let mut report = VerifyReport::default();
         let mut referenced = HashSet::new();
         let mut check = JournalCheck::new(&self.root, index)?;
@@ -419,8 +432,16 @@ impl Store {
                 report.arrays += 1;
                 referenced.insert(entry.id.clone());
                 let checked = if checksums {
-                    self.verify_checksum(entry)
-                        .map(|hashed| report.checksummed += u64::from(hashed))
+                    self.verify_checksum(entry).and_then(|hashed| {
+                        report.checksummed += u64::from(!matches!(hashed, Hashed::NotCompared));
+                        match hashed {
+                            Hashed::Mismatch(problem) => {
+                                report.checksum_mismatches += 1;
+                                Err(problem)
+                            }
+                            _ => Ok(()),
+                        }
+                    })
                 } else {
                     payload::open_payload(&self.root, entry).map(drop)
                 };
@@ -476,25 +497,26 @@ impl Store {
         }
     }
 
-    /// Checks a payload and, if it has a recorded checksum, hashes its data;
-    /// returns whether it hashed.
-    fn verify_checksum(&self, entry: &ArrayEntry) -> Result<bool> {
+    /// Checks a payload and, if it has a recorded checksum of ours, hashes
+    /// its data and compares the two. A payload that cannot be read is an
+    /// error; a checksum that differs is [`Hashed::Mismatch`].
+    fn verify_checksum(&self, entry: &ArrayEntry) -> Result<Hashed> {
         let mapped = payload::load_payload(&self.root, entry)?;
         let Some(expected) = entry.checksum.as_deref() else {
-            return Ok(false);
+            return Ok(Hashed::NotCompared);
         };
         if !expected.starts_with(payload::CHECKSUM_PREFIX) {
             // A newer writer's algorithm: not ours to judge.
-            return Ok(false);
+            return Ok(Hashed::NotCompared);
         }
         let actual = payload::checksum(mapped.as_bytes());
         if actual != expected {
-            return Err(Error::corrupt(
+            return Ok(Hashed::Mismatch(Error::corrupt(
                 format!("payload {}", self.root.join(entry.relpath()).display()),
                 format!("data checksum is {actual}, the record says {expected}"),
-            ));
+            )));
         }
-        Ok(true)
+        Ok(Hashed::Match)
     }
 
     /// Rebuilds the index of the store at `path` from its record journal

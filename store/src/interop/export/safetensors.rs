@@ -26,7 +26,10 @@
 //!   "json": [keys we JSON-encoded], "fields": [keys that were top-level
 //!   metadata fields]}`, lets import decode exactly what we encoded; it is
 //!   written only when needed, so a foreign file exported back keeps its
-//!   `__metadata__` unchanged. JSON text is Python's `json.dumps` text.
+//!   `__metadata__` unchanged. For several records (or none) it also holds
+//!   `"records": [{"key", "arrays": [array paths], "layout"}, ...]`, in
+//!   export order, from which import splits the tensors back into those
+//!   records. JSON text is Python's `json.dumps` text.
 
 use std::collections::HashSet;
 use std::fs::File;
@@ -120,6 +123,17 @@ pub(crate) fn tensor_kind(descr: &str, kept: Option<&str>) -> Option<TensorKind>
     })
 }
 
+/// An array's dtype as a message shows it: numpy's name, or the descr for
+/// a structured or opaque (`void`) dtype, whose name (`void640`) says
+/// nothing of its fields.
+fn shown_dtype(entry: &ArrayEntry) -> String {
+    if entry.dtype.starts_with("void") || entry.descr.starts_with('[') {
+        entry.descr.clone()
+    } else {
+        entry.dtype.clone()
+    }
+}
+
 /// One tensor to write.
 struct Tensor<'a> {
     name: String,
@@ -167,7 +181,7 @@ fn tensors(records: &[ExportRecord]) -> Result<Vec<Tensor<'_>>> {
                     detail: format!(
                         "dtype {} has no safetensors equivalent (safetensors holds bool, \
                      (u)int8-64, float16/32/64, little-endian complex64, and BF16/F8 raw bits)",
-                        entry.dtype
+                        shown_dtype(entry)
                     ),
                 })
             })?;
@@ -232,16 +246,31 @@ fn metadata(records: &[ExportRecord]) -> Result<Option<Map<String, Value>>> {
                 put(k, v, true)?;
             }
         }
-        if out.is_empty() && foreign.is_none() {
+        let nothing_put = meta.iter().all(|(k, v)| k == TAGS_FIELD && v.is_object());
+        if nothing_put && foreign.is_none() {
             return Ok(None);
         }
-    } else {
+    }
+    let mut listed = None;
+    if records.len() != 1 {
         for rec in records {
             put(&rec.key, &Value::Object(rec.record.meta.clone()), false)?;
         }
+        // what import needs to split the tensors back into records
+        let list: Vec<Value> = records
+            .iter()
+            .map(|rec| {
+                let paths: Vec<&String> = rec.record.arrays.keys().collect();
+                json!({"key": rec.key, "arrays": paths, "layout": rec.record.layout})
+            })
+            .collect();
+        listed = Some(list);
     }
-    if !encoded.is_empty() || !fields.is_empty() {
-        let marker = json!({"version": 1, "json": encoded, "fields": fields});
+    if !encoded.is_empty() || !fields.is_empty() || listed.is_some() {
+        let mut marker = json!({"version": 1, "json": encoded, "fields": fields});
+        if let Some(list) = listed {
+            marker["records"] = Value::Array(list);
+        }
         let ascii = Style {
             ensure_ascii: true,
             ..Style::DEFAULT
