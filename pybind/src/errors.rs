@@ -322,6 +322,26 @@ shape, or its dtype has no ``.npy`` description), or a record's metadata
 too large to store. ``array`` is the array's name when known, else ``None``."
 );
 exc_class!(
+    RECORD_TOO_LARGE_ERROR,
+    "RecordTooLargeError",
+    [
+        Base::Class(&LAZYVAULT_ERROR),
+        Base::Builtin(builtin::<PyValueError>)
+    ],
+    [
+        "key" = Default::None,
+        "size" = Default::None,
+        "cap" = Default::None
+    ],
+    "A record whose metadata, layout and pickled remainder would take more
+than the cap (1 MiB) in the index, which every scan reads (array entries
+are not counted): nothing was written.
+The message names its largest metadata fields with their sizes; store
+big data as numpy arrays (payload files, memory-mapped) instead.
+``key``: the record's key; ``size``: its size in bytes; ``cap``: the cap
+in bytes (``None`` when not known)."
+);
+exc_class!(
     INVALID_FIELD_ERROR,
     "InvalidFieldError",
     [
@@ -375,7 +395,7 @@ record, as the message names them (both ``None`` when not known)."
 );
 
 /// Every class, bases before subclasses.
-static ALL: [&ExcClass; 22] = [
+static ALL: [&ExcClass; 23] = [
     &LAZYVAULT_ERROR,
     &STORAGE_ERROR,
     &MISSING_FILE_ERROR,
@@ -393,6 +413,7 @@ static ALL: [&ExcClass; 22] = [
     &MISSING_KEY_ERROR,
     &QUERY_ERROR,
     &INVALID_ARRAY_ERROR,
+    &RECORD_TOO_LARGE_ERROR,
     &INVALID_FIELD_ERROR,
     &PICKLE_NOT_ALLOWED_ERROR,
     &INTEROP_ERROR,
@@ -481,6 +502,14 @@ pub fn to_pyerr(err: Error) -> PyErr {
                         (&INVALID_ARRAY_ERROR, vec![("array", obj(py, name))])
                     }
                     UsageError::TooLarge(_) => (&INVALID_ARRAY_ERROR, vec![]),
+                    UsageError::RecordTooLarge { key, size, cap, .. } => (
+                        &RECORD_TOO_LARGE_ERROR,
+                        vec![
+                            ("key", obj(py, key)),
+                            ("size", obj(py, size)),
+                            ("cap", obj(py, cap)),
+                        ],
+                    ),
                     // Cancelled, and anything newer: the root class.
                     _ => (&LAZYVAULT_ERROR, vec![]),
                 };

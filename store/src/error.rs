@@ -248,6 +248,27 @@ pub enum UsageError {
     /// (4 GiB): store less.
     #[error("{0} cannot be stored")]
     TooLarge(String),
+    /// A record whose JSON (without its array entries) plus pickled
+    /// remainder would take more than
+    /// [`MAX_RECORD_BYTES`](crate::MAX_RECORD_BYTES) in the index (FORMAT.md,
+    /// "Record size cap"): nothing was written. Big data belongs in arrays
+    /// (payload files, memory-mapped), not in metadata.
+    #[error(
+        "record {key:?} would take {size} bytes in the index (its metadata, layout and pickled \
+         remainder), over the cap of {cap} bytes: {detail}; store big data as numpy arrays \
+         (payload files), not as metadata"
+    )]
+    RecordTooLarge {
+        /// The record's key.
+        key: String,
+        /// Its JSON without array entries plus pickled remainder, in bytes.
+        size: u64,
+        /// The cap, [`MAX_RECORD_BYTES`](crate::MAX_RECORD_BYTES).
+        cap: u64,
+        /// Its largest top-level metadata fields with their sizes, and the
+        /// size of its pickled remainder when it has one.
+        detail: String,
+    },
 }
 
 /// The index (sled) failed other than by I/O or corruption (both of which

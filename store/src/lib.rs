@@ -46,4 +46,5 @@ pub use payload::{
 pub(crate) use store::INDEXES_FILE;
 pub use store::{
     GcReport, Mode, NewRecord, RepairReport, Stage, StagedRecord, Store, VerifyReport, INDEX_DIR,
+    MAX_RECORD_BYTES,
 };

@@ -48,6 +48,63 @@ pub(crate) const LOCK_FILE: &str = "lazyvault.lock";
 /// rebuild them: `{"indexes": ["temperature", "params.lr"]}`.
 pub(crate) const INDEXES_FILE: &str = "indexes.json";
 
+/// The most one record may take in the index and the journal, not counting
+/// its array entries: its JSON without the `arrays` member (metadata and
+/// layout) plus its pickled remainder, 1 MiB (FORMAT.md, "Record size
+/// cap"). Every scan reads every record, so a record beyond it is refused
+/// ([`UsageError::RecordTooLarge`](crate::UsageError::RecordTooLarge)); big
+/// data belongs in arrays, which are payload files read only on demand.
+pub const MAX_RECORD_BYTES: usize = 1 << 20;
+
+/// Refuses (before anything is written) a record whose JSON `json` (of
+/// `record`) plus pickled remainder `pickle`, without its array entries, is
+/// over [`MAX_RECORD_BYTES`]; the error names `key`, the size, the cap and
+/// the largest top-level metadata fields. Every record written into a store
+/// ([`Store::put_many`], staged puts: imports) or an archive goes through
+/// it.
+pub(crate) fn check_record_size(
+    key: &str,
+    record: &Record,
+    json: &[u8],
+    pickle: Option<&[u8]>,
+) -> Result<()> {
+    let pickled = pickle.map_or(0, <[u8]>::len);
+    if json.len() + pickled <= MAX_RECORD_BYTES {
+        return Ok(()); // the common case: nothing more to measure
+    }
+    let entries = serde_json::to_vec(&record.arrays).map_or(0, |j| j.len());
+    let size = (json.len() + pickled).saturating_sub(entries);
+    if size <= MAX_RECORD_BYTES {
+        return Ok(());
+    }
+    let mut fields: Vec<(usize, &String)> = record
+        .meta
+        .iter()
+        .map(|(k, v)| (serde_json::to_vec(v).map_or(0, |j| j.len()), k))
+        .collect();
+    fields.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+    let parts: Vec<String> = fields
+        .iter()
+        .take(3)
+        .map(|(n, k)| format!("{k:?} {n} bytes"))
+        .collect();
+    let mut detail = if parts.is_empty() {
+        "it has no metadata fields".to_owned()
+    } else {
+        format!("its largest metadata fields: {}", parts.join(", "))
+    };
+    if pickle.is_some() {
+        detail.push_str(&format!("; its pickled remainder {pickled} bytes"));
+    }
+    Err(crate::UsageError::RecordTooLarge {
+        key: key.to_owned(),
+        size: size as u64,
+        cap: MAX_RECORD_BYTES as u64,
+        detail,
+    }
+    .into())
+}
+
 /// One record for [`Store::put_many`]: what [`Store::put`] takes.
 #[derive(Debug, Clone)]
 pub struct NewRecord<'a> {
@@ -647,13 +704,14 @@ impl Store {
             }
             let mut jsons = Vec::with_capacity(records.len());
             for ((r, _), arrays) in records.into_iter().zip(entries) {
-                let json = Record {
+                let record = Record {
                     meta: r.meta,
                     arrays,
                     layout: r.layout,
                     pickle: r.pickle.is_some(),
-                }
-                .to_json();
+                };
+                let json = record.to_json();
+                check_record_size(r.key, &record, &json, r.pickle)?;
                 jsons.push((r.key, json, r.pickle));
             }
             let puts: Vec<journal::Put<'_>> =

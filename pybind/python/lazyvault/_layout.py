@@ -95,8 +95,10 @@ def plain_state_type(cls: type) -> bool:
 # costs two levels of layout JSON, and readers cap JSON nesting (serde_json
 # at 128).
 MAX_DEPTH = 32
-# Only these become payloads; other ndarray subclasses (masked arrays,
-# np.matrix, recarrays) carry state a .npy file cannot hold.
+# Only these become payloads as they are; masked arrays become a ``masked``
+# node (their data and mask payloads), and inside the pickled remainder other
+# ndarray subclasses (np.matrix, recarrays) become a payload of their plain
+# view plus their class (see pickle_leftovers).
 _PLAIN_ARRAY_TYPES = (np.ndarray, np.memmap)
 
 
@@ -113,6 +115,7 @@ class _Splitter:
         self._path_of_id: dict[int, str] = {}
         self._active: set[int] = set()  # containers on the current path
         self._pickle_whole = pickle_whole or set()
+        self._masked: dict[int, dict[str, Any]] = {}  # id of a masked array -> its node body
 
     def array_path(self, array: np.ndarray, path: str) -> str:
         known = self._path_of_id.get(id(array))
@@ -154,6 +157,8 @@ class _Splitter:
             return {"float": repr(value)}, _MISSING
         elif t in _PLAIN_ARRAY_TYPES:
             return {"array": self.array_path(value, path)}, _MISSING
+        elif t is np.ma.MaskedArray and value.baseclass is np.ndarray:
+            return {"masked": self.masked_body(value, path)}, _MISSING
         elif (
             isinstance(value, np.generic)
             and value.dtype.kind in "biuf"
@@ -163,6 +168,42 @@ class _Splitter:
             return {"scalar": [value.dtype.str, item]}, item
         leftovers.append((value, path))
         return {"pickle": len(leftovers) - 1}, _MISSING
+
+    def masked_body(self, value: Any, path: str) -> dict[str, Any]:
+        """The body of a ``masked`` node: its data and mask (``None`` for ``nomask``) as array
+        paths ``<path>`` and ``<path>/mask``, its fill value (``None`` for numpy's default; a
+        ``scalar`` node, a text, or a 0-d array ``<path>/fill_value``) and whether its mask is
+        hard. One masked array met twice gives the same body."""
+        known = self._masked.get(id(value))
+        if known is not None:
+            return known
+        base = path or "data"
+        mask = np.ma.getmask(value)
+        fill = np.asarray(value.fill_value, dtype=value.dtype)  # a 0-d array
+        default = np.asarray(np.ma.default_fill_value(value), dtype=value.dtype)
+        fill_node: Any = None
+        if fill.tobytes() != default.tobytes():
+            item = fill[()]
+            if (
+                isinstance(item, np.generic)
+                and item.dtype.kind in "biuf"
+                and (item.dtype.kind != "f" or (item.dtype.itemsize <= 8 and np.isfinite(item)))
+            ):
+                fill_node = {"scalar": [item.dtype.str, item.item()]}
+            elif isinstance(item, np.str_) and text_ok(str(item)):
+                fill_node = str(item)
+            else:
+                fill_node = {"array": self.array_path(fill, f"{base}/fill_value")}
+        body = {
+            "data": {"array": self.array_path(value.view(np.ndarray), path)},
+            "mask": None
+            if mask is np.ma.nomask
+            else {"array": self.array_path(mask, f"{base}/mask")},
+            "fill_value": fill_node,
+            "hard_mask": bool(value.hardmask),
+        }
+        self._masked[id(value)] = body
+        return body
 
     def _walk_fields(
         self, fields: dict[str, Any], path: str, leftovers: list[Any], depth: int
@@ -198,27 +239,68 @@ class _Splitter:
         leftovers.append((value, path))  # a dict whose keys are not all text
         return {"pickle": len(leftovers) - 1}, _MISSING
 
-    def pickle_leftovers(self, leftovers: list[tuple[Any, str]]) -> bytes:
+    def pickle_leftovers(self, leftovers: list[tuple[Any, str]], what: str = "the object") -> bytes:
         """Pickles the leftover values one after the other with one pickler (its memo persists
         across ``dump`` calls, so values shared between leftovers stay shared). Arrays inside them
-        become payloads named ``<path>/<n>`` (persistent ids), so the pickle holds no array data."""
+        become payloads named ``<path>/<n>`` (persistent ids), so the pickle holds no array data:
+        plain arrays; masked arrays (their data, mask and fill value, as a ``masked`` node); other
+        ndarray subclasses whose pickling is numpy's (``np.matrix``, ``np.recarray``: their plain
+        view, class and ``__dict__``); and every out-of-band buffer (``pickle.PickleBuffer``, PEP
+        574: pyarrow buffers, ...) as raw bytes. Raises ``pickle.PicklingError`` naming ``what``
+        (the record) and the field when a value cannot be pickled."""
         splitter = self
         buf = io.BytesIO()
+        seen: dict[int, tuple[Any, Any]] = {}  # id -> (persistent id, the object, kept alive)
 
         class _Pickler(pickle.Pickler):
             base = ""
             count = 0
 
+            def name(self) -> str:
+                self.count += 1
+                return f"{self.base}/{self.count}"
+
             def persistent_id(self, obj: Any) -> Any:
-                if type(obj) in _PLAIN_ARRAY_TYPES:
-                    self.count += 1
-                    return ("array", splitter.array_path(obj, f"{self.base}/{self.count}"))
-                return None
+                t = type(obj)
+                if t in _PLAIN_ARRAY_TYPES:
+                    return ("array", splitter.array_path(obj, self.name()))
+                if not (isinstance(obj, np.ndarray) or t is pickle.PickleBuffer):
+                    return None
+                known = seen.get(id(obj))
+                if known is not None:
+                    return known[0]
+                pid: Any = None
+                if t is np.ma.MaskedArray and obj.baseclass is np.ndarray:
+                    pid = ("masked", splitter.masked_body(obj, self.name()))
+                elif t is pickle.PickleBuffer:
+                    try:
+                        raw = obj.raw()
+                    except BufferError:  # not contiguous: pickled in-band
+                        return None
+                    data = np.frombuffer(raw, dtype=np.uint8)  # no copy
+                    pid = ("buffer", splitter.array_path(data, self.name()), raw.readonly)
+                elif (
+                    isinstance(obj, np.ndarray)
+                    and t.__reduce__ is np.ndarray.__reduce__
+                    and t.__reduce_ex__ is np.ndarray.__reduce_ex__
+                    and getattr(t, "__setstate__", None) is np.ndarray.__setstate__
+                ):
+                    path = splitter.array_path(obj.view(np.ndarray), self.name())
+                    pid = ("view", path, t, getattr(obj, "__dict__", None) or None)
+                if pid is not None:
+                    seen[id(obj)] = (pid, obj)
+                return pid
 
         pickler = _Pickler(buf, protocol=_PICKLE_PROTOCOL)
         for value, path in leftovers:
             pickler.base, pickler.count = path or "data", 0
-            pickler.dump(value)
+            try:
+                pickler.dump(value)
+            except Exception as e:
+                field = f"field {path!r}" if path else "the object"
+                raise pickle.PicklingError(
+                    f"{what}: cannot pickle {field} ({type(value).__name__}): {e}"
+                ) from e
         return buf.getvalue()
 
 
@@ -236,12 +318,16 @@ def split(obj: Any) -> tuple[Split, _Splitter]:
     return Split(meta if isinstance(meta, dict) else {}, layout, leftovers), splitter
 
 
-def encode(obj: Any) -> tuple[str, str, list[tuple[Any, ...]], bytes | None]:
+def encode(
+    obj: Any, key: str | None = None
+) -> tuple[str, str, list[tuple[Any, ...]], bytes | None]:
     """``obj`` as the core's ``put`` (and ``dumps_archive``) take it after the key: ``(meta_json,
-    layout_json, payload args, pickled remainder or None)``."""
+    layout_json, payload args, pickled remainder or None)``. Raises ``pickle.PicklingError`` naming
+    the record ``key`` and the field for a value that cannot be pickled."""
     parts, splitter = split(obj)
     # before listing the arrays: arrays inside leftovers become payloads too
-    pickled = splitter.pickle_leftovers(parts.leftovers) if parts.leftovers else None
+    what = "the object" if key is None else f"record {key!r}"
+    pickled = splitter.pickle_leftovers(parts.leftovers, what) if parts.leftovers else None
     arrays = [_arrays.payload_args(name, a) for name, a in splitter.arrays.items()]
     return parts.meta_json(), parts.layout_json(), arrays, pickled
 
@@ -302,6 +388,10 @@ def scan(
                     needs = needs or f"it rebuilds an instance of {body['class']}"
                     untrusted[body["class"]] = None
                 stack.extend(state.values())
+            elif kind == "masked":
+                bad = _masked_problem(body, array_paths)
+                if bad is not None:
+                    return Scan(f"a 'masked' node {bad}: {_cut(body)}", needs)
             elif kind == "pickle" and b is int and body >= 0:
                 if not remainder:
                     return Scan(f"{node!r} but the record has no pickled remainder", needs)
@@ -333,6 +423,32 @@ def problem(layout: Any, array_paths: Container[str], remainder: bool = False) -
 def _cut(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+_MASKED_KEYS = {"data", "mask", "fill_value", "hard_mask"}
+
+
+def _masked_problem(body: Any, array_paths: Container[str]) -> str | None:
+    """What is wrong with a ``masked`` node's body, or ``None``: ``data`` an ``array`` node,
+    ``mask`` one or null, ``fill_value`` null, a text, a ``scalar`` node or an ``array`` node,
+    ``hard_mask`` a bool; array nodes name arrays of ``array_paths``."""
+    if type(body) is not dict or body.keys() != _MASKED_KEYS:
+        return f"needs exactly the members {sorted(_MASKED_KEYS)}"
+    for part in ("data", "mask", "fill_value"):
+        node = body[part]
+        if (node is None and part != "data") or (type(node) is str and part == "fill_value"):
+            continue
+        if part == "fill_value" and type(node) is dict and list(node) == ["scalar"]:
+            if _scalar_ok(node["scalar"]):
+                continue
+            return "has a malformed scalar fill_value"
+        if type(node) is not dict or list(node) != ["array"] or type(node["array"]) is not str:
+            return f"has a {part} that is not an array node"
+        if node["array"] not in array_paths:
+            return f"names no array of the record ({node['array']!r})"
+    if type(body["hard_mask"]) is not bool:
+        return "has a hard_mask that is not a bool"
+    return None
 
 
 def _scalar_ok(body: Any) -> bool:
@@ -432,10 +548,21 @@ def join(
 
             class _Unpickler(pickle.Unpickler):
                 def persistent_load(self, pid: Any) -> Any:
-                    kind, path = pid
-                    if kind != "array":
-                        raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
-                    return array(path)
+                    kind = pid[0] if type(pid) is tuple and pid else None
+                    if kind == "array" and len(pid) == 2:
+                        return array(pid[1])
+                    if kind == "masked" and len(pid) == 2:
+                        if _masked_problem(pid[1], array_paths) is None:
+                            return masked(pid[1])
+                    elif kind == "view" and len(pid) == 4 and isinstance(pid[2], type):
+                        view: Any = array(pid[1]).view(pid[2])
+                        if pid[3]:
+                            view.__dict__.update(pid[3])
+                        return view
+                    elif kind == "buffer" and len(pid) == 3:
+                        data = array(pid[1])
+                        return data.data if pid[2] else bytearray(data)
+                    raise pickle.UnpicklingError(f"unknown persistent id {_cut(pid)}")
 
             stream = io.BytesIO(data)
             unpickler = _Unpickler(stream)
@@ -443,6 +570,23 @@ def join(
             while stream.tell() < len(data):
                 leftovers.append(unpickler.load())
         return leftovers[i]
+
+    masks: dict[str, np.ma.MaskedArray] = {}
+
+    def masked(body: dict[str, Any]) -> np.ma.MaskedArray:
+        """A ``masked`` node's array over the mapped data and mask (one per data payload)."""
+        path = body["data"]["array"]
+        if path not in masks:
+            mask = body["mask"]
+            fill = body["fill_value"]
+            masks[path] = np.ma.MaskedArray(
+                array(path),
+                mask=np.ma.nomask if mask is None else array(mask["array"]),
+                fill_value=None if fill is None else build(fill),
+                hard_mask=body["hard_mask"],
+                copy=False,
+            )
+        return masks[path]
 
     def instance(body: dict[str, Any]) -> Any:
         cls: Any = safe_classes.get(body["class"])  # a listed class: never imported
@@ -462,6 +606,7 @@ def join(
         "scalar": lambda body: np.dtype(body[0]).type(body[1]),
         "pickle": leftover,
         "object": instance,
+        "masked": masked,
     }
 
     def build(node: Any) -> Any:

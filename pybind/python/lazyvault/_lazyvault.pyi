@@ -36,6 +36,7 @@ __all__ = [
     "PickleNotAllowedError",
     "QueryError",
     "ReadOnlyError",
+    "RecordTooLargeError",
     "StorageError",
     "StoreCore",
     "StoreExistsError",
@@ -121,6 +122,11 @@ class QueryError(LazyvaultError, ValueError):
 
 class InvalidArrayError(LazyvaultError, ValueError):
     array: str | None
+
+class RecordTooLargeError(LazyvaultError, ValueError):
+    key: str | None
+    size: int | None
+    cap: int | None
 
 class InvalidFieldError(LazyvaultError, ValueError): ...
 class PickleNotAllowedError(LazyvaultError, ValueError): ...

@@ -32,6 +32,7 @@ __all__ = [
     "PickleNotAllowedError",
     "QueryError",
     "ReadOnlyError",
+    "RecordTooLargeError",
     "StorageError",
     "StoreExistsError",
     "StoreLockedError",

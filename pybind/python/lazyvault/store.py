@@ -397,7 +397,7 @@ class Store(Handle, MutableMapping[str, Record]):
             # a record (metadata, layout, payloads), never pickle the proxy
             _hook("copy_record")(self, key, obj)
             return
-        self._core.put(key, *_layout.encode(obj))
+        self._core.put(key, *_layout.encode(obj, key))
 
     def replace_arrays(self, key: str, arrays: Mapping[str, Any]) -> None:
         """Replaces some arrays of the record under ``key``, keeping the rest and writing only the
@@ -477,7 +477,7 @@ class Store(Handle, MutableMapping[str, Record]):
                     self[key] = obj
                     send(copied=1)
                     continue
-                args = (key, *_layout.encode(obj))
+                args = (key, *_layout.encode(obj, key))
                 chunk.append(args)
                 chunk_bytes += sum(len(a[5]) for a in args[3])
                 if len(chunk) >= _UPDATE_CHUNK_RECORDS or chunk_bytes >= _UPDATE_CHUNK_BYTES:

@@ -238,7 +238,9 @@ impl<W: Write + Seek> ArchiveWriter<W> {
             layout,
             pickle: pickle.is_some(),
         };
-        self.push_line(key, &record.to_json(), pickle)
+        let json = record.to_json();
+        crate::store::check_record_size(key, &record, &json, pickle)?;
+        self.push_line(key, &json, pickle)
     }
 
     /// Writes the records and the manifest and the central directory.
