@@ -406,7 +406,7 @@ mod tests {
         );
         assert_eq!(
             hits(&range(None, Some("2024-01-01T00:00:00Z")), &values),
-            [jan.clone()]
+            std::slice::from_ref(&jan)
         );
         assert_eq!(
             hits(
