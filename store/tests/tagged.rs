@@ -72,6 +72,8 @@ const EXPECTED: &[(&str, &[&str])] = &[
     ("when > 'a'", &[]),
     ("x == 1.5", &["apr-np", "jan"]),
     ("x != x", &["feb-end"]),
+    ("isnan(x)", &["feb-end"]),
+    ("isnan(when)", &["nat"]),
     ("x > 1e308", &["mar"]),
     ("x > 18446744073709551615", &["mar", "mar-paris"]),
     ("x < -1e19", &["nat"]),

@@ -118,6 +118,7 @@ pub(super) fn eval<R: RecordView + ?Sized>(node: &Node, rec: &R) -> bool {
             .zip(operand_value(rhs, rec))
             .is_some_and(|(a, b)| compare(a, *op, b)),
         Node::Exists(path) => path_exists(path, rec),
+        Node::IsNan(path) => path_value(path, rec).is_some_and(V::is_nan),
         Node::Method {
             target,
             method,

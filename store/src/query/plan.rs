@@ -171,6 +171,7 @@ impl Query {
                     needs.note_operand(rhs);
                 }
                 Node::Exists(p) => needs.note(p, true),
+                Node::IsNan(p) => needs.note(p, false),
                 Node::Method { target, arg, .. } => {
                     needs.note(target, false);
                     needs.note_operand(arg);

@@ -48,6 +48,7 @@ enum RExpr {
     CmpPaths(RPath, ROp, RPath),
     In(RPath, Vec<Value>, bool),
     Exists(RPath),
+    IsNan(RPath),
     Method(RPath, RMethod, Value),
     Not(Box<RExpr>),
     And(Vec<RExpr>),
@@ -281,6 +282,7 @@ fn expr_strategy() -> impl Strategy<Value = RExpr> {
         2 => (path_strategy(), prop::collection::vec(scalar_strategy(), 0..3), any::<bool>())
             .prop_map(|(p, items, neg)| RExpr::In(p, items, neg)),
         1 => path_strategy().prop_map(RExpr::Exists),
+        1 => path_strategy().prop_map(RExpr::IsNan),
         1 => (
             path_strategy(),
             prop::sample::select(vec![RMethod::StartsWith, RMethod::EndsWith, RMethod::Contains]),
@@ -438,6 +440,11 @@ fn render(e: &RExpr, style: Style, out: &mut String) {
         }
         RExpr::Exists(p) => {
             out.push_str("exists(");
+            render_path(p, out);
+            out.push(')');
+        }
+        RExpr::IsNan(p) => {
+            out.push_str("isnan(");
             render_path(p, out);
             out.push(')');
         }
@@ -700,6 +707,7 @@ fn ref_eval(e: &RExpr, meta: &Map<String, Value>) -> bool {
             Some(x) => items.iter().any(|i| ref_eq(&x, &ref_value(i))) != *negated,
         },
         RExpr::Exists(p) => ref_get(meta, p).is_some(),
+        RExpr::IsNan(p) => matches!(ref_get(meta, p), Some(RV::NaN | RV::NaT)),
         RExpr::Method(p, m, arg) => match (ref_get(meta, p), m, arg) {
             (Some(RV::Str(s)), RMethod::StartsWith, Value::String(a)) => s.starts_with(a.as_str()),
             (Some(RV::Str(s)), RMethod::EndsWith, Value::String(a)) => s.ends_with(a.as_str()),
@@ -760,6 +768,7 @@ const TOKENS: &[&str] = &[
     "not",
     "in",
     "exists",
+    "isnan",
     "startswith",
     "contains",
     "key",

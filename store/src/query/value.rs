@@ -131,6 +131,12 @@ impl<'a> V<'a> {
         }
     }
 
+    /// Whether this is a NaN number (a `$float`, a numpy float, a
+    /// timedelta64 NaT) or a datetime64 NaT: what `isnan(x)` tests.
+    pub(super) fn is_nan(self) -> bool {
+        matches!(self, V::Num(Num::F(f)) if f.is_nan()) || matches!(self, V::NaT)
+    }
+
     /// The text of a string, or the name of a dtype.
     fn text(self) -> Option<&'a str> {
         match self {
@@ -818,6 +824,32 @@ mod tests {
                 "i8 == '7'",
             ],
         );
+    }
+
+    #[test]
+    fn isnan_finds_nan_and_nat() {
+        let rec = tagged();
+        expect_all(
+            &rec,
+            true,
+            &[
+                "isnan(nan)",
+                "isnan(fnan)",
+                "isnan(tdnat)",
+                "isnan(nat)",
+                "not isnan(inf)",
+                "not isnan(f4)",
+                "not isnan(when)",
+                "not isnan(bad)",
+                "not isnan(missing)",
+                "not isnan(t)",
+                "isnan(nan) and nan != nan",
+                "isnan(meta.nan)",
+            ],
+        );
+        // A field called isnan is still a field.
+        let rec = TestRecord::new(json!({"isnan": 1}));
+        assert!(check("isnan == 1", &rec));
     }
 
     #[test]
