@@ -19,6 +19,8 @@ pub(super) enum Node {
     },
     /// `exists(path)`.
     Exists(PathExpr),
+    /// `isnan(path)`.
+    IsNan(PathExpr),
     /// `path.startswith(arg)` and its kin.
     Method {
         target: PathExpr,

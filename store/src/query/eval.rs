@@ -6,7 +6,7 @@
 use serde_json::{Map, Value};
 
 use super::ast::{FactKind, FactRef, Node, Operand, PathExpr, Root, Seg};
-use super::value::{apply_method, compare, List, Num, V};
+use super::value::{apply_method, compare, field, items, List, Num, V};
 use super::{ArrayFacts, RecordView};
 
 /// Resolves an index that may count from the end.
@@ -24,7 +24,9 @@ fn list_index(index: i64, len: usize) -> Option<usize> {
     }
 }
 
-/// The metadata value at a plain path (first segment a field name).
+/// The metadata value at a plain path (first segment a field name) of the
+/// fields `meta` ([`RecordView::fields`]); steps go into `$dict` objects and
+/// `$tuple` lists as into plain ones, never into other tagged values.
 fn lookup<'a>(meta: &'a Map<String, Value>, segs: &[Seg]) -> Option<&'a Value> {
     let (Seg::Field(first), rest) = segs.split_first()? else {
         return None;
@@ -32,9 +34,9 @@ fn lookup<'a>(meta: &'a Map<String, Value>, segs: &[Seg]) -> Option<&'a Value> {
     let mut value = meta.get(first)?;
     for seg in rest {
         value = match seg {
-            Seg::Field(name) => value.as_object()?.get(name)?,
+            Seg::Field(name) => field(value, name)?,
             Seg::Index(i) => {
-                let items = value.as_array()?;
+                let items = items(value)?;
                 items.get(list_index(*i, items.len())?)?
             }
         };
@@ -48,7 +50,7 @@ fn path_value<'a, R: RecordView + ?Sized>(path: &'a PathExpr, rec: &'a R) -> Opt
     if path.root == Root::Key {
         return Some(V::Str(rec.key()));
     }
-    if let Some(value) = lookup(rec.meta(), &path.segs) {
+    if let Some(value) = lookup(rec.fields(), &path.segs) {
         return Some(V::from_json(value));
     }
     let fact = path.fact.as_ref()?;
@@ -95,7 +97,7 @@ fn operand_value<'a, R: RecordView + ?Sized>(operand: &'a Operand, rec: &'a R) -
 fn path_exists<R: RecordView + ?Sized>(path: &PathExpr, rec: &R) -> bool {
     match path.root {
         Root::Key => true,
-        Root::Meta => lookup(rec.meta(), &path.segs).is_some(),
+        Root::Meta => lookup(rec.fields(), &path.segs).is_some(),
         Root::Field => {
             path_value(path, rec).is_some()
                 || path
@@ -116,6 +118,7 @@ pub(super) fn eval<R: RecordView + ?Sized>(node: &Node, rec: &R) -> bool {
             .zip(operand_value(rhs, rec))
             .is_some_and(|(a, b)| compare(a, *op, b)),
         Node::Exists(path) => path_exists(path, rec),
+        Node::IsNan(path) => path_value(path, rec).is_some_and(V::is_nan),
         Node::Method {
             target,
             method,

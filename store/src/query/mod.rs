@@ -26,7 +26,10 @@
 //!   name or an array fact (`image.shape[0]`).
 //! - `value`: the comparison rules: numbers exactly across integer and
 //!   float, strings by code point, lists and objects structurally, dtypes by
-//!   name or descr; a type mismatch is false under every operator.
+//!   name or descr, datetimes by instant and against ISO 8601 text; a type
+//!   mismatch is false under every operator.
+//! - `tagged`: tagged metadata values (`{"$float": "nan"}`, `$int`,
+//!   `$datetime`, `$tuple`, `$dict`, `$numpy`...) and an ISO 8601 reader.
 //! - `eval`: resolves paths against a [`RecordView`] and applies the `value` rules.
 //! - `plan`: what a query allows a secondary index to narrow
 //!   (`Query::index_plan`) and what a scan must decode (`Query::needs`).
@@ -41,6 +44,7 @@ mod eval;
 mod lexer;
 mod parser;
 mod plan;
+mod tagged;
 mod value;
 
 #[cfg(test)]
@@ -53,6 +57,8 @@ use std::str::FromStr;
 
 pub use self::error::QueryError;
 pub(crate) use self::plan::{IndexLookup, QueryNeeds};
+pub(crate) use self::tagged::fields;
+pub(crate) use self::value::{field as field_of, index_scalar, literal_time, IndexScalar};
 /// The JSON types of [`RecordView::meta`], re-exported so that implementors and
 /// callers use the same `serde_json` as this crate.
 pub use serde_json::{Map, Value};
@@ -84,6 +90,14 @@ pub trait RecordView {
     fn key(&self) -> &str;
     /// The record's JSON metadata.
     fn meta(&self) -> &Map<String, Value>;
+    /// The metadata fields queries look up: [`RecordView::meta`], or the
+    /// object inside when the whole metadata is escaped as
+    /// `{"$dict": {...}}` (a dict whose only field's name starts with `$`;
+    /// FORMAT.md, "Tagged values"). Override only when `meta` is partial
+    /// and the implementor knows better.
+    fn fields(&self) -> &Map<String, Value> {
+        tagged::fields(self.meta())
+    }
     /// Array by its path name: top-level `"image"`, nested `"params/w"`, `"frames/0"`.
     fn array(&self, name: &str) -> Option<ArrayFacts<'_>>;
 }

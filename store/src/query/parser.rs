@@ -478,24 +478,28 @@ impl<'s> Parser<'s> {
         let Tok::Ident(name) = &first.tok else {
             return Err(self.unexpected("a function name"));
         };
-        if name != "exists" {
-            let hint = if Method::from_name(name).is_some() {
-                format!("; {name} is a method: path.{name}(...)")
-            } else {
-                "; the only function is exists(path), and the methods are \
-                 path.startswith(s), path.endswith(s) and path.contains(x)"
-                    .to_owned()
-            };
-            return Err(self.error(
-                first.col,
-                format!("unknown function '{}'{hint}", shorten(name)),
-            ));
-        }
-        match self.parse_one_argument("exists()")? {
-            (Operand::Path(path), _) => Ok(Node::Exists(path)),
+        let (what, node): (&str, fn(PathExpr) -> Node) = match name.as_str() {
+            "exists" => ("exists", Node::Exists),
+            "isnan" => ("isnan", Node::IsNan),
+            _ => {
+                let hint = if Method::from_name(name).is_some() {
+                    format!("; {name} is a method: path.{name}(...)")
+                } else {
+                    "; the functions are exists(path) and isnan(path), and the methods are \
+                     path.startswith(s), path.endswith(s) and path.contains(x)"
+                        .to_owned()
+                };
+                return Err(self.error(
+                    first.col,
+                    format!("unknown function '{}'{hint}", shorten(name)),
+                ));
+            }
+        };
+        match self.parse_one_argument(&format!("{what}()"))? {
+            (Operand::Path(path), _) => Ok(node(path)),
             (Operand::Literal(_), col) => Err(self.error(
                 col,
-                "exists() takes a field path, e.g. exists(params.lr), not a value",
+                format!("{what}() takes a field path, e.g. {what}(params.lr), not a value"),
             )),
         }
     }
@@ -518,10 +522,10 @@ impl<'s> Parser<'s> {
             return Err(self.unexpected("a method name"));
         };
         let Some(method) = Method::from_name(name) else {
-            let hint = if name == "exists" {
-                "; exists is a function: exists(path)"
+            let hint = if name == "exists" || name == "isnan" {
+                format!("; {name} is a function: {name}(path)")
             } else {
-                "; the methods are startswith, endswith and contains"
+                "; the methods are startswith, endswith and contains".to_owned()
             };
             return Err(self.error(
                 name_tok.col,
@@ -802,6 +806,19 @@ mod tests {
         assert_err("startswith(x, 'a')", 1, "startswith is a method");
         assert_err("x.upper('a')", 3, "unknown method 'upper'");
         assert_err("x.exists(y)", 3, "exists is a function");
+        assert_err("x.isnan(y)", 3, "isnan is a function: isnan(path)");
+        assert_err(
+            "foo(x)",
+            1,
+            "the functions are exists(path) and isnan(path)",
+        );
+        assert_err("isnan(1.5)", 7, "isnan() takes a field path");
+        assert_err(
+            "isnan(a, b)",
+            10,
+            "isnan() takes exactly one argument (got 2)",
+        );
+        assert_err("isnan(a) == true", 10, "expected 'and', 'or'");
         assert_err("meta.startswith('a')", 6, "a method needs a field");
     }
 

@@ -6,9 +6,10 @@
 use std::cmp::Ordering;
 use std::collections::HashSet;
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::ast::{CmpOp, Node, Operand, PathExpr, Root, Seg};
+use super::tagged::{tag, Tag};
 use super::value::cmp_literal;
 use super::Query;
 
@@ -40,6 +41,9 @@ pub(crate) struct IndexPlan {
     pub lookup: IndexLookup,
 }
 
+/// The tag of an escaped dict, which may hold the whole metadata.
+const ESCAPE: &str = "$dict";
+
 /// What evaluating a query reads from a record, so a scan can skip the
 /// rest while decoding: the top-level metadata fields its paths start with,
 /// and whether it reads array facts.
@@ -54,13 +58,35 @@ pub(crate) struct QueryNeeds {
 impl QueryNeeds {
     /// Whether the top-level metadata field `name` is read. Queries name
     /// few fields: comparing them beats hashing `name` (SipHash) for each
-    /// field of each record scanned.
+    /// field of each record scanned. A `$dict` field is read whenever any
+    /// is, since it may be the escape of the whole metadata (see
+    /// [`QueryNeeds::settle`]).
     pub(crate) fn wants(&self, name: &str) -> bool {
+        if name == ESCAPE && !self.fields.is_empty() {
+            return true;
+        }
         if self.fields.len() <= 8 {
             self.fields.iter().any(|f| f == name)
         } else {
             self.fields.contains(name)
         }
+    }
+
+    /// The metadata fields as [`crate::query::RecordView::fields`] sees
+    /// them, from `meta`, the [`QueryNeeds::wants`] fields of a metadata
+    /// object that has `keys` fields in all: the object inside when the
+    /// whole metadata is `{"$dict": {...}}`, else `meta` without the
+    /// `$dict` field read only to check for that.
+    pub(crate) fn settle(&self, mut meta: Map<String, Value>, keys: usize) -> Map<String, Value> {
+        if keys == 1 && matches!(tag(&meta), Some(Tag::Dict(_))) {
+            if let Some(Value::Object(inner)) = meta.swap_remove(ESCAPE) {
+                return inner;
+            }
+        }
+        if !self.fields.contains(ESCAPE) {
+            meta.swap_remove(ESCAPE);
+        }
+        meta
     }
 
     /// Notes what reading `path` needs; `exists` when the path is the
@@ -145,6 +171,7 @@ impl Query {
                     needs.note_operand(rhs);
                 }
                 Node::Exists(p) => needs.note(p, true),
+                Node::IsNan(p) => needs.note(p, false),
                 Node::Method { target, arg, .. } => {
                     needs.note(target, false);
                     needs.note_operand(arg);
@@ -305,6 +332,30 @@ mod tests {
         assert!(needs("exists(frames[0])").arrays);
         assert!(!needs("key == 'a'").arrays);
         assert!(needs("key == 'a'").fields.is_empty());
+    }
+
+    #[test]
+    fn needs_read_dict_escapes_and_settle_them() {
+        let needs = Query::parse("meta['$x'] == 1").unwrap().needs();
+        assert!(needs.wants("$x") && needs.wants("$dict") && !needs.wants("y"));
+        assert!(!Query::parse("key == 'a'").unwrap().needs().wants("$dict"));
+        let map = |v: Value| v.as_object().unwrap().clone();
+        // The only field: the escape of the whole metadata.
+        assert_eq!(
+            needs.settle(map(json!({"$dict": {"$x": 1}})), 1),
+            map(json!({"$x": 1}))
+        );
+        // One of several fields (the others not wanted): a plain field, dropped.
+        assert_eq!(
+            needs.settle(map(json!({"$dict": {"$x": 1}})), 2),
+            map(json!({}))
+        );
+        assert_eq!(needs.settle(map(json!({"$dict": 5})), 1), map(json!({})));
+        let wanted = Query::parse("meta['$dict'] == 1").unwrap().needs();
+        assert_eq!(
+            wanted.settle(map(json!({"$dict": {"$x": 1}})), 2),
+            map(json!({"$dict": {"$x": 1}}))
+        );
     }
 
     /// The plan of `src` when the fields `a`, `b` and `a.dtype` are indexed.

@@ -48,6 +48,7 @@ enum RExpr {
     CmpPaths(RPath, ROp, RPath),
     In(RPath, Vec<Value>, bool),
     Exists(RPath),
+    IsNan(RPath),
     Method(RPath, RMethod, Value),
     Not(Box<RExpr>),
     And(Vec<RExpr>),
@@ -86,14 +87,150 @@ fn scalar_strategy() -> impl Strategy<Value = Value> {
         ])
         .prop_map(Value::from),
         string_strategy().prop_map(Value::String),
+        iso_literal_strategy().prop_map(Value::String),
+    ]
+}
+
+/// A wall-clock time near 2024-03-01 and maybe an offset, in minutes.
+#[derive(Debug, Clone, Copy)]
+struct TimeSpec {
+    /// -2 (2024-02-28) to 2 (2024-03-03): the leap day in between.
+    day: i64,
+    hour: i64,
+    minute: i64,
+    /// Minutes east of UTC.
+    offset: Option<i64>,
+}
+
+const DATES: [&str; 5] = [
+    "2024-02-28",
+    "2024-02-29",
+    "2024-03-01",
+    "2024-03-02",
+    "2024-03-03",
+];
+
+impl TimeSpec {
+    /// Minutes since 2024-03-01T00:00 UTC (naive: as if UTC).
+    fn minutes(self) -> i64 {
+        self.day * 1440 + self.hour * 60 + self.minute - self.offset.unwrap_or(0)
+    }
+
+    fn date(self) -> &'static str {
+        DATES[(self.day + 2) as usize]
+    }
+
+    fn offset_text(self, z: bool) -> String {
+        match self.offset {
+            None => String::new(),
+            Some(0) if z => "Z".into(),
+            Some(o) => format!(
+                "{}{:02}:{:02}",
+                if o < 0 { '-' } else { '+' },
+                o.abs() / 60,
+                o.abs() % 60
+            ),
+        }
+    }
+
+    /// The ways a query may write it (`form` picks one).
+    fn literal(self, form: u8) -> String {
+        let (d, h, m) = (self.date(), self.hour, self.minute);
+        match form % 4 {
+            0 if self.offset.is_none() && h == 0 && m == 0 => d.to_owned(),
+            0 | 1 => format!("{d}T{h:02}:{m:02}{}", self.offset_text(true)),
+            2 => format!("{d} {h:02}:{m:02}:00{}", self.offset_text(false)),
+            _ if self.offset.is_some() => {
+                format!(
+                    "{d}T{h:02}:{m:02}:00{}[Europe/Paris]",
+                    self.offset_text(false)
+                )
+            }
+            _ => format!("{d}T{h:02}:{m:02}:00.000000"),
+        }
+    }
+
+    /// The tagged value Python writes for it (`form` picks one).
+    fn stored(self, form: u8) -> Value {
+        let (d, h, m) = (self.date(), self.hour, self.minute);
+        let iso = format!("{d}T{h:02}:{m:02}:00");
+        match (form % 3, self.offset) {
+            (0, None) if h == 0 && m == 0 => json!({ "$date": d }),
+            (1, None) => json!({"$numpy": ["<M8[m]", format!("{d}T{h:02}:{m:02}")]}),
+            (2, Some(_)) => {
+                json!({ "$datetime": format!("{iso}{}[Europe/Paris]", self.offset_text(false)) })
+            }
+            _ => json!({ "$datetime": format!("{iso}{}", self.offset_text(false)) }),
+        }
+    }
+}
+
+fn time_spec_strategy() -> impl Strategy<Value = TimeSpec> {
+    (
+        -2i64..=2,
+        prop::sample::select(vec![0i64, 1, 12, 23]),
+        prop::sample::select(vec![0i64, 30]),
+        prop::option::of(prop::sample::select(vec![-330i64, 0, 60])),
+    )
+        .prop_map(|(day, hour, minute, offset)| TimeSpec {
+            day,
+            hour,
+            minute,
+            offset,
+        })
+}
+
+/// ISO 8601 text, in the forms a query may write (plus one that is not).
+fn iso_literal_strategy() -> impl Strategy<Value = String> {
+    prop_oneof![
+        8 => (time_spec_strategy(), any::<u8>()).prop_map(|(t, form)| t.literal(form)),
+        1 => Just("2024-03-01x".to_owned()),
+    ]
+}
+
+/// Tagged values as the Python writer stores them.
+fn tagged_strategy() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        prop::sample::select(vec!["nan", "inf", "-inf"]).prop_map(|f| json!({ "$float": f })),
+        prop::sample::select(vec![
+            "18446744073709551616",
+            "-9223372036854775809",
+            "100000000000000000000",
+            "-100000000000000000000",
+            "9007199254740993",
+            "0",
+        ])
+        .prop_map(|i| json!({ "$int": i })),
+        (-6i32..=6).prop_map(|k| json!({"$numpy": ["<f4", f64::from(k) / 2.0]})),
+        (-3i64..=3).prop_map(|i| json!({"$numpy": ["<i8", i]})),
+        Just(json!({"$numpy": ["<f8", {"$float": "nan"}]})),
+        Just(json!({"$numpy": ["<M8[s]", "NaT"]})),
+        (time_spec_strategy(), any::<u8>()).prop_map(|(t, form)| t.stored(form)),
+        prop::collection::vec(scalar_strategy(), 0..3).prop_map(|v| json!({ "$tuple": v })),
+        scalar_strategy().prop_map(|v| json!({"$dict": {"$x": v}})),
+        (scalar_strategy(), tagged_leaf_strategy())
+            .prop_map(|(v, t)| json!({"$dict": {"$x": {"$tuple": [v, t]}}})),
+        // Not tags: plain objects.
+        Just(json!({"$float": "NaN"})),
+        Just(json!({"$x": 1})),
+    ]
+}
+
+fn tagged_leaf_strategy() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        Just(json!({"$float": "nan"})),
+        Just(json!({"$int": "-100000000000000000000"})),
+        time_spec_strategy().prop_map(|t| t.stored(0)),
     ]
 }
 
 fn value_strategy() -> impl Strategy<Value = Value> {
     prop_oneof![
         4 => scalar_strategy(),
+        2 => tagged_strategy(),
         1 => prop::collection::vec(scalar_strategy(), 0..3).prop_map(Value::Array),
         1 => (scalar_strategy(), scalar_strategy()).prop_map(|(x, y)| json!({"x": x, "y z": y})),
+        1 => (tagged_strategy(), scalar_strategy()).prop_map(|(x, y)| json!({"x": x, "y z": y})),
     ]
 }
 
@@ -122,6 +259,7 @@ fn path_strategy() -> impl Strategy<Value = RPath> {
     let seg = prop_oneof![
         any::<bool>().prop_map(|b| RSeg::Field("x", b)),
         Just(RSeg::Field("y z", true)),
+        Just(RSeg::Field("$x", true)),
         (-2i64..=2).prop_map(RSeg::Index),
     ];
     (
@@ -144,6 +282,7 @@ fn expr_strategy() -> impl Strategy<Value = RExpr> {
         2 => (path_strategy(), prop::collection::vec(scalar_strategy(), 0..3), any::<bool>())
             .prop_map(|(p, items, neg)| RExpr::In(p, items, neg)),
         1 => path_strategy().prop_map(RExpr::Exists),
+        1 => path_strategy().prop_map(RExpr::IsNan),
         1 => (
             path_strategy(),
             prop::sample::select(vec![RMethod::StartsWith, RMethod::EndsWith, RMethod::Contains]),
@@ -304,6 +443,11 @@ fn render(e: &RExpr, style: Style, out: &mut String) {
             render_path(p, out);
             out.push(')');
         }
+        RExpr::IsNan(p) => {
+            out.push_str("isnan(");
+            render_path(p, out);
+            out.push(')');
+        }
         RExpr::Method(p, m, v) => {
             render_path(p, out);
             out.push_str(match m {
@@ -341,27 +485,68 @@ fn render(e: &RExpr, style: Style, out: &mut String) {
 
 // The reference evaluator: written for clarity, independently of the module.
 
-fn ref_get<'a>(meta: &'a Map<String, Value>, p: &RPath) -> Option<&'a Value> {
-    let mut v = meta.get(p.root)?;
-    for seg in &p.segs {
-        v = match seg {
-            RSeg::Field(name, _) => v.as_object()?.get(*name)?,
-            RSeg::Index(i) => {
-                let items = v.as_array()?;
-                let i = if *i < 0 { items.len() as i64 + i } else { *i };
-                if i < 0 {
-                    return None;
-                }
-                items.get(i as usize)?
-            }
-        };
-    }
-    Some(v)
+/// A number as the reference sees it: twice its value (the generated
+/// floats are multiples of 0.5), or an infinity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum RNum {
+    NegInf,
+    Doubled(i128),
+    PosInf,
 }
 
-/// Twice the number, exactly (the generated floats are multiples of 0.5).
-fn ref_doubled(n: &serde_json::Number) -> i128 {
-    if let Some(u) = n.as_u64() {
+/// A metadata value as the reference sees it, tags decoded.
+#[derive(Debug, Clone)]
+enum RV<'a> {
+    Null,
+    Bool(bool),
+    Num(RNum),
+    NaN,
+    Str(&'a str),
+    /// Minutes since 2024-03-01T00:00 (UTC for aware values).
+    Time(i64, bool),
+    NaT,
+    List(Vec<RV<'a>>),
+    Obj(Vec<(&'a str, RV<'a>)>),
+}
+
+/// Every ISO 8601 text the generators write, with what it stands for:
+/// (minutes, aware). Text not in here is not ISO 8601.
+fn ref_iso() -> &'static std::collections::HashMap<String, (i64, bool)> {
+    static ISO: std::sync::OnceLock<std::collections::HashMap<String, (i64, bool)>> =
+        std::sync::OnceLock::new();
+    ISO.get_or_init(|| {
+        let mut map = std::collections::HashMap::new();
+        for day in -2..=2 {
+            for hour in [0, 1, 12, 23] {
+                for minute in [0, 30] {
+                    for offset in [None, Some(-330), Some(0), Some(60)] {
+                        let t = TimeSpec {
+                            day,
+                            hour,
+                            minute,
+                            offset,
+                        };
+                        for form in 0..12 {
+                            let mut texts = vec![t.literal(form)];
+                            if let Some(Value::String(s)) =
+                                t.stored(form).as_object().unwrap().values().next()
+                            {
+                                texts.push(s.clone());
+                            }
+                            for text in texts {
+                                map.insert(text, (t.minutes(), offset.is_some()));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        map
+    })
+}
+
+fn ref_num(n: &serde_json::Number) -> RNum {
+    RNum::Doubled(if let Some(u) = n.as_u64() {
         i128::from(u) * 2
     } else if let Some(i) = n.as_i64() {
         i128::from(i) * 2
@@ -369,44 +554,140 @@ fn ref_doubled(n: &serde_json::Number) -> i128 {
         let f = n.as_f64().unwrap() * 2.0;
         assert_eq!(f.fract(), 0.0);
         f as i128
+    })
+}
+
+fn ref_value(v: &Value) -> RV<'_> {
+    match v {
+        Value::Null => RV::Null,
+        Value::Bool(b) => RV::Bool(*b),
+        Value::Number(n) => RV::Num(ref_num(n)),
+        Value::String(s) => RV::Str(s),
+        Value::Array(items) => RV::List(items.iter().map(ref_value).collect()),
+        Value::Object(map) => {
+            let plain = || {
+                RV::Obj(
+                    map.iter()
+                        .map(|(k, v)| (k.as_str(), ref_value(v)))
+                        .collect(),
+                )
+            };
+            if map.len() != 1 {
+                return plain();
+            }
+            let (name, body) = map.iter().next().unwrap();
+            match (name.as_str(), body) {
+                ("$float", Value::String(s)) if s == "nan" => RV::NaN,
+                ("$float", Value::String(s)) if s == "inf" => RV::Num(RNum::PosInf),
+                ("$float", Value::String(s)) if s == "-inf" => RV::Num(RNum::NegInf),
+                ("$int", Value::String(s)) => {
+                    RV::Num(RNum::Doubled(s.parse::<i128>().unwrap() * 2))
+                }
+                ("$tuple", Value::Array(items)) => RV::List(items.iter().map(ref_value).collect()),
+                ("$dict", Value::Object(inner)) => RV::Obj(
+                    inner
+                        .iter()
+                        .map(|(k, v)| (k.as_str(), ref_value(v)))
+                        .collect(),
+                ),
+                ("$datetime" | "$date", Value::String(s)) => {
+                    let (minutes, aware) = ref_iso()[s];
+                    RV::Time(minutes, aware)
+                }
+                ("$numpy", Value::Array(pair)) => match (pair[0].as_str().unwrap(), &pair[1]) {
+                    (_, Value::String(s)) if s == "NaT" => RV::NaT,
+                    ("<M8[m]", Value::String(s)) => RV::Time(ref_iso()[s].0, false),
+                    (_, inner) => ref_value(inner),
+                },
+                _ => plain(),
+            }
+        }
     }
 }
 
-fn ref_eq(a: &Value, b: &Value) -> bool {
+fn ref_get<'a>(meta: &'a Map<String, Value>, p: &RPath) -> Option<RV<'a>> {
+    let mut v = ref_value(meta.get(p.root)?);
+    for seg in &p.segs {
+        v = match (seg, v) {
+            (RSeg::Field(name, _), RV::Obj(fields)) => {
+                fields.into_iter().find(|(k, _)| k == name)?.1
+            }
+            (RSeg::Index(i), RV::List(mut items)) => {
+                let i = if *i < 0 { items.len() as i64 + i } else { *i };
+                if i < 0 || i as usize >= items.len() {
+                    return None;
+                }
+                items.swap_remove(i as usize)
+            }
+            _ => return None,
+        };
+    }
+    Some(v)
+}
+
+/// How two values relate: ordered, unequal and unordered (NaN, NaT, naive
+/// against aware: only `!=` holds), or not comparable (every operator false).
+enum Rel {
+    Ordered(Option<Ordering>),
+    Unordered,
+    Incomparable,
+}
+
+fn ref_rel(a: &RV, b: &RV) -> Rel {
+    let iso = |s: &str| ref_iso().get(s).copied();
     match (a, b) {
-        (Value::Null, Value::Null) => true,
-        (Value::Bool(x), Value::Bool(y)) => x == y,
-        (Value::Number(x), Value::Number(y)) => ref_doubled(x) == ref_doubled(y),
-        (Value::String(x), Value::String(y)) => x == y,
-        (Value::Array(x), Value::Array(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| ref_eq(p, q))
+        (RV::Null, RV::Null) => Rel::Ordered(None),
+        (RV::Bool(x), RV::Bool(y)) if x == y => Rel::Ordered(None),
+        (RV::Bool(_), RV::Bool(_)) => Rel::Unordered,
+        (RV::Num(x), RV::Num(y)) => Rel::Ordered(Some(x.cmp(y))),
+        (RV::NaN, RV::Num(_) | RV::NaN) | (RV::Num(_), RV::NaN) => Rel::Unordered,
+        (RV::Str(x), RV::Str(y)) => Rel::Ordered(Some(x.chars().cmp(y.chars()))),
+        (RV::Time(x, p), RV::Time(y, q)) if p == q => Rel::Ordered(Some(x.cmp(y))),
+        (RV::Time(..) | RV::NaT, RV::Time(..) | RV::NaT) => Rel::Unordered,
+        (RV::Time(x, _), RV::Str(s)) => match iso(s) {
+            Some((y, _)) => Rel::Ordered(Some(x.cmp(&y))),
+            None => Rel::Incomparable,
+        },
+        (RV::Str(_), RV::Time(..) | RV::NaT) => match ref_rel(b, a) {
+            Rel::Ordered(o) => Rel::Ordered(o.map(Ordering::reverse)),
+            other => other,
+        },
+        (RV::NaT, RV::Str(s)) if iso(s).is_some() => Rel::Unordered,
+        (RV::List(x), RV::List(y)) => {
+            if x.len() == y.len() && x.iter().zip(y).all(|(p, q)| ref_eq(p, q)) {
+                Rel::Ordered(None)
+            } else {
+                Rel::Unordered
+            }
         }
-        (Value::Object(x), Value::Object(y)) => {
-            x.len() == y.len()
+        (RV::Obj(x), RV::Obj(y)) => {
+            let same = x.len() == y.len()
                 && x.iter()
-                    .all(|(k, v)| y.get(k).is_some_and(|w| ref_eq(v, w)))
+                    .all(|(k, v)| y.iter().any(|(j, w)| j == k && ref_eq(v, w)));
+            if same {
+                Rel::Ordered(None)
+            } else {
+                Rel::Unordered
+            }
         }
-        _ => false,
+        _ => Rel::Incomparable,
     }
 }
 
-fn ref_cmp(a: &Value, op: ROp, b: &Value) -> bool {
-    if std::mem::discriminant(a) != std::mem::discriminant(b) {
-        return false;
-    }
-    let order = match (a, b) {
-        (Value::Number(x), Value::Number(y)) => Some(ref_doubled(x).cmp(&ref_doubled(y))),
-        (Value::String(x), Value::String(y)) => Some(x.chars().cmp(y.chars())),
-        _ => None,
-    };
-    match (op, order) {
-        (ROp::Eq, _) => ref_eq(a, b),
-        (ROp::Ne, _) => !ref_eq(a, b),
-        (_, None) => false,
-        (ROp::Lt, Some(o)) => o == Ordering::Less,
-        (ROp::Le, Some(o)) => o != Ordering::Greater,
-        (ROp::Gt, Some(o)) => o == Ordering::Greater,
-        (ROp::Ge, Some(o)) => o != Ordering::Less,
+fn ref_eq(a: &RV, b: &RV) -> bool {
+    matches!(ref_rel(a, b), Rel::Ordered(None | Some(Ordering::Equal)))
+}
+
+fn ref_cmp(a: &RV, op: ROp, b: &RV) -> bool {
+    match (ref_rel(a, b), op) {
+        (Rel::Incomparable, _) => false,
+        (rel, ROp::Eq) => matches!(rel, Rel::Ordered(None | Some(Ordering::Equal))),
+        (rel, ROp::Ne) => !matches!(rel, Rel::Ordered(None | Some(Ordering::Equal))),
+        (Rel::Ordered(Some(o)), ROp::Lt) => o == Ordering::Less,
+        (Rel::Ordered(Some(o)), ROp::Le) => o != Ordering::Greater,
+        (Rel::Ordered(Some(o)), ROp::Gt) => o == Ordering::Greater,
+        (Rel::Ordered(Some(o)), ROp::Ge) => o != Ordering::Less,
+        _ => false,
     }
 }
 
@@ -414,27 +695,26 @@ fn ref_eval(e: &RExpr, meta: &Map<String, Value>) -> bool {
     match e {
         RExpr::Cmp(p, op, v, flip) => match ref_get(meta, p) {
             None => false,
-            Some(x) if *flip => ref_cmp(v, *op, x),
-            Some(x) => ref_cmp(x, *op, v),
+            Some(x) if *flip => ref_cmp(&ref_value(v), *op, &x),
+            Some(x) => ref_cmp(&x, *op, &ref_value(v)),
         },
         RExpr::CmpPaths(p, op, q) => match (ref_get(meta, p), ref_get(meta, q)) {
-            (Some(x), Some(y)) => ref_cmp(x, *op, y),
+            (Some(x), Some(y)) => ref_cmp(&x, *op, &y),
             _ => false,
         },
         RExpr::In(p, items, negated) => match ref_get(meta, p) {
             None => false,
-            Some(x) => items.iter().any(|i| ref_eq(x, i)) != *negated,
+            Some(x) => items.iter().any(|i| ref_eq(&x, &ref_value(i))) != *negated,
         },
         RExpr::Exists(p) => ref_get(meta, p).is_some(),
+        RExpr::IsNan(p) => matches!(ref_get(meta, p), Some(RV::NaN | RV::NaT)),
         RExpr::Method(p, m, arg) => match (ref_get(meta, p), m, arg) {
-            (Some(Value::String(s)), RMethod::StartsWith, Value::String(a)) => {
-                s.starts_with(a.as_str())
+            (Some(RV::Str(s)), RMethod::StartsWith, Value::String(a)) => s.starts_with(a.as_str()),
+            (Some(RV::Str(s)), RMethod::EndsWith, Value::String(a)) => s.ends_with(a.as_str()),
+            (Some(RV::Str(s)), RMethod::Contains, Value::String(a)) => s.contains(a.as_str()),
+            (Some(RV::List(items)), RMethod::Contains, a) => {
+                items.iter().any(|i| ref_eq(i, &ref_value(a)))
             }
-            (Some(Value::String(s)), RMethod::EndsWith, Value::String(a)) => {
-                s.ends_with(a.as_str())
-            }
-            (Some(Value::String(s)), RMethod::Contains, Value::String(a)) => s.contains(a.as_str()),
-            (Some(Value::Array(items)), RMethod::Contains, a) => items.iter().any(|i| ref_eq(i, a)),
             _ => false,
         },
         RExpr::Not(inner) => !ref_eval(inner, meta),
@@ -488,6 +768,7 @@ const TOKENS: &[&str] = &[
     "not",
     "in",
     "exists",
+    "isnan",
     "startswith",
     "contains",
     "key",
@@ -608,4 +889,87 @@ fn generated_query_rendering_round_trips_examples() {
     let rec = TestRecord::new(json!({"a": {"y z": 1}, "c": null}));
     assert_eq!(query(&src).matches(&rec), ref_eval(&e, &rec.meta));
     assert!(query(&src).matches(&rec));
+}
+
+/// Generated datetimes, stored in each way Python writes it, against every
+/// literal form and against each other: the module agrees with the
+/// reference, and the comparisons are not all false.
+#[test]
+fn datetimes_agree_with_reference_exhaustively() {
+    let mut specs = Vec::new();
+    for day in -2..=2 {
+        for hour in [0, 1, 12, 23] {
+            for minute in [0, 30] {
+                for offset in [None, Some(-330), Some(0), Some(60)] {
+                    specs.push(TimeSpec {
+                        day,
+                        hour,
+                        minute,
+                        offset,
+                    });
+                }
+            }
+        }
+    }
+    let ops = [ROp::Eq, ROp::Ne, ROp::Lt, ROp::Le, ROp::Gt, ROp::Ge];
+    let path = RPath {
+        root: "a",
+        segs: vec![],
+    };
+    let mut queries = Vec::new();
+    for t in &specs {
+        for form in 0..4 {
+            for op in ops {
+                let e = RExpr::Cmp(path.clone(), op, Value::String(t.literal(form)), false);
+                let mut src = String::new();
+                render(&e, style_all_off(), &mut src);
+                queries.push((query(&src), e));
+            }
+        }
+    }
+    let mut matched = 0usize;
+    let mut records = 0usize;
+    // Every fifth datetime stored (5 is prime to the 32 datetimes of a day,
+    // so each time of day and offset is among them).
+    for (i, t) in specs.iter().enumerate().step_by(5) {
+        for form in 0..3 {
+            records += 1;
+            let rec = TestRecord::new(
+                json!({"a": t.stored(form), "b": specs[(i * 7) % specs.len()].stored(form + 1)}),
+            );
+            for (q, e) in &queries {
+                let want = ref_eval(e, &rec.meta);
+                assert_eq!(q.matches(&rec), want, "{} on {:?}", q.source(), rec.meta);
+                matched += usize::from(want);
+            }
+            for op in ops {
+                let e = RExpr::CmpPaths(
+                    path.clone(),
+                    op,
+                    RPath {
+                        root: "b",
+                        segs: vec![],
+                    },
+                );
+                let mut src = String::new();
+                render(&e, style_all_off(), &mut src);
+                assert_eq!(
+                    query(&src).matches(&rec),
+                    ref_eval(&e, &rec.meta),
+                    "{src} on {:?}",
+                    rec.meta
+                );
+            }
+        }
+    }
+    assert!(matched > queries.len() * records / 4, "{matched}");
+}
+
+fn style_all_off() -> Style {
+    Style {
+        tight: false,
+        double_quotes: false,
+        python_words: false,
+        escape_unicode: false,
+    }
 }

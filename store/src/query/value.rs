@@ -1,23 +1,30 @@
 //! The comparison rules of the query language, on values borrowed from the
 //! query or the record (`store/QUERY.md`, "Values and comparisons"):
 //! numbers compare exactly across integer and float (no rounding through
-//! f64), strings by Unicode code point, lists element-wise and objects by
-//! key set and values; a dtype equals its name or its descr. Values of
-//! different kinds are unequal and unordered, so a type mismatch is false
-//! under every operator, `!=` included.
+//! f64, nor through big `$int` integers), strings by Unicode code point,
+//! lists element-wise and objects by key set and values; a dtype equals its
+//! name or its descr; datetimes by instant, and with ISO 8601 text. Values
+//! of different kinds are unequal and unordered, so a type mismatch is
+//! false under every operator, `!=` included; NaN (and NaT) is unordered
+//! like IEEE 754 says: only `!=` holds.
+//!
+//! Tagged values (`{"$float": "nan"}`, `{"$tuple": [...]}`... see
+//! [`super::tagged`]) are seen as the values they stand for.
 
 use std::cmp::Ordering;
 
 use serde_json::{Map, Value};
 
 use super::ast::{CmpOp, Method};
+use super::tagged::{parse_iso, tag, BigInt, Tag, Time};
 
-/// A number as JSON holds it; compared exactly across kinds.
+/// A number as JSON holds it, or a big `$int`; compared exactly across kinds.
 #[derive(Debug, Clone, Copy)]
-pub(super) enum Num {
+pub(super) enum Num<'a> {
     I(i64),
     U(u64),
     F(f64),
+    Big(BigInt<'a>),
 }
 
 /// A value seen by the evaluator, borrowed from the query or the record.
@@ -25,7 +32,7 @@ pub(super) enum Num {
 pub(super) enum V<'a> {
     Null,
     Bool(bool),
-    Num(Num),
+    Num(Num<'a>),
     Str(&'a str),
     /// An array's dtype: equal to a string that is its name or its descr.
     Dtype {
@@ -34,6 +41,10 @@ pub(super) enum V<'a> {
     },
     List(List<'a>),
     Obj(&'a Map<String, Value>),
+    /// A datetime or date (`$datetime`, `$date`, a numpy datetime64).
+    Time(Time),
+    /// A numpy datetime64 NaT: unordered like NaN.
+    NaT,
 }
 
 /// A list as the evaluator sees it: a JSON array, or an array's shape.
@@ -74,6 +85,7 @@ enum Kind {
     Str,
     List,
     Obj,
+    Time,
 }
 
 impl<'a> V<'a> {
@@ -93,7 +105,17 @@ impl<'a> V<'a> {
             }),
             Value::String(s) => V::Str(s),
             Value::Array(items) => V::List(List::Json(items)),
-            Value::Object(map) => V::Obj(map),
+            Value::Object(map) => match tag(map) {
+                None => V::Obj(map),
+                Some(Tag::Float(f)) => V::Num(Num::F(f)),
+                Some(Tag::NotANumber) => V::Num(Num::F(f64::NAN)),
+                Some(Tag::Int(big)) => V::Num(Num::Big(big)),
+                Some(Tag::Plain(value)) => V::from_json(value),
+                Some(Tag::Time(t)) => V::Time(t),
+                Some(Tag::NotATime) => V::NaT,
+                Some(Tag::Tuple(items)) => V::List(List::Json(items)),
+                Some(Tag::Dict(inner)) => V::Obj(inner),
+            },
         }
     }
 
@@ -105,7 +127,14 @@ impl<'a> V<'a> {
             V::Str(_) | V::Dtype { .. } => Kind::Str,
             V::List(_) => Kind::List,
             V::Obj(_) => Kind::Obj,
+            V::Time(_) | V::NaT => Kind::Time,
         }
+    }
+
+    /// Whether this is a NaN number (a `$float`, a numpy float, a
+    /// timedelta64 NaT) or a datetime64 NaT: what `isnan(x)` tests.
+    pub(super) fn is_nan(self) -> bool {
+        matches!(self, V::Num(Num::F(f)) if f.is_nan()) || matches!(self, V::NaT)
     }
 
     /// The text of a string, or the name of a dtype.
@@ -116,6 +145,69 @@ impl<'a> V<'a> {
             _ => None,
         }
     }
+}
+
+/// The field `name` of an object value (a `$dict` too); `None` for a
+/// value that is not an object, tagged values included.
+pub(crate) fn field<'a>(value: &'a Value, name: &str) -> Option<&'a Value> {
+    match V::from_json(value) {
+        V::Obj(map) => map.get(name),
+        _ => None,
+    }
+}
+
+/// The elements of a list value (a `$tuple` too).
+pub(super) fn items(value: &Value) -> Option<&[Value]> {
+    match V::from_json(value) {
+        V::List(List::Json(items)) => Some(items),
+        _ => None,
+    }
+}
+
+/// A field value as a secondary index orders it: by kind, then within a
+/// kind in the order of the query language (numbers rounded to f64,
+/// datetimes by wall clock read as UTC, as comparisons with ISO 8601
+/// literals see them).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum IndexScalar<'a> {
+    Null,
+    Bool(bool),
+    Num(f64),
+    Str(&'a str),
+    /// Nanoseconds since the epoch (see [`Time`]).
+    Time(i128),
+}
+
+/// How a secondary index keeps `value`; `None` for what no comparison
+/// with a literal can match (lists, objects, NaN, NaT), left out of the
+/// index.
+pub(crate) fn index_scalar(value: &Value) -> Option<IndexScalar<'_>> {
+    Some(match V::from_json(value) {
+        V::Null => IndexScalar::Null,
+        V::Bool(b) => IndexScalar::Bool(b),
+        V::Num(n) => {
+            let f = match n {
+                Num::I(i) => i as f64,
+                Num::U(u) => u as f64,
+                Num::F(f) => f,
+                Num::Big(big) => big.to_f64(),
+            };
+            if f.is_nan() {
+                return None;
+            }
+            IndexScalar::Num(f)
+        }
+        V::Str(s) => IndexScalar::Str(s),
+        V::Time(t) => IndexScalar::Time(t.nanos),
+        V::Dtype { .. } | V::List(_) | V::Obj(_) | V::NaT => return None,
+    })
+}
+
+/// The instant an ISO 8601 literal stands for in a secondary index of
+/// datetimes (see [`IndexScalar::Time`]); `None` when the text is not
+/// ISO 8601 (then it matches no datetime).
+pub(crate) fn literal_time(text: &str) -> Option<i128> {
+    parse_iso(text).map(|t| t.nanos)
 }
 
 /// Exact order of an integer and a float.
@@ -140,18 +232,93 @@ fn cmp_int_float(i: i128, f: f64) -> Option<Ordering> {
     }
 }
 
+/// The order of two integers written in decimal (see [`BigInt`]).
+fn cmp_decimal(a: BigInt<'_>, b: BigInt<'_>) -> Ordering {
+    let magnitude = |x: BigInt<'_>, y: BigInt<'_>| {
+        x.digits
+            .len()
+            .cmp(&y.digits.len())
+            .then_with(|| x.digits.cmp(y.digits))
+    };
+    match (a.negative, b.negative) {
+        (false, false) => magnitude(a, b),
+        (true, true) => magnitude(b, a),
+        (false, true) => Ordering::Greater,
+        (true, false) => Ordering::Less,
+    }
+}
+
+/// Exact order of a big integer and a float; `None` for NaN.
+fn cmp_big_float(big: BigInt<'_>, f: f64) -> Option<Ordering> {
+    if f.is_nan() {
+        return None;
+    }
+    if f.is_infinite() {
+        return Some(if f > 0.0 {
+            Ordering::Less
+        } else {
+            Ordering::Greater
+        });
+    }
+    // The integer part of a finite float, written out exactly.
+    let whole = f.trunc();
+    let text = format!("{whole:.0}");
+    let whole_int = BigInt::parse(&text)?;
+    match cmp_decimal(big, whole_int) {
+        Ordering::Equal => (0.0).partial_cmp(&(f - whole)),
+        other => Some(other),
+    }
+}
+
 /// The exact order of two numbers of any kinds; `None` when one is NaN.
-fn cmp_num(a: Num, b: Num) -> Option<Ordering> {
-    let int = |n: Num| match n {
+fn cmp_num(a: Num<'_>, b: Num<'_>) -> Option<Ordering> {
+    let int = |n: Num<'_>| match n {
         Num::I(i) => Some(i128::from(i)),
         Num::U(u) => Some(i128::from(u)),
-        Num::F(_) => None,
+        Num::F(_) | Num::Big(_) => None,
     };
     match (a, b) {
         (Num::F(x), Num::F(y)) => x.partial_cmp(&y),
+        (Num::Big(x), Num::F(y)) => cmp_big_float(x, y),
+        (Num::F(x), Num::Big(y)) => cmp_big_float(y, x).map(Ordering::reverse),
+        (Num::Big(x), Num::Big(y)) => Some(cmp_decimal(x, y)),
+        (Num::Big(x), other) => {
+            let text = int(other)?.to_string();
+            Some(cmp_decimal(x, BigInt::parse(&text)?))
+        }
+        (other, Num::Big(y)) => {
+            let text = int(other)?.to_string();
+            Some(cmp_decimal(BigInt::parse(&text)?, y))
+        }
         (Num::F(x), other) => cmp_int_float(int(other)?, x).map(Ordering::reverse),
         (other, Num::F(y)) => cmp_int_float(int(other)?, y),
         (x, y) => Some(int(x)?.cmp(&int(y)?)),
+    }
+}
+
+/// The order of a stored datetime and another value: a datetime of the
+/// same awareness, or text that reads as ISO 8601 (see
+/// [`super::tagged::parse_iso`]), compared on the wall clock as if both were
+/// UTC (an offset-less text against an aware value is UTC; a naive value
+/// against text with an offset is UTC). `None` for NaT, a naive and an
+/// aware datetime, or anything else.
+fn cmp_time(t: Time, other: V<'_>) -> Option<Ordering> {
+    match other {
+        V::Time(u) if u.aware == t.aware => Some(t.nanos.cmp(&u.nanos)),
+        V::Str(s) => Some(t.nanos.cmp(&parse_iso(s)?.nanos)),
+        _ => None,
+    }
+}
+
+/// Whether two values can be compared at all: same kind, or a datetime
+/// (NaT too) and text that reads as ISO 8601. Comparing values that can't
+/// is false under every operator.
+fn comparable(a: V<'_>, b: V<'_>) -> bool {
+    match (a, b) {
+        (V::Time(_) | V::NaT, V::Str(s)) | (V::Str(s), V::Time(_) | V::NaT) => {
+            parse_iso(s).is_some()
+        }
+        _ => a.kind() == b.kind(),
     }
 }
 
@@ -198,6 +365,8 @@ fn values_eq<'a>(a: V<'a>, b: V<'a>) -> bool {
             (V::Null, V::Null) => true,
             (V::Bool(p), V::Bool(q)) => p == q,
             (V::Num(p), V::Num(q)) => cmp_num(p, q) == Some(Ordering::Equal),
+            (V::Time(t), other) => cmp_time(t, other) == Some(Ordering::Equal),
+            (V::Str(_), V::Time(t)) => cmp_time(t, x) == Some(Ordering::Equal),
             (V::List(p), V::List(q)) if p.len() == q.len() => {
                 pending.extend((0..p.len()).map(|i| (p.get(i), q.get(i))));
                 true
@@ -225,13 +394,16 @@ fn values_eq<'a>(a: V<'a>, b: V<'a>) -> bool {
     }
 }
 
-/// The order of two numbers or two strings; `None` for other pairs
-/// (booleans, null, lists, objects and dtypes are not ordered) and NaN.
+/// The order of two numbers, two strings, or datetimes (see [`cmp_time`]);
+/// `None` for other pairs (booleans, null, lists, objects and dtypes are
+/// not ordered), NaN and NaT.
 fn order(a: V<'_>, b: V<'_>) -> Option<Ordering> {
     match (a, b) {
         (V::Num(x), V::Num(y)) => cmp_num(x, y),
         // UTF-8 byte order is Unicode code point order.
         (V::Str(x), V::Str(y)) => Some(x.cmp(y)),
+        (V::Time(t), other) => cmp_time(t, other),
+        (other, V::Time(t)) => cmp_time(t, other).map(Ordering::reverse),
         _ => None,
     }
 }
@@ -241,24 +413,23 @@ pub(super) fn cmp_literal(a: &Value, b: &Value) -> Option<Ordering> {
     order(V::from_json(a), V::from_json(b))
 }
 
-/// `a op b`. False when the operands are of different kinds, under every
-/// operator; `in` and `not in` are false when the test does not apply.
+/// `a op b`. False when the operands can't be compared (see
+/// [`comparable`]), under every operator; `in` and `not in` are false when
+/// the test does not apply. Otherwise `!=` is the negation of `==`, so it
+/// holds for NaN and NaT, which equal nothing.
 pub(super) fn compare<'a>(a: V<'a>, op: CmpOp, b: V<'a>) -> bool {
     match op {
         CmpOp::In => return membership(a, b).unwrap_or(false),
         CmpOp::NotIn => return membership(a, b).is_some_and(|found| !found),
         _ => {}
     }
-    if a.kind() != b.kind() {
+    if !comparable(a, b) {
         return false;
     }
     let ordered = |test: fn(Ordering) -> bool| order(a, b).is_some_and(test);
     match op {
         CmpOp::Eq => values_eq(a, b),
-        CmpOp::Ne => match (a, b) {
-            (V::Num(x), V::Num(y)) => cmp_num(x, y).is_some_and(Ordering::is_ne),
-            _ => !values_eq(a, b),
-        },
+        CmpOp::Ne => !values_eq(a, b),
         CmpOp::Lt => ordered(Ordering::is_lt),
         CmpOp::Le => ordered(Ordering::is_le),
         CmpOp::Gt => ordered(Ordering::is_gt),
@@ -568,6 +739,347 @@ mod tests {
                 "h == 1",
             ],
         );
+    }
+
+    /// A record of tagged values, as the Python writer stores them.
+    fn tagged() -> TestRecord {
+        TestRecord::new(json!({
+            "nan": {"$float": "nan"},
+            "inf": {"$float": "inf"},
+            "ninf": {"$float": "-inf"},
+            "big": {"$int": "123456789012345678901234567890"},
+            "nbig": {"$int": "-123456789012345678901234567890"},
+            "two64": {"$int": "18446744073709551616"},
+            "f4": {"$numpy": ["<f4", 1.5]},
+            "i8": {"$numpy": ["<i8", 7]},
+            "b1": {"$numpy": ["|b1", true]},
+            "fnan": {"$numpy": ["<f8", {"$float": "nan"}]},
+            "td": {"$numpy": ["<m8[s]", 5]},
+            "tdnat": {"$numpy": ["<m8[s]", "NaT"]},
+            "when": {"$datetime": "2024-03-01T12:30:00"},
+            "utc": {"$datetime": "2024-03-01T12:30:00+00:00"},
+            "paris": {"$datetime": "2024-03-01T12:30:00+01:00[Europe/Paris]"},
+            "day": {"$date": "2024-03-01"},
+            "m8": {"$numpy": ["<M8[s]", "2024-03-01T12:30:00"]},
+            "m8d": {"$numpy": ["<M8[D]", "2024-03-01"]},
+            "nat": {"$numpy": ["<M8[s]", "NaT"]},
+            "t": {"$tuple": [1, "a", {"$tuple": [2, 3]}]},
+            "d": {"$dict": {"$x": 1}},
+            "odd": {"$unknown": 1},
+            "bad": {"$float": "NaN"},
+        }))
+    }
+
+    #[test]
+    fn nan_is_unordered() {
+        let rec = tagged();
+        expect_all(
+            &rec,
+            true,
+            &[
+                "nan != 1",
+                "nan != 1.5",
+                "nan != nan",
+                "nan != inf",
+                "fnan != fnan",
+                "tdnat != 5",
+                "not nan == nan",
+                "nan not in [1, 2]",
+                "inf > 1e308",
+                "inf == inf",
+                "inf > 18446744073709551615",
+                "inf > big",
+                "ninf < nbig",
+                "ninf < -1e308",
+                "ninf != inf",
+                "f4 == 1.5",
+                "f4 < 2",
+                "i8 == 7",
+                "i8 in [7, 8]",
+                "b1 == true",
+                "td == 5",
+                "td > 4.5",
+            ],
+        );
+        expect_all(
+            &rec,
+            false,
+            &[
+                "nan == nan",
+                "nan == 1",
+                "nan < 1",
+                "nan <= 1",
+                "nan > 1",
+                "nan >= 1",
+                "nan < inf",
+                "nan > ninf",
+                "nan in [1, 2]",
+                "nan != 'x'",
+                "fnan == fnan",
+                "fnan >= 0",
+                "tdnat == tdnat",
+                "tdnat < 5",
+                "inf != inf",
+                "b1 == 1",
+                "i8 == '7'",
+            ],
+        );
+    }
+
+    #[test]
+    fn isnan_finds_nan_and_nat() {
+        let rec = tagged();
+        expect_all(
+            &rec,
+            true,
+            &[
+                "isnan(nan)",
+                "isnan(fnan)",
+                "isnan(tdnat)",
+                "isnan(nat)",
+                "not isnan(inf)",
+                "not isnan(f4)",
+                "not isnan(when)",
+                "not isnan(bad)",
+                "not isnan(missing)",
+                "not isnan(t)",
+                "isnan(nan) and nan != nan",
+                "isnan(meta.nan)",
+            ],
+        );
+        // A field called isnan is still a field.
+        let rec = TestRecord::new(json!({"isnan": 1}));
+        assert!(check("isnan == 1", &rec));
+    }
+
+    #[test]
+    fn big_tagged_integers_compare_exactly() {
+        let rec = tagged();
+        expect_all(
+            &rec,
+            true,
+            &[
+                "big == big",
+                "big > 18446744073709551615",
+                // The nearest double is 123456789012345677877719597056.
+                "big > 1.2345678901234568e29",
+                "big < 1.234567890123457e29",
+                "big != 1.2345678901234568e29",
+                "big > nbig",
+                "nbig < -9223372036854775808",
+                "nbig < -1e29",
+                "nbig > -1.3e29",
+                "two64 > 18446744073709551615",
+                "two64 == 18446744073709551616.0",
+                "two64 >= 18446744073709551616.0",
+                "two64 < 18446744073709551617.5e0 or two64 == 18446744073709551616.0",
+                "two64 != 18446744073709551615",
+                "two64 < big",
+                "big < 1e300",
+                "nbig > -1e300",
+            ],
+        );
+        expect_all(
+            &rec,
+            false,
+            &[
+                "big == 1.2345678901234568e29",
+                "big < 18446744073709551615",
+                "two64 == 18446744073709551615",
+                "two64 > 18446744073709551616.0",
+                "big == '123456789012345678901234567890'",
+                "nbig > 0",
+            ],
+        );
+        // Two big integers, and one that fits 64 bits written as $int.
+        let rec = TestRecord::new(json!({
+            "a": {"$int": "-99999999999999999999"},
+            "b": {"$int": "-100000000000000000000"},
+            "c": {"$int": "42"},
+            "z": {"$int": "-0"},
+        }));
+        expect_all(
+            &rec,
+            true,
+            &[
+                "a > b",
+                "b < a",
+                "a != b",
+                "c == 42",
+                "c == 42.0",
+                "c < 42.5",
+                "c > 41.9",
+                "z == 0",
+                "z == -0.0",
+                "z > -0.5",
+                "b < -99999999999999999999.0 or b < a",
+            ],
+        );
+        expect_all(&rec, false, &["a < b", "a == b", "c != 42"]);
+    }
+
+    #[test]
+    fn datetimes_compare_with_iso_text_and_each_other() {
+        let rec = tagged();
+        expect_all(
+            &rec,
+            true,
+            &[
+                "when >= '2024-03-01'",
+                "when > '2024-03-01'",
+                "when < '2024-03-02'",
+                "when == '2024-03-01T12:30:00'",
+                "when == '2024-03-01 12:30'",
+                "when == '2024-03-01T12:30:00.000000000'",
+                "when < '2024-03-01T12:30:00.000000001'",
+                "when != '2024-03-01T12:30:01'",
+                "when in ['2024-01-01', '2024-03-01T12:30']",
+                "when not in ['2024-01-01']",
+                "'2024-03-01' <= when",
+                "'2024-01-01T00:00:00' < when",
+                "'2023-12-31' < when < '2025-01-01'",
+                // Aware values by instant; text without an offset is UTC.
+                "utc == '2024-03-01T12:30:00Z'",
+                "utc == '2024-03-01T13:30:00+01:00'",
+                "utc == '2024-03-01T12:30:00'",
+                "paris == '2024-03-01T11:30:00'",
+                "paris == '2024-03-01T12:30:00+01:00'",
+                "paris == '2024-03-01T12:30:00+01:00[Europe/Paris]'",
+                "paris < utc",
+                "paris != utc",
+                "paris < '2024-03-01T12:00:00Z'",
+                // A naive value against text with an offset: as if UTC.
+                "when == '2024-03-01T12:30:00+00:00'",
+                "when > '2024-03-01T12:30:00+01:00'",
+                // Dates are midnight; numpy datetimes are naive.
+                "day == '2024-03-01'",
+                "day == '2024-03-01T00:00'",
+                "day < when",
+                "m8 == when",
+                "m8 == '2024-03-01T12:30'",
+                "m8d == day",
+                "m8d < m8",
+                // NaT, like NaN.
+                "nat != '2024-03-01'",
+                "nat != when",
+                "nat != nat",
+            ],
+        );
+        expect_all(
+            &rec,
+            false,
+            &[
+                "when < '2024-03-01'",
+                "when == '2024-03-01'",
+                "when != '2024-03-01T12:30:00'",
+                "when in ['2024-01-01']",
+                "when not in ['2024-03-01T12:30']",
+                // Naive and aware stored values are unordered.
+                "when == utc",
+                "when < utc",
+                "when >= utc",
+                "when <= paris",
+                // Not ISO 8601: a plain string, false against a datetime.
+                "when == 'yesterday'",
+                "when != 'yesterday'",
+                "when < 'z'",
+                "when > '2024'",
+                "when != '2024-02-30'",
+                "when == 20240301",
+                "when != 20240301",
+                "when == null",
+                "when == ['2024-03-01']",
+                "when.startswith('2024')",
+                "'2024' in when",
+                "nat == nat",
+                "nat < '2024-03-01'",
+                "nat >= when",
+                "nat != 'x'",
+                "nat == 1",
+            ],
+        );
+        // `!=` between naive and aware: they differ.
+        assert!(check("when != utc", &rec));
+    }
+
+    #[test]
+    fn tuples_dicts_and_odd_objects() {
+        let rec = tagged();
+        expect_all(
+            &rec,
+            true,
+            &[
+                "t == [1, 'a', [2, 3]]",
+                "t[0] == 1",
+                "t[-1][1] == 3",
+                "t[2] == [2, 3]",
+                "1 in t",
+                "'a' in t",
+                "[2, 3] in t",
+                "t.contains('a')",
+                "t[2].contains(3)",
+                "exists(t[2][0])",
+                "t != [1, 'a']",
+                "d['$x'] == 1",
+                "d == d",
+                "exists(d['$x'])",
+                "not exists(d['$dict'])",
+                "odd['$unknown'] == 1",
+                "bad['$float'] == 'NaN'",
+                "not exists(nan['$float'])",
+                "not exists(when['$datetime'])",
+                "not exists(t['$tuple'])",
+            ],
+        );
+        expect_all(
+            &rec,
+            false,
+            &[
+                "t == [1, 'a']",
+                "t[3] == 1",
+                "'b' in t",
+                "t < [2]",
+                "exists(t.x)",
+                "d.x == 1",
+                "d['$dict']['$x'] == 1",
+                "nan['$float'] == 'nan'",
+            ],
+        );
+        let same = TestRecord::new(json!({
+            "a": {"$dict": {"$x": {"$tuple": [1, 2]}}},
+            "b": {"$dict": {"$x": [1.0, 2]}},
+            "c": {"$x": [1, 2]},
+            "e": {"$dict": {"$float": "nan"}},
+        }));
+        expect_all(
+            &same,
+            true,
+            &[
+                "a == b",
+                "a['$x'] == [1, 2]",
+                "e['$float'] == 'nan'",
+                "a != e",
+                "not exists(c['$x'][0]) or c['$x'][0] == 1",
+            ],
+        );
+    }
+
+    #[test]
+    fn escaped_metadata_is_looked_up_inside() {
+        let rec = TestRecord::new(json!({"$dict": {"$x": {"$tuple": [1]}}}));
+        expect_all(
+            &rec,
+            true,
+            &[
+                "meta['$x'] == [1]",
+                "meta['$x'][0] == 1",
+                "not exists(meta['$dict'])",
+            ],
+        );
+        // Two fields: not an escape.
+        let rec = TestRecord::new(json!({"$dict": {"$x": 1}, "y": 2}));
+        expect_all(&rec, true, &["meta['$dict']['$x'] == 1", "y == 2"]);
+        expect_all(&rec, false, &["meta['$x'] == 1"]);
     }
 
     proptest! {

@@ -6,7 +6,8 @@ use serde_json::{Map, Value};
 use crate::query::QueryNeeds;
 
 /// The wanted fields of the metadata object at the start of `bytes`,
-/// found by a byte scanner that tokenizes only what it must: keys are
+/// found by a byte scanner that tokenizes only what it must (settled as
+/// [`QueryNeeds::settle`] says): keys are
 /// compared as bytes, unwanted values are skipped by their extent (strings
 /// to their closing quote, containers to their matching bracket), and only
 /// wanted values are parsed, by serde_json. `None` when the scanner meets
@@ -16,6 +17,7 @@ use crate::query::QueryNeeds;
 /// brackets only; `Store::verify` checks every record in full.
 pub(crate) fn fast_meta(bytes: &[u8], needs: &QueryNeeds) -> Option<Map<String, Value>> {
     let mut meta = Map::new();
+    let mut keys = 0;
     let mut pos = skip_ws(bytes, 0);
     if bytes.get(pos) != Some(&b'{') {
         return None;
@@ -40,6 +42,7 @@ pub(crate) fn fast_meta(bytes: &[u8], needs: &QueryNeeds) -> Option<Map<String, 
         let start = skip_ws(bytes, pos + 1);
         let end = skip_value(bytes, start)?;
         let key = std::str::from_utf8(key).ok()?;
+        keys += 1;
         if needs.wants(key) {
             let value: Value = serde_json::from_slice(&bytes[start..end]).ok()?;
             meta.insert(key.to_owned(), value);
@@ -47,7 +50,7 @@ pub(crate) fn fast_meta(bytes: &[u8], needs: &QueryNeeds) -> Option<Map<String, 
         pos = skip_ws(bytes, end);
         match bytes.get(pos) {
             Some(b',') => pos = skip_ws(bytes, pos + 1),
-            Some(b'}') => return Some(meta),
+            Some(b'}') => return Some(needs.settle(meta, keys)),
             _ => return None,
         }
     }

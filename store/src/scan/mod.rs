@@ -51,7 +51,8 @@ impl<'q> ScanQuery<'q> {
     }
 }
 
-/// Record as decoded for scans: only the metadata fields the query reads,
+/// Record as decoded for scans: only the metadata fields the query reads
+/// (unescaped: see [`QueryNeeds::settle`]),
 /// array facts only if it reads them, everything else (layout, ids, other
 /// fields) skipped without building values.
 #[derive(Default)]
@@ -149,6 +150,12 @@ impl RecordView for ScanView<'_> {
     fn meta(&self) -> &Map<String, Value> {
         &self.record.meta
     }
+    /// The decoders have already unescaped the fields (see
+    /// [`QueryNeeds::settle`]); they know whether the metadata had one
+    /// field only.
+    fn fields(&self) -> &Map<String, Value> {
+        &self.record.meta
+    }
     fn array(&self, name: &str) -> Option<ArrayFacts<'_>> {
         // Records hold few arrays: a linear search beats hashing here.
         let (_, a) = self.record.arrays.iter().find(|(n, _)| n == name)?;
@@ -189,7 +196,12 @@ mod tests {
 
     /// The same record with its fields in another order (decoded whole).
     fn reordered() -> String {
-        let value: Value = serde_json::from_str(STORED).unwrap();
+        reorder(STORED)
+    }
+
+    /// `text` with its fields in reverse order.
+    fn reorder(text: &str) -> String {
+        let value: Value = serde_json::from_str(text).unwrap();
         let mut fields: Vec<(String, Value)> =
             value.as_object().unwrap().clone().into_iter().collect();
         fields.reverse();
@@ -212,6 +224,52 @@ mod tests {
         for text in [STORED.to_owned(), reordered(), escaped, spaced] {
             for (query, want) in queries {
                 assert_eq!(matches(query, &text).unwrap(), want, "{query} on {text}");
+            }
+        }
+    }
+
+    #[test]
+    fn escaped_metadata_is_read_inside_on_every_decoding_path() {
+        let escaped =
+            r#"{"meta":{"$dict":{"$x":{"$tuple":[1,2]}}},"arrays":{},"layout":{},"pickle":false}"#;
+        let two = r#"{"meta":{"$dict":{"$x":1},"y":2},"arrays":{},"layout":{},"pickle":false}"#;
+        let cases: [(&str, &[(&str, bool)]); 2] = [
+            (
+                escaped,
+                &[
+                    ("meta['$x'] == [1, 2]", true),
+                    ("meta['$x'][1] == 2 and not exists(pos)", true),
+                    ("exists(meta['$dict'])", false),
+                    ("meta['$dict']['$x'] == [1, 2]", false),
+                    ("exists(y)", false),
+                ],
+            ),
+            (
+                two,
+                &[
+                    ("meta['$dict']['$x'] == 1", true),
+                    ("meta['$dict']['$x'] == 1 and not exists(pos)", true),
+                    ("y == 2", true),
+                    ("meta['$x'] == 1", false),
+                    ("exists(meta['$x'])", false),
+                ],
+            ),
+        ];
+        for (text, queries) in cases {
+            // The byte scanner, serde_json (an escaped key), the whole record.
+            let variants = [
+                text.to_owned(),
+                text.replacen(r#""$dict""#, r#""\u0024dict""#, 1),
+                reorder(text),
+            ];
+            for variant in variants {
+                for (query, want) in queries {
+                    assert_eq!(
+                        matches(query, &variant).unwrap(),
+                        *want,
+                        "{query} on {variant}"
+                    );
+                }
             }
         }
     }

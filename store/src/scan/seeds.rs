@@ -67,7 +67,8 @@ impl<'de> Visitor<'de> for KeySeed {
     }
 }
 
-/// The metadata object, keeping only the top-level fields `needs` names.
+/// The metadata object, keeping only the top-level fields `needs` names
+/// (settled as [`QueryNeeds::settle`] says).
 pub(super) struct MetaSeed<'n> {
     pub needs: &'n QueryNeeds,
 }
@@ -86,14 +87,16 @@ impl<'de> Visitor<'de> for MetaSeed<'_> {
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut meta = Map::new();
+        let mut keys = 0;
         while let Some(key) = map.next_key_seed(KeySeed)? {
+            keys += 1;
             if self.needs.wants(&key) {
                 meta.insert(key.into_owned(), map.next_value::<Value>()?);
             } else {
                 map.next_value::<IgnoredAny>()?;
             }
         }
-        Ok(meta)
+        Ok(self.needs.settle(meta, keys))
     }
 }
 
