@@ -227,7 +227,15 @@ def split(obj: Any) -> tuple[Split, _Splitter]:
             break
         except _Cycle as cycle:
             pickle_whole.add(cycle.container_id)
-    return Split(meta if isinstance(meta, dict) else {}, layout, leftovers), splitter
+    if not isinstance(meta, dict) or (len(meta) == 1 and _tagged_not_dict(meta)):
+        meta = {}  # not a dict or an instance (a tuple, a tagged scalar...)
+    return Split(meta, layout, leftovers), splitter
+
+
+def _tagged_not_dict(meta: dict[str, Any]) -> bool:
+    """Whether the one-member ``meta`` is a tagged value other than an escaped dict."""
+    name = next(iter(meta))
+    return name.startswith("$") and name != "$dict"
 
 
 def encode(obj: Any) -> tuple[str, str, list[tuple[Any, ...]], bytes | None]:
