@@ -10,6 +10,7 @@ import datetime
 import json
 import math
 import pickle
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -394,3 +395,12 @@ READERS: dict[str, Callable[[lv.Record], Any]] = {
 def test_each_reader_gives_the_value_itself(store: lv.Store, reader: str, value: Any) -> None:
     store["k"] = {"v": value}
     assert same(READERS[reader](store["k"]), value)
+
+
+def test_readme_metadata_types_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Metadata types", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(block, "README.md", "exec"), {})
+    assert (tmp_path / "types.lv" / "lazyvault.json").exists()
