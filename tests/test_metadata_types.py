@@ -404,3 +404,14 @@ def test_readme_metadata_types_example(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.chdir(tmp_path)
     exec(compile(block, "README.md", "exec"), {})
     assert (tmp_path / "types.lv" / "lazyvault.json").exists()
+
+
+def test_cli_json_gives_the_tagged_form(written: Path) -> None:
+    from lazyvault import _cli
+
+    with lv.Store.open(written, mode="r") as store:
+        shown = _cli._as_json(store["k"])
+        line = _cli._summary_line(store["k"])
+    text = json.dumps(shown, allow_nan=False)  # valid JSON: no bare NaN
+    assert json.loads(text)["meta"]["nan"] == {"$float": "nan"}
+    assert 'naive="2024-03-01T12:30:00"' in line
