@@ -96,8 +96,6 @@ class Record:
         record: dict[str, Any],
         store: Store | None = None,
         pickle: bytes | None = None,
-        *,
-        plain: bool = False,
     ) -> None:
         self._source = source
         self._pickle = pickle  # the remainder read with the record, if any
@@ -105,9 +103,8 @@ class Record:
         self._store = weakref.ref(store) if store is not None else None
         self._key = key
         self._record = record
-        # meta with its tagged values decoded, on first use; ``plain``: the record JSON held no
-        # tagged value (no ``{"$``), so meta is as read
-        self._meta: dict[str, Any] | None = record["meta"] if plain else None
+        # meta with its tagged values decoded, on first use (see from_json)
+        self._meta: dict[str, Any] | None = None
         self._cache: dict[str, np.ndarray] = {}
 
     @property
@@ -308,7 +305,10 @@ def from_json(
 ) -> Record:
     """The record of ``key`` from its record JSON ``raw`` (UTF-8); a raw record without ``{"$`` has
     no tagged value (in a JSON string the sequence is escaped), so its meta needs no decoding."""
-    return Record(source, key, json.loads(raw), store, pickle, plain=b'{"$' not in raw)
+    rec = Record(source, key, json.loads(raw), store, pickle)
+    if b'{"$' not in raw:
+        rec._meta = rec._record["meta"]
+    return rec
 
 
 def entry_of(rec: Record) -> dict[str, Any]:
