@@ -415,3 +415,13 @@ def test_cli_json_gives_the_tagged_form(written: Path) -> None:
     text = json.dumps(shown, allow_nan=False)  # valid JSON: no bare NaN
     assert json.loads(text)["meta"]["nan"] == {"$float": "nan"}
     assert 'naive="2024-03-01T12:30:00"' in line
+
+
+def test_a_record_json_with_spaces_is_decoded_too() -> None:
+    # a record written by another tool following FORMAT.md need not be compact JSON
+    from lazyvault import record
+    from lazyvault._source import MemorySource
+
+    raw = b'{"meta": {"t": { "$float" : "nan" }}, "arrays": {}, "layout": {"dict": {}}}'
+    rec = record.from_json(MemorySource({}, None, False), "k", raw)
+    assert math.isnan(rec.t)

@@ -303,10 +303,11 @@ def _with_array_properties(names: tuple[str, ...]) -> type[Record]:
 def from_json(
     source: Source, key: str, raw: bytes, store: Store | None = None, pickle: bytes | None = None
 ) -> Record:
-    """The record of ``key`` from its record JSON ``raw`` (UTF-8); a raw record without ``{"$`` has
-    no tagged value (in a JSON string the sequence is escaped), so its meta needs no decoding."""
+    """The record of ``key`` from its record JSON ``raw`` (UTF-8). A tagged value's name starts
+    with ``"$``: a raw record without it (compact or not) has none, so its meta needs no decoding
+    (keys and strings starting with ``$`` merely cost a walk)."""
     rec = Record(source, key, json.loads(raw), store, pickle)
-    if b'{"$' not in raw:
+    if b'"$' not in raw:
         rec._meta = rec._record["meta"]
     return rec
 
