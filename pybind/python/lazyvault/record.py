@@ -198,7 +198,9 @@ class Record:
         record = self._record
         if name in record["arrays"]:
             return self.array(name)
-        meta = self.meta
+        meta = self._meta
+        if meta is None:
+            meta = self.meta
         if name in meta:
             return meta[name]
         raise AttributeError(f"record {self._key!r} has no field {name!r}")
@@ -306,10 +308,14 @@ def from_json(
     """The record of ``key`` from its record JSON ``raw`` (UTF-8). A tagged value's name starts
     with ``"$``: a raw record without it (compact or not) has none, so its meta needs no decoding
     (keys and strings starting with ``$`` merely cost a walk)."""
-    rec = Record(source, key, json.loads(raw), store, pickle)
-    if b'"$' not in raw:
-        rec._meta = rec._record["meta"]
+    record = json.loads(raw)
+    rec = Record(source, key, record, store, pickle)
+    if _DOLLAR not in raw or b'"$' not in raw:  # the first: memchr, a few ns
+        rec._meta = record["meta"]
     return rec
+
+
+_DOLLAR = ord("$")
 
 
 def entry_of(rec: Record) -> dict[str, Any]:
