@@ -114,9 +114,9 @@ def test_masked_records_match_the_json_schema(store: lv.Store) -> None:
     masked = record["layout"]["dict"]
     assert masked["plain"]["masked"]["mask"] is None
     assert masked["full"]["masked"]["mask"] == {"array": "full/mask"}
-    assert masked["full"]["masked"]["fill_value"] == {"scalar": ["<f8", 2.0]}
+    assert masked["full"]["masked"]["fill_value"] == {"$numpy": ["<f8", 2.0]}
     assert masked["text"]["masked"]["fill_value"] == "z"
-    assert masked["nan"]["masked"]["fill_value"] == {"array": "nan/fill_value"}
+    assert masked["nan"]["masked"]["fill_value"] == {"$numpy": ["<f8", {"$float": "nan"}]}
     bad = {**record, "layout": {"masked": {"data": {"array": "plain"}}}}
     assert not validator.is_valid(bad)
 
@@ -127,14 +127,15 @@ def test_a_damaged_masked_node_is_corrupt() -> None:
     paths = {"data", "data/mask"}
     good = {"data": {"array": "data"}, "mask": None, "fill_value": None, "hard_mask": False}
     assert _layout.problem({"masked": good}, paths) is None
-    for fill in ("zz", {"scalar": ["<f8", 1.5]}, {"array": "data/mask"}):
+    for fill in ("zz", {"$numpy": ["<f8", 1.5]}, {"array": "data/mask"}):
         assert _layout.problem({"masked": {**good, "fill_value": fill}}, paths) is None
     for bad in (
         {**good, "hard_mask": 1},
         {**good, "data": {"array": "elsewhere"}},
         {**good, "mask": "data/mask"},
         {**good, "fill_value": {"list": [1]}},
-        {**good, "fill_value": {"scalar": ["<f8", "x"]}},
+        {**good, "fill_value": {"$numpy": ["<f8", "x"]}},
+        {**good, "fill_value": {"scalar": ["<f8", 1.5]}},
         {**good, "fill_value": {"array": "nowhere"}},
         {"data": {"array": "data"}},
         [],

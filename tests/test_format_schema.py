@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import copy
 import dataclasses
+import datetime
 import io
 import json
 import math
@@ -17,6 +18,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import jsonschema
 import numpy as np
@@ -25,7 +27,21 @@ import pytest
 import lazyvault as lv
 
 SCHEMA_DIR = Path(__file__).resolve().parents[1] / "schema" / "json"
-NODE_KINDS = {"json", "dict", "list", "tuple", "array", "float", "scalar", "object", "pickle"}
+# what the writer writes (the older "float" and "scalar" nodes are only read)
+NODE_KINDS = {
+    "json",
+    "dict",
+    "list",
+    "tuple",
+    "array",
+    "object",
+    "pickle",
+    "$float",
+    "$int",
+    "$datetime",
+    "$date",
+    "$numpy",
+}
 
 
 @dataclasses.dataclass
@@ -44,6 +60,8 @@ BARE = np.arange(10, dtype="<i8")
 BY_ID = np.arange(4)
 UNICODE_FIELDS = np.array([(1.5,), (2.5,)], dtype=[("温度", "<f8")])
 OBJECTS = np.array([1, "a", None], dtype=object)
+PARIS = ZoneInfo("Europe/Paris")
+ODD_OFFSET = datetime.timedelta(hours=-3, minutes=-30, seconds=-15)
 
 
 def stored_objects() -> dict[str, Any]:
@@ -64,6 +82,21 @@ def stored_objects() -> dict[str, Any]:
         "collide": {"a/b": np.zeros(2), "a": {"b": np.ones(2)}},
         "unicode": {"t": UNICODE_FIELDS},
         "shared": {"a": W, "b": [W, W]},
+        "tagged": {
+            "big": -(2**70),
+            "when": datetime.datetime(2024, 3, 1, 12, 30, 0, 5, tzinfo=PARIS),
+            "utc": datetime.datetime(2024, 3, 1, tzinfo=datetime.UTC),
+            "odd": datetime.datetime(2024, 3, 1, tzinfo=datetime.timezone(ODD_OFFSET)),
+            "naive": datetime.datetime(2024, 3, 1, 12, 30),
+            "day": datetime.date(2024, 3, 1),
+            "pair": (1, (float("inf"), "x")),
+            "m": np.datetime64("2024-03-01T00:00:00"),
+            "nat": np.datetime64("NaT", "ns"),
+            "td": np.timedelta64(5, "10ms"),
+            "f4nan": np.float32("nan"),
+            "escaped": {"$x": [1, {"$y": 2.5}]},
+            "list": [float("nan"), {"a": float("-inf")}],
+        },
     }
 
 
@@ -193,13 +226,48 @@ def test_array_paths_and_meta_follow_format(written: Written) -> None:
     assert list(r["collide"]["arrays"]) == ["a/b", "a/b~2"]
     assert list(r["set"]["arrays"]) == ["by_id/1"]
     assert list(r["shared"]["arrays"]) == ["a"]
-    assert r["nan"]["layout"]["dict"]["loss"] == {"float": "nan"}
-    assert r["scalar"]["layout"]["dict"]["u"] == {"scalar": ["<u8", 2**64 - 1]}
-    assert r["scalar"]["meta"] == {"f": 1.5, "b": True, "u": 2**64 - 1}
+    assert r["nan"]["layout"]["dict"]["loss"] == {"$float": "nan"}
+    assert r["nan"]["meta"] == {
+        "loss": {"$float": "nan"},
+        "hi": {"$float": "inf"},
+        "lo": {"$float": "-inf"},
+    }
+    assert r["scalar"]["layout"]["dict"]["u"] == {"$numpy": ["<u8", 2**64 - 1]}
+    assert r["scalar"]["meta"] == {
+        "f": {"$numpy": ["<f4", 1.5]},
+        "b": {"$numpy": ["|b1", True]},
+        "u": {"$numpy": ["<u8", 2**64 - 1]},
+    }
     obj = r["dataclass"]["layout"]["object"]
     assert obj["class"] == f"{Run.__module__}:Run"
     assert r["dataclass"]["meta"] == {"name": "si-300", "temperature": 300.0, "params": {"lr": 0.1}}
     assert r["objects"]["arrays"]["o"]["pickled"] is True
+
+
+def test_tagged_values_follow_format(written: Written) -> None:
+    tagged = written.records["tagged"]
+    assert tagged["meta"] == {
+        "big": {"$int": "-1180591620717411303424"},
+        "when": {"$datetime": "2024-03-01T12:30:00.000005+01:00[Europe/Paris]"},
+        "utc": {"$datetime": "2024-03-01T00:00:00+00:00"},
+        "odd": {"$datetime": "2024-03-01T00:00:00-03:30:15"},
+        "naive": {"$datetime": "2024-03-01T12:30:00"},
+        "day": {"$date": "2024-03-01"},
+        "pair": {"$tuple": [1, {"$tuple": [{"$float": "inf"}, "x"]}]},
+        "m": {"$numpy": ["<M8[s]", "2024-03-01T00:00:00"]},
+        "nat": {"$numpy": ["<M8[ns]", "NaT"]},
+        "td": {"$numpy": ["<m8[10ms]", 5]},
+        "f4nan": {"$numpy": ["<f4", {"$float": "nan"}]},
+        "escaped": {"$dict": {"$x": [1, {"$dict": {"$y": 2.5}}]}},
+        "list": [{"$float": "nan"}, {"a": {"$float": "-inf"}}],
+    }
+    layout = tagged["layout"]["dict"]
+    # leaves: the same tagged value as in meta; containers: layout nodes, user keys as they are
+    for name in ("big", "when", "utc", "odd", "naive", "day", "m", "nat", "td", "f4nan"):
+        assert layout[name] == tagged["meta"][name], name
+    assert layout["pair"] == {"tuple": [1, {"tuple": [{"$float": "inf"}, "x"]}]}
+    assert layout["escaped"] == {"dict": {"$x": {"list": [1, {"dict": {"$y": 2.5}}]}}}
+    assert "pickle" not in tagged
 
 
 @pytest.mark.parametrize(
@@ -361,6 +429,64 @@ def test_schema_rejects_path_id_and_unaligned_offset(field: str, value: Any) -> 
 def test_schema_rejects_bad_records(change: Any) -> None:
     with pytest.raises(jsonschema.ValidationError):
         validator("record.schema.json").validate(_with(change))
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        {"t": {"$datetime": "2024-03-01T12:30:00.000005+01:00[Europe/Paris]"}},
+        {"t": {"$datetime": "2024-03-01T12:30:00"}, "d": {"$date": "2024-03-01"}},
+        {"n": [{"$float": "nan"}, {"$int": "-18446744073709551617"}]},
+        {"s": {"$numpy": ["<f4", {"$float": "-inf"}]}, "m": {"$numpy": ["<m8[s]", "NaT"]}},
+        {"p": {"$tuple": [1, {"$tuple": []}]}, "e": {"$dict": {"$x": {"$dict": {"$y": 1}}}}},
+        {"$dict": {"$top": 1}},
+        {"a": 1, "$b": 2},
+        {"x": {"$tuple": [1], "y": 2}},
+    ],
+)
+def test_schema_accepts_tagged_meta(meta: dict[str, Any]) -> None:
+    validator("record.schema.json").validate(_with(lambda r: r.update(meta=meta)))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param({"x": {"$float": "NaN"}}, id="float-spelling"),
+        pytest.param({"x": {"$int": "+5"}}, id="int-plus"),
+        pytest.param({"x": {"$int": "007"}}, id="int-leading-zero"),
+        pytest.param({"x": {"$datetime": "2024-03-01 12:30"}}, id="datetime-not-isoformat"),
+        pytest.param({"x": {"$datetime": "2024-03-01T12:30:00[Europe/Paris]"}}, id="zone-no-off"),
+        pytest.param({"x": {"$date": "2024-03-01T00:00:00"}}, id="date-with-time"),
+        pytest.param({"x": {"$numpy": ["<c16", 1]}}, id="numpy-complex"),
+        pytest.param({"x": {"$numpy": ["<f4"]}}, id="numpy-no-value"),
+        pytest.param({"x": {"$x": 1}}, id="unescaped-dollar-key"),
+        pytest.param({"$x": 1}, id="unescaped-top-level"),
+    ],
+)
+def test_schema_rejects_bad_tagged_meta(change: dict[str, Any]) -> None:
+    with pytest.raises(jsonschema.ValidationError):
+        validator("record.schema.json").validate(_with(lambda r: r.update(meta=change)))
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        {"float": "nan"},
+        {"scalar": ["<f4", 1.5]},
+        {"list": [{"$numpy": ["<f4", {"$float": "nan"}]}, {"$int": "18446744073709551616"}]},
+    ],
+)
+def test_schema_accepts_old_and_tagged_layout_leaves(layout: Any) -> None:
+    validator("record.schema.json").validate(_with(lambda r: r.update(layout=layout)))
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [{"$tuple": [1]}, {"$dict": {"a": 1}}, {"$float": "NaN"}, {"$numpy": ["|O", 1]}],
+)
+def test_schema_rejects_meta_only_tags_and_bad_leaves_in_layout(layout: Any) -> None:
+    with pytest.raises(jsonschema.ValidationError):
+        validator("record.schema.json").validate(_with(lambda r: r.update(layout=layout)))
 
 
 @pytest.mark.parametrize(

@@ -6,11 +6,13 @@ built."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import numpy as np
 import pytest
@@ -37,6 +39,22 @@ MALFORMED: list[Any] = [
     pytest.param({"scalar": ["nonsense", 1]}, id="scalar-unknown-dtype"),
     pytest.param({"scalar": ["<f8"]}, id="scalar-without-value"),
     pytest.param({"scalar": ["<f8", "1"]}, id="scalar-of-text"),
+    pytest.param({"$float": "NaN"}, id="tag-float-spelling"),
+    pytest.param({"$int": "+5"}, id="tag-int-plus"),
+    pytest.param({"$int": 5}, id="tag-int-number"),
+    pytest.param({"$datetime": "yesterday"}, id="tag-datetime-text"),
+    pytest.param({"$datetime": "2024-03-01T00:00:00[Europe/Paris]"}, id="tag-zone-no-offset"),
+    pytest.param({"$datetime": "2024-03-01T00:00:00+01:00[../../etc]"}, id="tag-zone-path"),
+    pytest.param({"$date": "2024-02-30"}, id="tag-date-invalid"),
+    pytest.param({"$numpy": ["<c16", 1]}, id="tag-numpy-complex"),
+    pytest.param({"$numpy": ["<i1", 300]}, id="tag-numpy-overflow"),
+    pytest.param({"$numpy": ["<i8", 1.5]}, id="tag-numpy-float-as-int"),
+    pytest.param({"$numpy": ["<M8[s]", 5]}, id="tag-numpy-datetime-number"),
+    pytest.param({"$numpy": ["<M8[s]", "soon"]}, id="tag-numpy-datetime-text"),
+    pytest.param({"$numpy": ["<f4", {"$float": "x"}]}, id="tag-numpy-bad-float"),
+    pytest.param({"$tuple": [1]}, id="tag-tuple-is-meta-only"),
+    pytest.param({"$dict": {"a": 1}}, id="tag-dict-is-meta-only"),
+    pytest.param({"$set": [1]}, id="tag-unknown"),
     pytest.param({"object": {"class": "no colon", "state": {}}}, id="class-spec-without-colon"),
     pytest.param({"object": {"class": 3, "state": {}}}, id="class-spec-not-text"),
     pytest.param({"object": {"class": "collections:OrderedDict"}}, id="object-without-state"),
@@ -184,7 +202,10 @@ def test_what_split_writes_scans_clean() -> None:
         {"a": [1, 2.5, (True, "s")], "x": np.arange(3), "f": float("nan")},
         {"s": np.float32(1.5), "i": np.int8(-3), "u": np.uint64(2**64 - 1), "b": np.bool_(1)},
         {"tags": {1, 2}, "c": 1j, "arr": np.zeros(2)},
-        [2**63, -(2**63), 2**64 - 1, 2**64],
+        [2**63, -(2**63), 2**64 - 1, 2**64, -(2**63) - 1],
+        {"t": (1, (float("inf"),)), "$x": {"$y": 1}, "n": np.float16("nan")},
+        {"d": datetime.date(2024, 3, 1), "m": np.datetime64("NaT"), "td": np.timedelta64(3, "D")},
+        [datetime.datetime(2024, 3, 1, tzinfo=ZoneInfo("Europe/Paris")), datetime.datetime.min],
     ]
     for obj in objects:
         parts, splitter = _layout.split(obj)

@@ -302,16 +302,20 @@ def test_nested_dict_list_tuple_round_trip(store: lv.Store) -> None:
     store["k"] = obj
     rec = store["k"]
     assert set(rec.arrays) == {"frames/0", "frames/1", "params/w", "pair/0"}
-    assert rec.meta == {
+    meta = dict(rec.meta)  # NaN, tuples and numpy scalars come back as themselves
+    assert math.isnan(meta.pop("nan"))
+    assert meta == {
         "temperature": 300.0,
         "material": "Si",
         "count": 2**63 + 5,
-        "params": {"lr": 1e-3, "layers": [64, 32]},
+        "params": {"lr": 1e-3, "layers": (64, 32)},
         "flags": [True, None, "x"],
-        "np_scalar": 1.5,
-        "np_int": 7,
+        "inf": -math.inf,
+        "np_scalar": np.float32(1.5),
+        "np_int": np.int64(7),
     }
-    assert rec.temperature == 300.0 and rec.params == {"lr": 1e-3, "layers": [64, 32]}
+    assert type(meta["np_scalar"]) is np.float32 and type(meta["np_int"]) is np.int64
+    assert rec.temperature == 300.0 and rec.params == {"lr": 1e-3, "layers": (64, 32)}
     assert rec["params/w"].tolist() == [[1, 0], [0, 1]]
     back = rec.load()
     assert list(back) == list(obj)

@@ -4,7 +4,6 @@ a store's records in one zip file, and one object in memory (``lazyvault.dumps``
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable
 from typing import Any
@@ -22,7 +21,7 @@ from .errors import (
     NotAStoreError,
     ReadOnlyError,
 )
-from .record import Record
+from .record import Record, from_json
 from .store import Handle, Store, check_key, plug_file_opener, raw_record
 
 #: The first bytes of every ``.lvz`` file (a zip local file header).
@@ -132,7 +131,7 @@ class Archive(Handle):
         raw = self._index().get(key)
         if raw is None:
             raise MissingKeyError(key)
-        return Record(self._source, key, json.loads(raw))
+        return from_json(self._source, key, raw)
 
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and self._index().contains(key)

@@ -13,6 +13,7 @@ Exit codes: 0 success; 1 a lazyvault error or an OS error (message on stderr as 
 from __future__ import annotations
 
 import argparse
+import datetime
 import functools
 import json
 import os
@@ -31,7 +32,7 @@ from .errors import (
     PickleNotAllowedError,
     StoreNotFoundError,
 )
-from .record import Record
+from .record import Record, entry_of
 from .store import Store
 
 __all__ = ["build_parser", "main"]
@@ -126,7 +127,9 @@ _NO_PROGRESS = _flag("--no-progress", "no progress bar")
 
 
 def _json_default(value: Any) -> Any:
-    # numpy scalars and other oddities that metadata should not hold, shown, not crashed on.
+    # datetimes, numpy scalars and other values JSON cannot hold, shown, not crashed on.
+    if isinstance(value, datetime.date):
+        return value.isoformat()
     item = getattr(value, "item", None)
     if callable(item):
         return item()
@@ -150,12 +153,13 @@ def _printable(text: str) -> str:
 
 
 def _as_json(rec: Record, **extra: Any) -> dict[str, Any]:
-    """``{"key", **extra, "meta", "arrays": {name: {shape, dtype, nbytes, order}}}``."""
+    """``{"key", **extra, "meta", "arrays": {name: {shape, dtype, nbytes, order}}}``; meta as the
+    record holds it (tagged values as JSON, schema/FORMAT.md "Tagged values": valid, exact JSON)."""
     arrays = {
         name: {"shape": list(i.shape), "dtype": str(i.dtype), "nbytes": i.nbytes, "order": i.order}
         for name, i in rec.arrays.items()
     }
-    return {"key": rec.key, **extra, "meta": rec.meta, "arrays": arrays}
+    return {"key": rec.key, **extra, "meta": entry_of(rec)["meta"], "arrays": arrays}
 
 
 def _summary_line(rec: Record) -> str:

@@ -10,6 +10,7 @@ escapes them all, the text shows unprintable ones as ``repr``.
 from __future__ import annotations
 
 import collections
+import datetime
 import html
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -74,7 +75,11 @@ def _name(text: str) -> str:
 
 
 def short_repr(value: Any) -> str:
-    """``repr(value)``, cut to :data:`MAX_CELL` characters."""
+    """``repr(value)``, cut to :data:`MAX_CELL` characters; a datetime or date as ISO 8601
+    (``2024-03-01 12:30:00+01:00 [Europe/Paris]``), which its repr would not fit."""
+    if isinstance(value, datetime.date):
+        key = getattr(getattr(value, "tzinfo", None), "key", None)
+        return cut(f"{value} [{key}]" if isinstance(key, str) else str(value))
     return cut(repr(value))
 
 

@@ -3,6 +3,7 @@ no payload is opened. pandas is optional."""
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -46,13 +47,17 @@ def records_frame(get: Callable[[str], Record], keys: Iterable[str]) -> pd.DataF
     names = dict.fromkeys(name for row in rows for name in row)  # first-seen order
     columns = {name: [row.get(name) for row in rows] for name in names}
     labels = pd.Index(index, name="key", dtype=object)
-    # object dtype for columns of containers (tuples, lists, dicts): pandas keeps each as one value
-    data = {
-        name: pd.Series(
-            values,
-            index=labels,
-            dtype=object if any(isinstance(v, (tuple, list, dict)) for v in values) else None,
-        )
-        for name, values in columns.items()
-    }
+    data = {name: _column(pd, values, labels) for name, values in columns.items()}
     return pd.DataFrame(data, index=labels)
+
+
+def _column(pd: Any, values: list[Any], labels: Any) -> pd.Series:
+    """One column: object dtype for containers (tuples, lists, dicts: pandas keeps each as one
+    value), datetime64 for dates (midnight; pandas infers it for datetimes and numpy scalars)."""
+    if any(isinstance(v, (tuple, list, dict)) for v in values):
+        return pd.Series(values, index=labels, dtype=object)
+    column = pd.Series(values, index=labels)
+    dates = [v for v in values if v is not None]
+    if column.dtype == object and dates and all(type(v) is datetime.date for v in dates):
+        column = pd.to_datetime(column)
+    return column

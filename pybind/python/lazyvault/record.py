@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import keyword
 import math
 import weakref
@@ -65,7 +66,16 @@ class Record:
     the original object.
     """
 
-    __slots__ = ("__weakref__", "_cache", "_key", "_pickle", "_record", "_source", "_store")
+    __slots__ = (
+        "__weakref__",
+        "_cache",
+        "_key",
+        "_meta",
+        "_pickle",
+        "_record",
+        "_source",
+        "_store",
+    )
 
     def __new__(
         cls, source: Source, key: str, record: dict[str, Any], *args: Any, **kwargs: Any
@@ -93,6 +103,8 @@ class Record:
         self._store = weakref.ref(store) if store is not None else None
         self._key = key
         self._record = record
+        # meta with its tagged values decoded, on first use (see from_json)
+        self._meta: dict[str, Any] | None = None
         self._cache: dict[str, np.ndarray] = {}
 
     @property
@@ -108,9 +120,13 @@ class Record:
 
     @property
     def meta(self) -> dict[str, Any]:
-        """The JSON-able fields of the object, nested as in the object (arrays and non-JSON values
-        are left out)."""
-        return self._record["meta"]
+        """The metadata fields of the object, nested as in the object: JSON values, and NaN, big
+        ints, datetimes, dates, tuples and numpy scalars as themselves (README, "Metadata types");
+        arrays and values kept in the pickled remainder are left out."""
+        meta = self._meta
+        if meta is None:
+            meta = self._meta = _layout.decode_meta(self._record["meta"])
+        return meta
 
     @property
     def arrays(self) -> dict[str, ArrayInfo]:
@@ -192,7 +208,9 @@ class Record:
         record = self._record
         if name in record["arrays"]:
             return self.array(name)
-        meta = record["meta"]
+        meta = self._meta
+        if meta is None:
+            meta = self.meta
         if name in meta:
             return meta[name]
         raise AttributeError(f"record {self._key!r} has no field {name!r}")
@@ -202,7 +220,7 @@ class Record:
         if name in self._record["arrays"]:
             return self.array(name)
         try:
-            return self._record["meta"][name]
+            return self.meta[name]
         except KeyError:
             raise KeyError(f"record {self._key!r} has no field {name!r}") from None
 
@@ -210,16 +228,16 @@ class Record:
     __iter__ = None
 
     def __contains__(self, name: object) -> bool:
-        return name in self._record["arrays"] or name in self._record["meta"]
+        return name in self._record["arrays"] or name in self.meta
 
     def __dir__(self) -> list[str]:
-        fields = [n for n in (*self._record["meta"], *self._record["arrays"]) if _attribute_name(n)]
+        fields = [n for n in (*self.meta, *self._record["arrays"]) if _attribute_name(n)]
         return sorted(set(super().__dir__()) | set(fields))
 
     def _ipython_key_completions_(self) -> list[str]:
         """What ``rec["<tab>`` offers in IPython: metadata fields and array paths (``"frames/0"``
         too)."""
-        return [*self._record["meta"], *self._record["arrays"]]
+        return [*self.meta, *self._record["arrays"]]
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         """IPython's text display: :meth:`__str__`."""
@@ -289,6 +307,22 @@ def _with_array_properties(names: tuple[str, ...]) -> type[Record]:
 # -- for the package's other modules: a record's attribute names are the user's
 # fields (``rec.layout`` is a field "layout"), so what they read off a record is
 # offered as functions --------------------------------------------------------
+
+
+def from_json(
+    source: Source, key: str, raw: bytes, store: Store | None = None, pickle: bytes | None = None
+) -> Record:
+    """The record of ``key`` from its record JSON ``raw`` (UTF-8). A tagged value's name starts
+    with ``"$``: a raw record without it (compact or not) has none, so its meta needs no decoding
+    (keys and strings starting with ``$`` merely cost a walk)."""
+    record = json.loads(raw)
+    rec = Record(source, key, record, store, pickle)
+    if _DOLLAR not in raw or b'"$' not in raw:  # the first: memchr, a few ns
+        rec._meta = record["meta"]
+    return rec
+
+
+_DOLLAR = ord("$")
 
 
 def entry_of(rec: Record) -> dict[str, Any]:

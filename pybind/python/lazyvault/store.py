@@ -6,7 +6,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import itertools
-import json
 import math
 import numbers
 import os
@@ -36,7 +35,7 @@ from .errors import (
     QueryError,
     StoreNotFoundError,
 )
-from .record import Record
+from .record import Record, from_json
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -385,7 +384,7 @@ class Store(Handle, MutableMapping[str, Record]):
         if got is None:
             raise MissingKeyError(key)
         raw, remainder = got
-        return Record(self._source, key, json.loads(raw), self, remainder)
+        return from_json(self._source, key, raw, self, remainder)
 
     def __setitem__(self, key: str, obj: Any) -> None:
         """Stores ``obj`` under ``key``, replacing what was there: arrays anywhere in it
