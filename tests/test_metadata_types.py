@@ -425,3 +425,27 @@ def test_a_record_json_with_spaces_is_decoded_too() -> None:
     raw = b'{"meta": {"t": { "$float" : "nan" }}, "arrays": {}, "layout": {"dict": {}}}'
     rec = record.from_json(MemorySource({}, None, False), "k", raw)
     assert math.isnan(rec.t)
+
+
+@pytest.mark.parametrize("suffix", [".npz", ".safetensors"])
+def test_exported_files_with_tagged_values_and_masked_arrays_import_back(
+    tmp_path: Path, suffix: str
+) -> None:
+    # the core's import refused layouts with tagged leaves and masked nodes
+    # ("bad or missing layout"): lazyvault's own export did not come back
+    when = datetime.datetime(2024, 3, 1, 12, 30, tzinfo=ZoneInfo("Europe/Paris"))
+    masked = np.ma.masked_array(np.arange(4.0), mask=[0, 1, 0, 0], fill_value=np.nan)
+    obj = {"when": when, "loss": math.nan, "seed": np.int64(7), "big": 2**80, "m": masked}
+    with lv.Store.open(tmp_path / "a.lv") as store:
+        store["r"] = obj
+        store["s"] = {"day": datetime.date(2024, 3, 2), "w": np.ones(2)}
+        store.export(tmp_path / f"out{suffix}")
+    with lv.Store.open(tmp_path / "b.lv") as back:
+        assert sorted(back.import_file(tmp_path / f"out{suffix}")) == ["r", "s"]
+        r = back["r"]
+        assert r.when == when and math.isnan(r.loss) and type(r.seed) is np.int64
+        assert r.big == 2**80 and back["s"].day == datetime.date(2024, 3, 2)
+        got = r.load()["m"]
+        assert isinstance(got, np.ma.MaskedArray) and got.mask.tolist() == masked.mask.tolist()
+        assert got.data.tolist() == masked.data.tolist() and math.isnan(got.fill_value)
+        assert back.count("when >= '2024-03-01'") == 1

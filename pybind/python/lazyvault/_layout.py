@@ -10,7 +10,6 @@ needs ``allow_pickle``); the parts joined into the object again.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import functools
 import importlib
 import io
@@ -18,17 +17,16 @@ import json
 import math
 import pickle
 import re
-import zoneinfo
 from collections.abc import Callable, Container
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _arrays
+from . import _arrays, _tagged
 from .errors import CorruptError, LazyvaultError, PickleNotAllowedError
 
-_MISSING = object()
-_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1  # what serde_json holds exactly
+_MISSING = _tagged.MISSING
+_INT_MIN, _INT_MAX = _tagged.INT_MIN, _tagged.INT_MAX
 _PICKLE_PROTOCOL = 5
 
 
@@ -160,7 +158,7 @@ class _Splitter:
             return {"array": self.array_path(value, path)}, _MISSING
         elif t is np.ma.MaskedArray and value.baseclass is np.ndarray:
             return {"masked": self.masked_body(value, path)}, _MISSING
-        leaf = _json_leaf(value, t)  # a tagged value, the same in meta and layout
+        leaf = _tagged.json_leaf(value, t)  # a tagged value, the same in meta and layout
         if leaf is not _MISSING:
             return leaf, leaf
         leftovers.append((value, path))
@@ -169,8 +167,8 @@ class _Splitter:
     def masked_body(self, value: Any, path: str) -> dict[str, Any]:
         """The body of a ``masked`` node: its data and mask (``None`` for ``nomask``) as array
         paths ``<path>`` and ``<path>/mask``, its fill value (``None`` for numpy's default; a
-        ``$numpy`` tagged value, a text, or a 0-d array ``<path>/fill_value``) and whether its mask is
-        hard. One masked array met twice gives the same body."""
+        ``$numpy`` tagged value, a text, or a 0-d array ``<path>/fill_value``) and whether its mask
+        is hard. One masked array met twice gives the same body."""
         known = self._masked.get(id(value))
         if known is not None:
             return known
@@ -181,7 +179,7 @@ class _Splitter:
         fill_node: Any = None
         if fill.tobytes() != default.tobytes():
             item = fill[()]
-            leaf = _json_leaf(item, type(item)) if isinstance(item, np.generic) else _MISSING
+            leaf = _tagged.json_leaf(item, type(item)) if isinstance(item, np.generic) else _MISSING
             if type(leaf) is dict and "$numpy" in leaf:
                 fill_node = leaf
             elif isinstance(item, np.str_) and text_ok(str(item)):
@@ -339,172 +337,6 @@ def encode(
     return parts.meta_json(), parts.layout_json(), arrays, pickled
 
 
-# -- tagged values (schema/FORMAT.md, "Tagged values") ---------------------------
-
-_INT_TEXT = re.compile(r"-?(0|[1-9][0-9]*)")
-
-
-def _json_leaf(value: Any, t: type) -> Any:
-    """The JSON form of a leaf value, the same in ``meta`` and ``layout``: itself when JSON holds
-    it, else its tagged value (``{"$float": "nan"}``, ``{"$numpy": ["<f4", 1.5]}``...), else
-    ``_MISSING`` (the value goes to the pickled remainder)."""
-    if t is int:
-        if _INT_MIN <= value <= _INT_MAX:
-            return value
-        try:
-            return {"$int": str(value)}
-        except ValueError:  # more digits than int-to-str allows (sys.get_int_max_str_digits)
-            return _MISSING
-    if t is float:
-        return value if math.isfinite(value) else {"$float": repr(value)}
-    if t is datetime.datetime:
-        tz = value.tzinfo
-        if tz is None or type(tz) is datetime.timezone:
-            return {"$datetime": value.isoformat()}
-        if type(tz) is zoneinfo.ZoneInfo and tz.key and value.utcoffset() is not None:
-            return {"$datetime": f"{value.isoformat()}[{tz.key}]"}
-        return _MISSING
-    if t is datetime.date:
-        return {"$date": value.isoformat()}
-    if isinstance(value, np.generic):
-        scalar: Any = value  # numpy's stubs type datetime_as_string's argument narrowly
-        dtype = scalar.dtype
-        kind = dtype.kind
-        if kind in "biu" or (kind == "f" and dtype.itemsize <= 8):
-            item = value.item()
-            if kind == "f" and not math.isfinite(item):
-                item = {"$float": repr(item)}
-            return {"$numpy": [dtype.str, item]}
-        if kind == "M":
-            return {"$numpy": [dtype.str, str(np.datetime_as_string(scalar))]}
-        if kind == "m":
-            return {"$numpy": [dtype.str, "NaT" if np.isnat(value) else int(value.view("i8"))]}
-    return _MISSING
-
-
-def _float_tag(body: Any) -> float:
-    if type(body) is str and body in _NON_FINITE:
-        return float(body)
-    raise ValueError(f"not 'nan', 'inf' or '-inf': {_cut(body)}")
-
-
-def _int_tag(body: Any) -> int:
-    if type(body) is str and _INT_TEXT.fullmatch(body):
-        return int(body)
-    raise ValueError(f"not a decimal integer: {_cut(body)}")
-
-
-def _datetime_tag(body: Any) -> datetime.datetime:
-    if type(body) is not str:
-        raise TypeError(f"not a string: {_cut(body)}")
-    text, zone = body, ""
-    if body.endswith("]"):
-        text, _, zone = body[:-1].partition("[")
-    value = datetime.datetime.fromisoformat(text)
-    if not zone:
-        return value
-    if value.tzinfo is None:
-        raise ValueError(f"a time zone without an offset: {_cut(body)}")
-    try:
-        tz = zoneinfo.ZoneInfo(zone)
-    except zoneinfo.ZoneInfoNotFoundError:
-        return value  # no such zone here (no tz database): the same instant, its fixed offset
-    # the same wall time and fold (a repeated hour) when the zone agrees with the offset
-    for fold in (0, 1):
-        wall = value.replace(tzinfo=tz, fold=fold)
-        if wall.utcoffset() == value.utcoffset():
-            return wall
-    return value.astimezone(tz)  # the zone's rules changed since: the same instant
-
-
-def _date_tag(body: Any) -> datetime.date:
-    if type(body) is not str:
-        raise TypeError(f"not a string: {_cut(body)}")
-    return datetime.date.fromisoformat(body)
-
-
-@functools.lru_cache(maxsize=64)
-def _numpy_dtype(descr: str) -> np.dtype:
-    """The dtype of a ``$numpy`` value: bool, int, uint, float of at most 8 bytes, datetime64,
-    timedelta64 (``ValueError`` otherwise)."""
-    try:
-        dtype = np.dtype(descr)
-    except Exception as e:  # numpy raises TypeError, ValueError, SyntaxError...
-        raise ValueError(f"not a dtype: {_cut(descr)}") from e
-    if dtype.kind in "biuMm" or (dtype.kind == "f" and dtype.itemsize <= 8):
-        return dtype
-    raise ValueError(f"no $numpy value has dtype {descr!r}")
-
-
-def _numpy_tag(body: Any) -> np.generic:
-    if type(body) is not list or len(body) != 2 or type(body[0]) is not str:
-        raise ValueError(f"not [dtype, value]: {_cut(body)}")
-    dtype = _numpy_dtype(body[0])
-    value = body[1]
-    t, kind = type(value), dtype.kind
-    unit: Any = np.datetime_data(dtype) if kind in "Mm" else None  # ("s", 1), ("ms", 10)...
-    if kind == "M" and t is str:
-        return np.datetime64(value, unit)
-    if kind == "m" and (t is int or value == "NaT"):
-        return np.timedelta64(value, unit)
-    if kind == "f" and t is dict and len(value) == 1 and "$float" in value:
-        return dtype.type(_float_tag(value["$float"]))
-    if (
-        (kind == "b" and t is bool)
-        or (kind in "iu" and t is int)
-        or (kind == "f" and (t is int or (t is float and math.isfinite(value))))
-    ):
-        return dtype.type(value)  # OverflowError out of the dtype's range
-    raise ValueError(f"not a {dtype} value: {_cut(value)}")
-
-
-# The tagged values that are also layout leaf nodes, each by its decoder (which raises ValueError,
-# TypeError, LookupError or OverflowError for a malformed body).
-_LEAF_TAGS: dict[str, Callable[[Any], Any]] = {
-    "$float": _float_tag,
-    "$int": _int_tag,
-    "$datetime": _datetime_tag,
-    "$date": _date_tag,
-    "$numpy": _numpy_tag,
-}
-
-
-def decode_tag(tag: str, body: Any) -> Any:
-    """The value the tagged leaf ``{tag: body}`` stands for (``$float``, ``$int``, ``$datetime``,
-    ``$date``, ``$numpy``), in ``meta`` and in ``layout`` alike. Raises ``LookupError`` for another
-    tag, ``ValueError``/``TypeError``/``OverflowError`` for a malformed body."""
-    return _LEAF_TAGS[tag](body)
-
-
-def decode(value: Any) -> Any:
-    """A ``meta`` value with its tagged values (``$tuple`` and ``$dict`` too) decoded, at any depth.
-    A one-member object whose name starts with ``$`` but that is no well-formed tagged value (JSON
-    from elsewhere) stays as it is."""
-    t = type(value)
-    if t is list:
-        return [decode(v) for v in value]
-    if t is not dict:
-        return value
-    if len(value) == 1:
-        ((name, body),) = value.items()
-        if name[:1] == "$":
-            if name == "$tuple" and type(body) is list:
-                return tuple(decode(v) for v in body)
-            if name == "$dict" and type(body) is dict:
-                return {k: decode(v) for k, v in body.items()}
-            try:
-                return decode_tag(name, body)
-            except _DAMAGE:
-                pass
-    return {k: decode(v) for k, v in value.items()}
-
-
-def decode_meta(meta: dict[str, Any]) -> dict[str, Any]:
-    """A record's ``meta`` decoded (see :func:`decode`); still a dict."""
-    decoded = decode(meta)
-    return decoded if type(decoded) is dict else meta
-
-
 # -- reading a layout back ------------------------------------------------------
 
 
@@ -517,7 +349,7 @@ class Scan(NamedTuple):
     untrusted: tuple[str, ...] = ()
 
 
-_NON_FINITE = ("nan", "inf", "-inf")
+_NON_FINITE = _tagged.NON_FINITE
 # What rebuilding a damaged layout or remainder raises (join turns it into CorruptError).
 _DAMAGE = (ValueError, TypeError, LookupError, AttributeError, EOFError, OverflowError, ImportError)
 
@@ -570,9 +402,9 @@ def scan(
                     return Scan(f"{node!r} but the record has no pickled remainder", needs)
                 needs = needs or "part of it is a pickled remainder"
                 pickled = True
-            elif kind in _LEAF_TAGS:
+            elif kind in _tagged.LEAF_TAGS:
                 try:
-                    decode_tag(kind, body)
+                    _tagged.decode_tag(kind, body)
                 except _DAMAGE:
                     return Scan(f"a {kind!r} node holds {_cut(body)}", needs)
             elif kind in ("dict", "list", "tuple", "array", "float", "scalar", "object", "pickle"):
@@ -598,9 +430,7 @@ def problem(layout: Any, array_paths: Container[str], remainder: bool = False) -
     return scan(layout, array_paths, remainder).problem
 
 
-def _cut(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+_cut = _tagged.cut
 
 
 _MASKED_KEYS = {"data", "mask", "fill_value", "hard_mask"}
@@ -618,7 +448,7 @@ def _masked_problem(body: Any, array_paths: Container[str]) -> str | None:
             continue
         if part == "fill_value" and type(node) is dict and list(node) == ["$numpy"]:
             try:
-                decode_tag("$numpy", node["$numpy"])
+                _tagged.decode_tag("$numpy", node["$numpy"])
             except _DAMAGE:
                 return "has a malformed $numpy fill_value"
             continue
@@ -787,7 +617,7 @@ def join(
         "pickle": leftover,
         "object": instance,
         "masked": masked,
-        **_LEAF_TAGS,
+        **_tagged.LEAF_TAGS,
     }
 
     def build(node: Any) -> Any:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, SupportsIndex
 
 import numpy as np
 
-from . import _arrays, _display, _layout
+from . import _arrays, _display, _layout, _tagged
 
 if TYPE_CHECKING:
     from ._source import Source
@@ -125,7 +125,7 @@ class Record:
         arrays and values kept in the pickled remainder are left out."""
         meta = self._meta
         if meta is None:
-            meta = self._meta = _layout.decode_meta(self._record["meta"])
+            meta = self._meta = _tagged.decode_meta(self._record["meta"])
         return meta
 
     @property

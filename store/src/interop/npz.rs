@@ -295,10 +295,14 @@ fn check_manifest(
 }
 
 /// The layout kinds FORMAT.md defines (a pickled remainder cannot come
-/// from an npz).
-const LAYOUT_KINDS: [&str; 7] = [
-    "dict", "list", "tuple", "array", "float", "scalar", "object",
+/// from an npz), besides the tagged leaves ("Tagged values").
+const LAYOUT_KINDS: [&str; 8] = [
+    "dict", "list", "tuple", "array", "float", "scalar", "object", "masked",
 ];
+
+/// The tagged values that may be layout leaves (`$tuple` and `$dict` are
+/// meta only: the layout has its own `tuple` and `dict` nodes).
+const LEAF_TAGS: [&str; 5] = ["$float", "$int", "$datetime", "$date", "$numpy"];
 
 /// Whether `layout` is a tree of known nodes (FORMAT.md, "Layout") naming
 /// only `paths` as arrays. `object` nodes are allowed: loading them is
@@ -315,6 +319,12 @@ pub(super) fn layout_ok(layout: &Value, paths: &HashSet<&str>) -> bool {
         let (Some((kind, body)), None) = (entries.next(), entries.next()) else {
             return false;
         };
+        if LEAF_TAGS.contains(&kind.as_str()) {
+            if crate::query::tagged::tag(node).is_none() {
+                return false;
+            }
+            continue;
+        }
         if !LAYOUT_KINDS.contains(&kind.as_str()) {
             return false;
         }
@@ -330,6 +340,27 @@ pub(super) fn layout_ok(layout: &Value, paths: &HashSet<&str>) -> bool {
             ("array", Value::String(p)) => paths.contains(p.as_str()),
             ("float", Value::String(f)) => matches!(f.as_str(), "nan" | "inf" | "-inf"),
             ("scalar", Value::Array(pair)) => pair.len() == 2 && pair[0].is_string(),
+            ("masked", Value::Object(m)) => {
+                let array = |v: Option<&Value>| match v {
+                    Some(Value::Object(n)) => {
+                        matches!(n.get("array"), Some(Value::String(p)) if n.len() == 1 && paths.contains(p.as_str()))
+                    }
+                    _ => false,
+                };
+                let fill_ok = match m.get("fill_value") {
+                    Some(Value::Null | Value::String(_)) => true,
+                    Some(v @ Value::Object(n)) if n.contains_key("$numpy") => {
+                        stack.push(v);
+                        true
+                    }
+                    v => array(v),
+                };
+                m.len() == 4
+                    && array(m.get("data"))
+                    && (m.get("mask") == Some(&Value::Null) || array(m.get("mask")))
+                    && fill_ok
+                    && m.get("hard_mask").is_some_and(Value::is_boolean)
+            }
             ("object", Value::Object(o)) => match (o.get("class"), o.get("state")) {
                 (Some(Value::String(_)), Some(Value::Object(state))) => {
                     stack.extend(state.values());
@@ -463,4 +494,45 @@ pub(crate) fn plan(
     let records = plan_records(contents, &shown(path), key, default_key)?;
     check_pickles(&records, options)?;
     Ok(records)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::layout_ok;
+    use serde_json::json;
+    use std::collections::HashSet;
+
+    #[test]
+    fn tagged_leaves_and_masked_nodes_are_known_layout() {
+        let paths: HashSet<&str> = ["m", "m/mask"].into_iter().collect();
+        let masked = |fill: serde_json::Value| {
+            json!({"masked": {"data": {"array": "m"}, "mask": {"array": "m/mask"},
+                              "fill_value": fill, "hard_mask": false}})
+        };
+        for good in [
+            json!({"dict": {"a": {"$float": "nan"}, "b": {"$int": "-123456789012345678901234"}}}),
+            json!({"list": [{"$datetime": "2024-03-01T12:30:00+01:00[Europe/Paris]"}]}),
+            json!({"tuple": [{"$date": "2024-03-01"}, {"$numpy": ["<f4", 1.5]}]}),
+            masked(json!(null)),
+            masked(json!("z")),
+            masked(json!({"$numpy": ["<f8", {"$float": "nan"}]})),
+            json!({"masked": {"data": {"array": "m"}, "mask": null, "fill_value": null,
+                              "hard_mask": true}}),
+        ] {
+            assert!(layout_ok(&good, &paths), "{good}");
+        }
+        for bad in [
+            json!({"$float": "zero"}),
+            json!({"$tuple": [1]}),
+            json!({"$dict": {}}),
+            json!({"$numpy": ["<f4", "x"]}),
+            masked(json!({"array": "nowhere"})),
+            masked(json!({"$numpy": ["<f8", "x"]})),
+            json!({"masked": {"data": {"array": "elsewhere"}, "mask": null,
+                              "fill_value": null, "hard_mask": false}}),
+            json!({"masked": {"data": {"array": "m"}, "mask": null, "fill_value": null}}),
+        ] {
+            assert!(!layout_ok(&bad, &paths), "{bad}");
+        }
+    }
 }

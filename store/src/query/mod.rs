@@ -44,7 +44,7 @@ mod eval;
 mod lexer;
 mod parser;
 mod plan;
-mod tagged;
+pub(crate) mod tagged;
 mod value;
 
 #[cfg(test)]
