@@ -407,3 +407,45 @@ def test_readme_example_runs(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "Run [1.0, 1.0, 1.0]\n"
     assert (tmp_path / "runs.lv" / "lazyvault.json").exists()
+
+
+def test_main_classes_in_spawn_workers(tmp_path: Path) -> None:
+    # spawn (and forkserver) workers import the main script as __mp_main__:
+    # its classes were named __mp_main__:Run there, so a record sent to a
+    # worker was refused although Run was listed, and a record written in a
+    # worker could not be loaded by the main script (a fresh user's trial)
+    proc = _script(
+        tmp_path,
+        "spawned.py",
+        """
+        import dataclasses, multiprocessing, sys
+        import numpy as np
+        import lazyvault as lv
+
+        @dataclasses.dataclass
+        class Run:
+            name: str
+            positions: np.ndarray
+
+        def load_in_worker(rec):
+            return type(rec.load()).__name__
+
+        def write_in_worker(path):
+            with lv.Store.open(path, "a") as s:
+                s["w"] = Run("w", np.ones(2))
+
+        if __name__ == "__main__":
+            path = sys.argv[1] if len(sys.argv) > 1 else "runs.lv"
+            with lv.Store.open(path) as s:
+                s["a"] = Run("a", np.zeros(3))
+            with multiprocessing.get_context("spawn").Pool(1) as pool:
+                with lv.Store.open(path, "r", safe_classes=[Run]) as s:
+                    print("worker loaded", pool.map(load_in_worker, [s["a"]]))
+                pool.map(write_in_worker, [path])
+            with lv.Store.open(path, "r", safe_classes=[Run]) as s:
+                print("main loaded", type(s["w"].load()).__name__, s["w"].load().name)
+        """,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "worker loaded ['Run']" in proc.stdout
+    assert "main loaded Run w" in proc.stdout

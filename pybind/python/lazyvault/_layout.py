@@ -231,7 +231,7 @@ class _Splitter:
             return {("list" if t is list else "tuple"): [node for node, _ in pairs]}, metas
         if t is not dict:  # a plain-state instance
             state, meta = self._walk_fields(vars(value), path, leftovers, depth)
-            spec = f"{t.__module__}:{t.__qualname__}"
+            spec = class_name(t)
             return {"object": {"class": spec, "state": state}}, meta
         leftovers.append((value, path))  # a dict whose keys are not all text
         return {"pickle": len(leftovers) - 1}, _MISSING
@@ -481,6 +481,14 @@ def _scalar_dtype_ok(descr: str) -> bool:
     except Exception:  # numpy raises TypeError, ValueError, SyntaxError...
         return False
     return dtype.kind in "biu" or (dtype.kind == "f" and dtype.itemsize <= 8)
+
+
+def class_name(cls: type) -> str:
+    """``"module:qualname"``: how an ``object`` node names the class of an instance. A class of the
+    main script is ``__main__`` also where multiprocessing's spawn and forkserver workers import
+    that script as ``__mp_main__`` (and alias it as ``__main__``), so every process names it alike."""
+    module = "__main__" if cls.__module__ == "__mp_main__" else cls.__module__
+    return f"{module}:{cls.__qualname__}"
 
 
 def _class_spec_ok(spec: Any) -> bool:

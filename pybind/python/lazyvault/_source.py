@@ -25,12 +25,10 @@ class Trust(NamedTuple):
 
     def by_name(self) -> dict[str, type]:
         """``{"module:qualname": class}`` of the safe classes."""
-        return {class_name(cls): cls for cls in self.safe_classes}
+        return {_layout.class_name(cls): cls for cls in self.safe_classes}
 
 
-def class_name(cls: type) -> str:
-    """``"module:qualname"``: how a layout's object node names the class of an instance."""
-    return f"{cls.__module__}:{cls.__qualname__}"
+
 
 
 def trust_of(allow_pickle: object, safe_classes: Iterable[type] = ()) -> Trust:
@@ -50,7 +48,7 @@ def trust_of(allow_pickle: object, safe_classes: Iterable[type] = ()) -> Trust:
             raise TypeError(f"safe_classes holds {cls!r}, which is not a class")
         if not _layout.plain_state_type(cls):
             raise ValueError(
-                f"safe_classes holds {class_name(cls)}, whose instances lazyvault stores as a "
+                f"safe_classes holds {_layout.class_name(cls)}, whose instances lazyvault stores as a "
                 "pickle (its state is not a plain __dict__: __slots__, custom pickling, a C "
                 "base class, or a class defined in a function): loading them needs allow_pickle"
             )
