@@ -486,7 +486,7 @@ def _scalar_dtype_ok(descr: str) -> bool:
 def class_name(cls: type) -> str:
     """``"module:qualname"``: how an ``object`` node names the class of an instance. A class of the
     main script is ``__main__`` also where multiprocessing's spawn and forkserver workers import
-    that script as ``__mp_main__`` (and alias it as ``__main__``), so every process names it alike."""
+    that script as ``__mp_main__`` (aliased as ``__main__``): every process names it alike."""
     module = "__main__" if cls.__module__ == "__mp_main__" else cls.__module__
     return f"{module}:{cls.__qualname__}"
 
@@ -597,9 +597,21 @@ def join(
         if path not in masks:
             mask = body["mask"]
             fill = body["fill_value"]
+            data = array(path)
+            mask_array = np.ma.nomask if mask is None else array(mask["array"])
+            if mask is not None and (
+                mask_array.shape != data.shape
+                or mask_array.dtype != np.ma.make_mask_descr(data.dtype)
+            ):
+                # numpy would broadcast a mask of one element, or raise MaskError
+                raise CorruptError(
+                    f"{what}: the mask {mask['array']!r} ({mask_array.dtype}, shape "
+                    f"{mask_array.shape}) does not fit the data {path!r} ({data.dtype}, shape "
+                    f"{data.shape}): a mask is bool (per field) with the data's shape"
+                )
             masks[path] = np.ma.MaskedArray(
-                array(path),
-                mask=np.ma.nomask if mask is None else array(mask["array"]),
+                data,
+                mask=mask_array,
                 fill_value=None if fill is None else build(fill),
                 hard_mask=body["hard_mask"],
                 copy=False,

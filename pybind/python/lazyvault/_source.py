@@ -28,9 +28,6 @@ class Trust(NamedTuple):
         return {_layout.class_name(cls): cls for cls in self.safe_classes}
 
 
-
-
-
 def trust_of(allow_pickle: object, safe_classes: Iterable[type] = ()) -> Trust:
     """The :class:`Trust` of ``Store.open`` / ``loads`` arguments. Raises ``TypeError`` for an
     ``allow_pickle`` that is not True or False, for ``safe_classes`` that is not an iterable (a
@@ -48,8 +45,8 @@ def trust_of(allow_pickle: object, safe_classes: Iterable[type] = ()) -> Trust:
             raise TypeError(f"safe_classes holds {cls!r}, which is not a class")
         if not _layout.plain_state_type(cls):
             raise ValueError(
-                f"safe_classes holds {_layout.class_name(cls)}, whose instances lazyvault stores as a "
-                "pickle (its state is not a plain __dict__: __slots__, custom pickling, a C "
+                f"safe_classes holds {_layout.class_name(cls)}, whose instances lazyvault stores "
+                "as a pickle (its state is not a plain __dict__: __slots__, custom pickling, a C "
                 "base class, or a class defined in a function): loading them needs allow_pickle"
             )
     return Trust(allow_pickle, tuple(dict.fromkeys(classes)))
