@@ -294,3 +294,18 @@ def test_a_pickling_failure_names_the_record_and_field(store: lv.Store) -> None:
         store.update({"u1": {"n": 1}, "u2": {"lock": threading.Lock()}}, progress=False)
     assert isinstance(info.value.__cause__, TypeError)
     assert len(store) == 0
+
+
+@pytest.mark.parametrize(
+    "mask",
+    [np.array([True]), np.array([1, 0, 0]), np.zeros(5, bool), np.zeros((3, 1), bool)],
+    ids=["one element", "int", "longer", "2-d"],
+)
+def test_a_mask_replaced_by_one_that_does_not_fit_is_corrupt(store: lv.Store, mask: Any) -> None:
+    # numpy broadcast a one-element mask over the data, or raised its own
+    # MaskError, when the mask payload was replaced (a fresh user's trial)
+    store["a"] = {"m": np.ma.masked_array([1.0, 2.0, 3.0], mask=[0, 1, 0])}
+    store.replace_arrays("a", {"m/mask": mask})
+    with pytest.raises(lv.CorruptError, match="does not fit the data 'm'"):
+        store["a"].load()
+    assert store["a"].array("m").tolist() == [1.0, 2.0, 3.0]  # the data stays readable
