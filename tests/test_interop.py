@@ -1345,3 +1345,20 @@ def test_a_failed_repickle_names_the_member(tmp_path: Path) -> None:
             store.import_file(tmp_path / "bad.npz")
         assert info.value.path == str(tmp_path / "bad.npz")
         assert info.value.what is not None and "o.npy" in info.value.what
+
+
+@pytest.mark.parametrize("metadata", [{"$float": "nan"}, {"$int": "12"}, {"$tuple": "x"}])
+def test_safetensors_metadata_is_never_read_as_a_tagged_value(
+    store: lv.Store, tmp_path: Path, metadata: dict[str, str]
+) -> None:
+    # a foreign file's string map {"$float": "nan"} came back as NaN in meta
+    # (and queries), while load() gave the dict (a fresh user's trial)
+    path = tmp_path / "t.safetensors"
+    path.write_bytes(safetensors_bytes({"w": ("U8", (1,), b"\x01")}, metadata))
+    assert store.import_file(path, key="t") == ["t"]
+    rec = store["t"]
+    assert rec.meta["__metadata__"] == metadata
+    assert rec.load()["__metadata__"] == metadata
+    assert rec._record["meta"]["__metadata__"] == {"$dict": metadata}
+    ((name, text),) = metadata.items()
+    assert store.count(f"__metadata__['{name}'] == '{text}'") == 1

@@ -255,8 +255,9 @@ pub enum UsageError {
     /// (payload files, memory-mapped), not in metadata.
     #[error(
         "record {key:?} would take {size} bytes in the index (its metadata, layout and pickled \
-         remainder), over the cap of {cap} bytes: {detail}; store big data as numpy arrays \
-         (payload files), not as metadata"
+         remainder; a metadata value is in both the metadata and the layout, so it counts twice), \
+         over the cap of {cap} bytes: {detail}; store big data as numpy arrays (payload files), \
+         not as metadata"
     )]
     RecordTooLarge {
         /// The record's key.

@@ -480,16 +480,40 @@ pub(crate) fn flat_record(key: &str, fields: Vec<(String, Field)>) -> PlannedRec
     }
 }
 
-/// The layout node of a JSON value (FORMAT.md, "Layout").
+/// The layout node of a metadata value (FORMAT.md, "Layout"): a tagged
+/// leaf (`{"$float": "nan"}`...) is its own node, `$tuple` a `tuple` node,
+/// an escaped `$dict` the `dict` node of the object inside ("Tagged values").
 fn layout_of(value: &Value) -> Value {
-    match value {
-        Value::Object(m) => serde_json::json!({
+    use crate::query::tagged::{tag, Tag};
+    let dict = |m: &Map<String, Value>| {
+        serde_json::json!({
             "dict": m.iter().map(|(k, v)| (k.clone(), layout_of(v))).collect::<Map<_, _>>()
-        }),
+        })
+    };
+    match value {
+        Value::Object(m) => match tag(m) {
+            Some(Tag::Dict(inner)) => dict(inner),
+            Some(Tag::Tuple(items)) => {
+                serde_json::json!({ "tuple": items.iter().map(layout_of).collect::<Vec<_>>() })
+            }
+            Some(_) => value.clone(),
+            None => dict(m),
+        },
         Value::Array(a) => {
             serde_json::json!({ "list": a.iter().map(layout_of).collect::<Vec<_>>() })
         }
         leaf => leaf.clone(),
+    }
+}
+
+/// `map` as a metadata value: escaped as `{"$dict": map}` when its only
+/// key starts with `$`, so that a foreign object is never read as a tagged
+/// value (FORMAT.md, "Tagged values").
+pub(crate) fn escaped_object(map: Map<String, Value>) -> Value {
+    if map.len() == 1 && map.keys().all(|k| k.starts_with('$')) {
+        serde_json::json!({ "$dict": map })
+    } else {
+        Value::Object(map)
     }
 }
 

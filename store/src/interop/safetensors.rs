@@ -418,7 +418,8 @@ fn plan_record(
         let (top, rest) = decode_metadata(metadata, marker);
         obj.extend(top);
         if !rest.is_empty() {
-            obj.insert(METADATA_KEY.to_owned(), Value::Object(rest));
+            // the file's own strings: a lone "$float" key is not a tag
+            obj.insert(METADATA_KEY.to_owned(), super::escaped_object(rest));
         }
     }
     let tags: Map<String, Value> = header
