@@ -27,7 +27,8 @@ class Dataset:
 
     ``len(ds)``: the number of records. ``ds[i]`` (``i`` an int, negative counts from the end):
     ``{"key": key, field: value, ...}``, a new dict: ``"key"`` the record's key, then the fields
-    asked for (all metadata fields, then every array by path, when ``fields`` was None), metadata as
+    asked for (top-level metadata field names and array paths such as ``"params/w"``; with
+    ``fields`` None, all metadata fields, then every array by path), metadata as
     ``record.meta`` gives it, arrays as read-only ``numpy.ndarray`` (memory-mapped when over 64 KiB,
     as :meth:`Record.array <lazyvault.Record.array>`). Raises ``IndexError`` out of range,
     ``TypeError`` for an index that is not an int, ``KeyError`` (naming the record and the field)
@@ -100,10 +101,12 @@ class Dataset:
         return list(self._state()[1])
 
     def __len__(self) -> int:
+        """The number of records (opens nothing)."""
         assert self._size is not None
         return self._size
 
     def __getitem__(self, i: int) -> dict[str, Any]:
+        """The item of record ``i`` (see the class): ``{"key": key, field: value, ...}``."""
         try:
             index = operator.index(i)
         except TypeError:

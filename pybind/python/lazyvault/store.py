@@ -224,14 +224,14 @@ class Handle(RecordsDisplay, Mapping[str, Record]):
         return _frame.records_frame(self.__getitem__, keys)
 
     def dataset(self, query: str | None = None, fields: Sequence[str] | None = None) -> Dataset:
-        """The records matching ``query`` (all without one), or with ``fields`` (a list of metadata
-        field names and array paths; None: all of each record) only those, as a map-style dataset
-        for ``torch.utils.data.DataLoader`` and ``multiprocessing`` (see :class:`Dataset`): keys
-        resolved now, in key (archive) order, from the last commit (:attr:`version`; a writer's
-        unflushed changes are not in it). Raises :class:`QueryError` for a malformed query,
-        ``TypeError`` for a query that is not a str or ``fields`` not a list of str, ``ValueError``
-        for a field ``"key"``, :class:`ClosedError` for a closed handle, :class:`LazyvaultError`
-        for a writer that never committed (``flush()`` first)."""
+        """The records matching ``query`` (all without one) as a map-style dataset for
+        ``torch.utils.data.DataLoader`` and ``multiprocessing`` (see :class:`Dataset`); with
+        ``fields`` (a list of top-level metadata field names and array paths; None: all of each
+        record) only those. Keys resolved now, in key (archive) order, from the last commit
+        (:attr:`version`; a writer's unflushed changes are not in it). Raises :class:`QueryError`
+        for a malformed query, ``TypeError`` for a query that is not a str or ``fields`` not a list
+        of str, ``ValueError`` for a field ``"key"``, :class:`ClosedError` for a closed handle,
+        :class:`LazyvaultError` for a writer that never committed (``flush()`` first)."""
         return dataset_of(self, query, fields)
 
     def _ipython_key_completions_(self) -> list[str]:
