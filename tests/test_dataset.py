@@ -204,6 +204,11 @@ def test_forked_workers_reopen_an_inherited_dataset(store: lv.Store) -> None:
         _INHERITED.clear()
     assert [g[0] for g in got] == local
     assert os.getpid() not in {g[1] for g in got}
+    # the children dropped their copies of the parent's reader: it still pins its version
+    store.update({f"r{i}": {"i": -i} for i in range(8)})
+    store.flush()
+    store.gc()
+    assert [summary(ds[i]) for i in range(len(ds))] == local
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -284,3 +289,17 @@ def test_readme_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert len(pickle.dumps(train)) < 512
     assert [it["key"] for it in items] == ["s001", "s002", "s003", "s004"]
     assert [float(it["image"][0, 0]) for it in items] == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_opens_at_the_first_item_not_when_unpickled(store_path: Path, tmp_path: Path) -> None:
+    with lv.Store.open(store_path) as store:
+        fill(store, 3)
+        data = pickle.dumps(store.dataset("i > 0"))
+    moved = tmp_path / "elsewhere.lv"
+    store_path.rename(moved)
+    back = pickle.loads(data)  # nothing opened: unpickling cannot fail
+    assert len(back) == 2
+    with pytest.raises(lv.StoreNotFoundError):
+        back[0]
+    moved.rename(store_path)
+    assert back[1]["key"] == "r2"  # a failed open is tried again
