@@ -6,7 +6,7 @@ import has to hide inside a function. Today, from the bottom:
     _arrays, _tagged
     _layout, _source, _display
     record
-    _frame
+    _frame, _dataset
     store
     _archive, _pickling, _interop, _export
     _cli, __init__, __main__

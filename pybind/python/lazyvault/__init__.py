@@ -11,6 +11,7 @@ most 64 KiB, memory-mapped when larger).
 
 from . import _export, _interop, errors  # noqa: F401 (_export, _interop plug into Store)
 from ._archive import Archive, dumps, loads
+from ._dataset import Dataset
 from ._lazyvault import FORMAT_VERSION, __version__
 from ._pickling import RecordRef
 from .errors import *  # noqa: F403 (the exception classes, errors.__all__)
@@ -21,6 +22,7 @@ __all__ = [
     "FORMAT_VERSION",
     "Archive",
     "ArrayInfo",
+    "Dataset",
     "Record",
     "RecordRef",
     "Results",

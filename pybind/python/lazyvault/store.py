@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self, cast, overload
 import numpy as np
 
 from . import _arrays, _frame, _layout, _lazyvault
+from ._dataset import Dataset, dataset_of
 from ._display import RecordsDisplay
 from ._progress import ProgressArg, progress_callback
 from ._source import UNTRUSTED, DirectorySource, Trust, trust_of
@@ -221,6 +222,17 @@ class Handle(RecordsDisplay, Mapping[str, Record]):
         """
         keys = self._index().keys() if expr is None else self.keys(expr)
         return _frame.records_frame(self.__getitem__, keys)
+
+    def dataset(self, query: str | None = None, fields: Sequence[str] | None = None) -> Dataset:
+        """The records matching ``query`` (all without one) as a map-style dataset for
+        ``torch.utils.data.DataLoader`` and ``multiprocessing`` (see :class:`Dataset`); with
+        ``fields`` (a list of top-level metadata field names and array paths; None: all of each
+        record) only those. Keys resolved now, in key (archive) order, from the last commit
+        (:attr:`version`; a writer's unflushed changes are not in it). Raises :class:`QueryError`
+        for a malformed query, ``TypeError`` for a query that is not a str or ``fields`` not a list
+        of str, ``ValueError`` for a field ``"key"``, :class:`ClosedError` for a closed handle,
+        :class:`LazyvaultError` for a writer that never committed (``flush()`` first)."""
+        return dataset_of(self, query, fields)
 
     def _ipython_key_completions_(self) -> list[str]:
         """What ``store["<tab>`` offers in IPython: the keys."""
