@@ -418,7 +418,7 @@ def test_main_classes_in_spawn_workers(tmp_path: Path) -> None:
         tmp_path,
         "spawned.py",
         """
-        import dataclasses, multiprocessing, sys
+        import dataclasses, multiprocessing, os
         import numpy as np
         import lazyvault as lv
 
@@ -435,7 +435,7 @@ def test_main_classes_in_spawn_workers(tmp_path: Path) -> None:
                 s["w"] = Run("w", np.ones(2))
 
         if __name__ == "__main__":
-            path = sys.argv[1] if len(sys.argv) > 1 else "runs.lv"
+            path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runs.lv")
             with lv.Store.open(path) as s:
                 s["a"] = Run("a", np.zeros(3))
             with multiprocessing.get_context("spawn").Pool(1) as pool:
