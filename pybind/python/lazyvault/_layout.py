@@ -10,7 +10,6 @@ needs ``allow_pickle``); the parts joined into the object again.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib
 import io
 import json
@@ -349,7 +348,8 @@ class Scan(NamedTuple):
     untrusted: tuple[str, ...] = ()
 
 
-_NON_FINITE = _tagged.NON_FINITE
+# The 1.2 writer's leaf nodes, read as the tagged values that replaced them (same bodies).
+_OLD_LEAVES = {"float": "$float", "scalar": "$numpy"}
 # What rebuilding a damaged layout or remainder raises (join turns it into CorruptError).
 _DAMAGE = (ValueError, TypeError, LookupError, AttributeError, EOFError, OverflowError, ImportError)
 
@@ -381,10 +381,6 @@ def scan(
             elif kind == "array" and b is str:
                 if body not in array_paths:
                     return Scan(f"{{'array': {body!r}}} names no array of the record", needs)
-            elif (kind == "float" and b is str and body in _NON_FINITE) or (
-                kind == "scalar" and _scalar_ok(body)
-            ):
-                pass
             elif kind == "object" and b is dict and _class_spec_ok(body.get("class")):
                 state = body.get("state")
                 if type(state) is not dict:
@@ -402,9 +398,9 @@ def scan(
                     return Scan(f"{node!r} but the record has no pickled remainder", needs)
                 needs = needs or "part of it is a pickled remainder"
                 pickled = True
-            elif kind in _tagged.LEAF_TAGS:
+            elif kind in _tagged.LEAF_TAGS or kind in _OLD_LEAVES:
                 try:
-                    _tagged.decode_tag(kind, body)
+                    _tagged.decode_tag(_OLD_LEAVES.get(kind, kind), body)
                 except _DAMAGE:
                     return Scan(f"a {kind!r} node holds {_cut(body)}", needs)
             elif kind in ("dict", "list", "tuple", "array", "float", "scalar", "object", "pickle"):
@@ -459,28 +455,6 @@ def _masked_problem(body: Any, array_paths: Container[str]) -> str | None:
     if type(body["hard_mask"]) is not bool:
         return "has a hard_mask that is not a bool"
     return None
-
-
-def _scalar_ok(body: Any) -> bool:
-    """A ``scalar`` node's body: ``[dtype str, JSON bool or finite number]``."""
-    if type(body) is not list or len(body) != 2 or type(body[0]) is not str:
-        return False
-    value = body[1]
-    t = type(value)
-    if not (t is bool or t is int or (t is float and math.isfinite(value))):
-        return False
-    return _scalar_dtype_ok(body[0])
-
-
-@functools.lru_cache(maxsize=64)
-def _scalar_dtype_ok(descr: str) -> bool:
-    """Whether ``descr`` is a dtype a ``scalar`` node may have: bool, int, uint, or float of at most
-    8 bytes."""
-    try:
-        dtype = np.dtype(descr)
-    except Exception:  # numpy raises TypeError, ValueError, SyntaxError...
-        return False
-    return dtype.kind in "biu" or (dtype.kind == "f" and dtype.itemsize <= 8)
 
 
 def class_name(cls: type) -> str:
@@ -632,8 +606,8 @@ def join(
         "list": lambda body: [build(v) for v in body],
         "tuple": lambda body: tuple(build(v) for v in body),
         "array": array,
-        "float": float,
-        "scalar": lambda body: np.dtype(body[0]).type(body[1]),
+        "float": _tagged.LEAF_TAGS["$float"],
+        "scalar": _tagged.LEAF_TAGS["$numpy"],
         "pickle": leftover,
         "object": instance,
         "masked": masked,
