@@ -48,7 +48,17 @@ def json_leaf(value: Any, t: type) -> Any:
         return value if math.isfinite(value) else {"$float": repr(value)}
     if t is datetime.datetime:
         tz = value.tzinfo
-        if tz is None or type(tz) is datetime.timezone:
+        if tz is None:
+            return {"$datetime": value.isoformat()}
+        if type(tz) is datetime.timezone:
+            offset = tz.utcoffset(None)
+            # ISO 8601 text keeps neither a zone's own name ("CET") nor a sub-second offset
+            if (
+                offset.microseconds
+                or tz != datetime.timezone(offset)
+                or (tz.tzname(None) != datetime.timezone(offset).tzname(None))
+            ):
+                return MISSING
             return {"$datetime": value.isoformat()}
         if type(tz) is zoneinfo.ZoneInfo and tz.key and value.utcoffset() is not None:
             return {"$datetime": f"{value.isoformat()}[{tz.key}]"}
