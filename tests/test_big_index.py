@@ -296,16 +296,47 @@ def test_a_pickling_failure_names_the_record_and_field(store: lv.Store) -> None:
     assert len(store) == 0
 
 
-@pytest.mark.parametrize(
-    "mask",
-    [np.array([True]), np.array([1, 0, 0]), np.zeros(5, bool), np.zeros((3, 1), bool)],
-    ids=["one element", "int", "longer", "2-d"],
-)
-def test_a_mask_replaced_by_one_that_does_not_fit_is_corrupt(store: lv.Store, mask: Any) -> None:
-    # numpy broadcast a one-element mask over the data, or raised its own
-    # MaskError, when the mask payload was replaced (a fresh user's trial)
+_MISFITS = [np.array([True]), np.array([1, 0, 0]), np.zeros(5, bool), np.zeros((3, 1), bool)]
+_MISFIT_IDS = ["one element", "int", "longer", "2-d"]
+
+
+@pytest.mark.parametrize("mask", _MISFITS, ids=_MISFIT_IDS)
+def test_a_mask_replaced_by_one_that_does_not_fit_is_refused(store: lv.Store, mask: Any) -> None:
+    # replace_arrays took it, load() then raised CorruptError and verify said
+    # nothing (a fresh user's trial)
     store["a"] = {"m": np.ma.masked_array([1.0, 2.0, 3.0], mask=[0, 1, 0])}
-    store.replace_arrays("a", {"m/mask": mask})
+    store.flush()
+    with pytest.raises(lv.InvalidArrayError, match=r"record 'a': the mask 'm/mask' .* data 'm'"):
+        store.replace_arrays("a", {"m/mask": mask})
+    with pytest.raises(lv.InvalidArrayError, match="the mask 'm/mask'"):
+        store.replace_arrays("a", {"m": np.arange(4.0)})  # the data, under the old mask
+    assert store.version == 1 and store["a"].load()["m"].mask.tolist() == [False, True, False]
+    # both together fit again; the other arrays of a record are not checked
+    store.replace_arrays("a", {"m": np.arange(4.0), "m/mask": np.ones(4, bool)})
+    assert store["a"].load()["m"].mask.tolist() == [True] * 4
+
+
+def test_masks_inside_the_remainder_are_checked_too(store: lv.Store) -> None:
+    masked = np.ma.masked_array([1.0, 2.0], mask=[0, 1])
+    store["a"] = {"by_id": {7: masked}, "plain": np.zeros(3), "plain/mask": np.ones(1)}
+    paths = set(store["a"].arrays)
+    assert {"by_id/1", "by_id/1/mask", "plain", "plain/mask"} <= paths
+    with pytest.raises(lv.InvalidArrayError, match="the mask 'by_id/1/mask'"):
+        store.replace_arrays("a", {"by_id/1/mask": np.ones(3, bool)})
+    store.replace_arrays("a", {"plain/mask": np.arange(5)})  # two plain arrays: free
+    assert store["a"].array("plain/mask").tolist() == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("mask", _MISFITS, ids=_MISFIT_IDS)
+def test_a_stored_mask_that_does_not_fit_is_corrupt(store: lv.Store, mask: Any) -> None:
+    # numpy broadcast a one-element mask over the data, or raised its own
+    # MaskError: a record written by other means (here the core itself, past
+    # replace_arrays' check) is refused at load
+    from lazyvault._arrays import payload_args
+    from lazyvault.store import core_of
+
+    store["a"] = {"m": np.ma.masked_array([1.0, 2.0, 3.0], mask=[0, 1, 0])}
+    core_of(store).replace_arrays("a", [payload_args("m/mask", mask)])
     with pytest.raises(lv.CorruptError, match="does not fit the data 'm'"):
         store["a"].load()
     assert store["a"].array("m").tolist() == [1.0, 2.0, 3.0]  # the data stays readable

@@ -360,7 +360,9 @@ def test_export_errors(small_store: Path, tmp_path: Path) -> None:
     out = tmp_path / "x.lvz"
     proc = cli("export", small_store, out, "--query", "x == 1", "--keys", "f")
     assert proc.returncode == 2 and "not allowed with" in proc.stderr
-    assert_error(cli("export", small_store, tmp_path / "x.txt"), 1, "x.txt")
+    proc = cli("export", small_store, tmp_path / "x.txt")  # OUT's extension: a usage error
+    assert proc.returncode == 2 and proc.stderr.startswith("lazyvault export: error: "), proc.stderr
+    assert "x.txt" in proc.stderr and ".safetensors" in proc.stderr
     assert_error(cli("export", small_store, out, "--keys", "nope"), 1, "nope")
     assert_error(cli("export", small_store, tmp_path / "no" / "such" / "x.npz"), 1, "such")
     assert_error(cli("export", small_store, out, "--query", "x >"), 1, "column")

@@ -31,6 +31,7 @@ from .errors import (
     NotAStoreError,
     PickleNotAllowedError,
     StoreNotFoundError,
+    UnknownFormatError,
 )
 from .record import Record, entry_of
 from .store import Store
@@ -299,7 +300,10 @@ def _cmd_export(args: argparse.Namespace) -> _Output:
                 f"`{PROG} import STORE {args.path}` first"
             )
         count = store.count(args.query) if args.keys is None else len(dict.fromkeys(args.keys))
-        store.export(args.out, keys=args.keys, query=args.query, progress=_progress(args))
+        try:
+            store.export(args.out, keys=args.keys, query=args.query, progress=_progress(args))
+        except UnknownFormatError as e:  # OUT's extension: a usage error, found before writing
+            raise _UsageError("export", str(e)) from None
     summary = {"path": args.path, "out": args.out, "records": count}
     return _Output(summary, f"{args.out}: wrote {count:,} record(s) from {args.path}\n")
 

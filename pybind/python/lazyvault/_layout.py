@@ -16,7 +16,7 @@ import json
 import math
 import pickle
 import re
-from collections.abc import Callable, Container
+from collections.abc import Callable, Collection, Container
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -457,6 +457,32 @@ def _masked_problem(body: Any, array_paths: Container[str]) -> str | None:
     return None
 
 
+def masked_pairs(layout: Any, array_paths: Collection[str]) -> list[tuple[str, str]]:
+    """``(data path, mask path)`` of every masked array of a record: its ``masked`` layout nodes
+    with a mask, and inside the pickled remainder (whose masked arrays the layout does not show)
+    each array ``p`` not named by the layout that has an array ``p/mask`` beside it."""
+    pairs: list[tuple[str, str]] = []
+    named: set[str] = set()
+    stack = [layout]
+    while stack:
+        node = stack.pop()
+        if type(node) is dict:
+            for kind, body in node.items():
+                if kind == "masked" and type(body) is dict:
+                    data, mask = body.get("data"), body.get("mask")
+                    if type(data) is dict and type(mask) is dict:
+                        pairs.append((str(data.get("array")), str(mask.get("array"))))
+                if kind == "array" and type(body) is str:
+                    named.add(body)
+                stack.append(body)
+        elif type(node) is list:
+            stack.extend(node)
+    named.update(p for pair in pairs for p in pair)
+    return pairs + [
+        (p, f"{p}/mask") for p in array_paths if p not in named and f"{p}/mask" in array_paths
+    ]
+
+
 def class_name(cls: type) -> str:
     """``"module:qualname"``: how an ``object`` node names the class of an instance. A class of the
     main script is ``__main__`` also where multiprocessing's spawn and forkserver workers import
@@ -515,12 +541,13 @@ def join(
                 f"{what}: loading it rebuilds instances of {', '.join(found.untrusted)}, not "
                 "in safe_classes; importing a class can run arbitrary code. If you trust the "
                 f"class, list it: Store.open(..., safe_classes=[{names}]) (lazyvault.loads "
-                "too); if you trust the store, open it with allow_pickle=True. Its metadata "
+                "too); if you trust its source, pass allow_pickle=True there. Its metadata "
                 "and arrays stay readable without either (.meta, .arrays)."
             )
         raise PickleNotAllowedError(
             f"{what}: loading it needs unpickling ({found.needs_pickle}), which can run "
-            "arbitrary code; open the store with allow_pickle=True if you trust it. Its "
+            "arbitrary code; if you trust its source, pass allow_pickle=True (Store.open, "
+            "open_archive, lazyvault.loads). Its "
             "metadata and arrays stay readable without it (.meta, .arrays)."
         )
     arrays: dict[str, np.ndarray] = {}

@@ -101,8 +101,8 @@ def load_array(
             if not allow_pickle:
                 raise PickleNotAllowedError(
                     f"record {key!r} array {name!r} is an object array, stored as a pickle; "
-                    "loading it can run arbitrary code: open the store with allow_pickle=True "
-                    "if you trust it"
+                    "loading it can run arbitrary code: if you trust its source, pass "
+                    "allow_pickle=True (Store.open, open_archive, lazyvault.loads)"
                 )
             return _arrays.load_pickled(read_bytes(core_entry))
         buffer = map_buffer(core_entry)

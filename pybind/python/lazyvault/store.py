@@ -29,6 +29,7 @@ from ._display import RecordsDisplay
 from ._progress import ProgressArg, progress_callback
 from ._source import UNTRUSTED, DirectorySource, Trust, trust_of
 from .errors import (
+    InvalidArrayError,
     InvalidKeyError,
     KeyTypeError,
     LazyvaultError,
@@ -36,7 +37,7 @@ from .errors import (
     QueryError,
     StoreNotFoundError,
 )
-from .record import Record, from_json
+from .record import Record, entry_of, from_json
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -420,7 +421,9 @@ class Store(Handle, MutableMapping[str, Record]):
 
         Raises, changing nothing, :class:`MissingKeyError` for no record; :class:`InvalidArrayError`
         (a ``ValueError``) for a name the record has no array of (store the whole object to add
-        one); ``TypeError`` for a value that is not a plain ``numpy.ndarray``.
+        one), or for a masked array's data or mask that would no longer fit the other (a mask is
+        bool, per field, with the data's shape: replace both together); ``TypeError`` for a value
+        that is not a plain ``numpy.ndarray``.
         """
         key = check_key(key)
         for name, a in arrays.items():
@@ -430,8 +433,35 @@ class Store(Handle, MutableMapping[str, Record]):
                     f"{type(a).__name__} (store the whole object for other types)"
                 )
         args = [_arrays.payload_args(name, a) for name, a in arrays.items()]
+        self._check_masks_fit(key, arrays)
         if not self._core.replace_arrays(key, args):
             raise MissingKeyError(key)
+
+    def _check_masks_fit(self, key: str, arrays: Mapping[str, np.ndarray]) -> None:
+        """``InvalidArrayError`` if a masked array's mask would no longer fit its data (bool, per
+        field for a structured dtype, the data's shape) once ``arrays`` replace the record's."""
+        if key not in self:
+            return  # the core raises MissingKeyError
+        record = entry_of(self[key])
+        entries = record["arrays"]
+        for data, mask in _layout.masked_pairs(record["layout"], entries):
+            if (data not in arrays and mask not in arrays) or not {data, mask} <= entries.keys():
+                continue  # untouched, or a malformed layout (load() reports it)
+            shapes: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+            for path in (data, mask):
+                if path in arrays:
+                    shapes[path] = (arrays[path].shape, arrays[path].dtype)
+                else:
+                    entry = entries[path]
+                    dtype = _arrays.dtype_from_descr(entry["descr"])
+                    shapes[path] = (tuple(entry["shape"]), dtype)
+            (data_shape, data_dtype), (mask_shape, mask_dtype) = shapes[data], shapes[mask]
+            if mask_shape != data_shape or mask_dtype != np.ma.make_mask_descr(data_dtype):
+                raise InvalidArrayError(
+                    f"record {key!r}: the mask {mask!r} ({mask_dtype}, shape {mask_shape}) would "
+                    f"not fit the data {data!r} ({data_dtype}, shape {data_shape}): a masked "
+                    "array's mask is bool (per field) with its data's shape; replace both together"
+                )
 
     def __delitem__(self, key: str) -> None:
         key = check_key(key)
