@@ -3,7 +3,7 @@ level, only modules below it, so the relative imports form no cycle and no
 import has to hide inside a function. Today, from the bottom:
 
     errors, _progress (and the compiled _lazyvault)
-    _arrays, _tagged
+    _arrays, _tagged, _pinned
     _layout, _source, _display
     record
     _frame, _dataset
