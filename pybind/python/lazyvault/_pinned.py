@@ -107,8 +107,8 @@ class PinnedSource:
         elif isinstance(e, CorruptError) and ": file is missing" in text:
             msg = (
                 f"{text.split(': file is missing')[0]}: file is missing: this {self.what} reads "
-                f"{self.path}{at}, whose payloads are no longer kept (the writer removed them once "
-                f"no process pinned it): {advice} (it reads the latest version)"
+                f"{self.path}{at}, whose payloads are no longer there (the writer removes them "
+                f"once no process pins that version): {advice} (it reads the latest version)"
             )
         else:
             return e
