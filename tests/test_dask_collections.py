@@ -3,6 +3,8 @@ records at one commit, computed here on a real ``distributed`` cluster of two wo
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import os
 import pickle
 from collections.abc import Iterator
@@ -19,6 +21,15 @@ from conftest import payload_files
 dask = pytest.importorskip("dask")
 da = pytest.importorskip("dask.array")
 distributed = pytest.importorskip("distributed")
+pd = pytest.importorskip("pandas")
+
+BIG_ELEMENTS = 131_072  # float64: 1 MiB
+
+
+@dataclasses.dataclass
+class Point:
+    x: int
+    y: int
 
 
 @pytest.fixture(scope="module")
@@ -245,3 +256,185 @@ def test_array_pinned_against_later_commits(store: lv.Store, client: Any) -> Non
     store.gc()
     np.testing.assert_array_equal(arr.compute(), before)
     assert store.to_dask_array("x").shape == (6, 3, 4)
+
+
+# -- to_dask_dataframe ----------------------------------------------------------------
+
+
+def mixed(store: lv.Store) -> None:
+    """Records whose fields differ: missing fields, ints and floats, strings, datetimes, dates,
+    nested fields, lists, arrays."""
+    utc = dt.UTC
+    store.update(
+        {
+            f"k{i:02d}": {
+                "i": i,
+                **({"f": 1.5 * i} if i % 3 else {"f": i}),  # ints and floats in one column
+                **({"s": f"s{i}"} if i % 4 else {}),
+                **({"t": dt.datetime(2024, 1, 1 + i, 12, tzinfo=utc)} if i < 9 else {}),
+                **({"d": dt.date(2023, 5, 1 + i)} if i % 2 else {}),
+                "params": {"lr": 0.1 * i} if i > 2 else {},
+                **({"flag": i % 2 == 0} if i % 5 else {}),
+                **({"tags": [i, "x"]} if i == 7 else {}),
+                **({"x": np.zeros((2, i))} if i % 6 else {}),
+            }
+            for i in range(14)
+        }
+    )
+    store.flush()
+
+
+def local_frame(store: lv.Handle, query: str | None = None) -> pd.DataFrame:
+    """``to_pandas``, its index of pandas' own dtype for str labels (which concatenating
+    partitions gives: ``str`` with pandas 3, where to_pandas chose ``object``)."""
+    frame = store.to_pandas(query)
+    frame.index = pd.Index(frame.index.tolist(), name="key", dtype=pd.Index([""]).dtype)
+    return frame
+
+
+def test_dataframe_computes_to_pandas(store: lv.Store, client: Any) -> None:
+    mixed(store)
+    expected = local_frame(store)
+    assert {"i", "f", "s", "t", "d", "params.lr", "flag", "tags", "x.shape", "x.dtype"} <= set(
+        expected.columns
+    )
+    assert expected["f"].dtype == np.float64 and expected["i"].dtype == np.int64
+    for n in (1, 2, 3, 5, 14):
+        ddf = store.to_dask_dataframe(npartitions=n)
+        assert ddf.npartitions == n
+        assert list(ddf.columns) == list(expected.columns)
+        pd.testing.assert_frame_equal(ddf.compute(), expected)
+    ddf = store.to_dask_dataframe("i >= 4", npartitions=3)
+    pd.testing.assert_frame_equal(ddf.compute(), local_frame(store, "i >= 4"))
+    assert store.to_dask_dataframe(npartitions=100).npartitions == 14  # at most one per record
+    assert store.to_dask_dataframe().npartitions == 1  # one per 1,000 records
+
+
+def test_dataframe_divisions_and_loc(store: lv.Store, client: Any) -> None:
+    mixed(store)
+    ddf = store.to_dask_dataframe(npartitions=4)  # 14 records: 3, 4, 3, 4
+    assert ddf.divisions == ("k00", "k03", "k07", "k10", "k13")
+    assert ddf.known_divisions
+    row = ddf.loc["k08"].compute()
+    pd.testing.assert_frame_equal(row, local_frame(store).loc[["k08"]])
+    part = ddf.loc["k05":"k09"].compute()
+    assert part.index.tolist() == [f"k{i:02d}" for i in range(5, 10)]
+    assert ddf["i"].sum().compute() == sum(range(14))
+
+
+def test_dataframe_of_an_archive_and_of_nothing(store: lv.Store, tmp_path: Path) -> None:
+    mixed(store)
+    path = tmp_path / "a.lvz"
+    store.export(path, keys=["k09", "k01", "k04"])  # archive order: not sorted
+    with lv.Store.open(path) as archive:
+        ddf = archive.to_dask_dataframe(npartitions=2)
+        expected = local_frame(archive)
+    assert not ddf.known_divisions
+    pd.testing.assert_frame_equal(ddf.compute(scheduler="sync"), expected)
+    assert expected.index.tolist() == ["k09", "k01", "k04"]
+    empty = store.to_dask_dataframe("i > 100")
+    assert len(empty.compute(scheduler="sync")) == 0
+
+
+def test_dataframe_bad_arguments(store: lv.Store) -> None:
+    mixed(store)
+    for query in (3, lambda r: True):
+        with pytest.raises(TypeError, match="query is a str"):
+            store.to_dask_dataframe(query)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="query is a str"):
+            store.to_dask_bag(query)  # type: ignore[arg-type]
+    for bad in (1.5, "2", True):
+        with pytest.raises(TypeError, match="npartitions is an int"):
+            store.to_dask_dataframe(npartitions=bad)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="npartitions is an int"):
+            store.to_dask_bag(npartitions=bad)  # type: ignore[arg-type]
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="npartitions is at least 1"):
+            store.to_dask_dataframe(npartitions=bad)
+        with pytest.raises(ValueError, match="npartitions is at least 1"):
+            store.to_dask_bag(npartitions=bad)
+    with pytest.raises(lv.QueryError):
+        store.to_dask_dataframe("i >")
+    store.close()
+    with pytest.raises(lv.ClosedError):
+        store.to_dask_dataframe()
+    with pytest.raises(lv.ClosedError):
+        store.to_dask_bag()
+
+
+def test_dataframe_pinned_against_later_commits(store: lv.Store, client: Any) -> None:
+    mixed(store)
+    before = local_frame(store)
+    ddf = store.to_dask_dataframe(npartitions=3)
+    store["k00"] = {"i": 100, "other": "new"}
+    del store["k05"]
+    store["k99"] = {"i": 99}
+    store.flush()
+    store.gc()
+    pd.testing.assert_frame_equal(ddf.compute(), before)
+
+
+# -- to_dask_bag ---------------------------------------------------------------------
+
+
+def test_bag_gives_the_records(store: lv.Store, client: Any) -> None:
+    fill(store, 7)
+    store["r03"] = {"i": 3, "big": np.arange(BIG_ELEMENTS, dtype=np.float64), "obj": Point(1, 2)}
+    store.flush()
+    bag = store.to_dask_bag("i >= 1", npartitions=3)
+    assert bag.npartitions == 3
+    records = bag.compute()
+    local = store.find("i >= 1")
+    assert [r.key for r in records] == local.keys()
+    for got, want in zip(records, local, strict=True):
+        assert isinstance(got, lv.Record)
+        assert got.meta == want.meta
+        assert got.arrays == want.arrays
+        for name in got.arrays:
+            np.testing.assert_array_equal(got.array(name), want.array(name))
+    assert bag.map(lambda r: r.meta["i"]).sum().compute() == sum(range(1, 7))
+    assert bag.filter(lambda r: "big" in r.arrays).map(lambda r: float(r.big.sum())).compute() == [
+        float(np.arange(BIG_ELEMENTS).sum())
+    ]
+
+
+def test_bag_records_pickle_by_reference(store: lv.Store, client: Any) -> None:
+    store["big"] = {"i": 1, "a": np.ones(BIG_ELEMENTS)}  # 1 MB
+    store.flush()
+    (rec,) = store.to_dask_bag().compute()  # came back from a worker by reference
+    data = pickle.dumps(rec, protocol=5)
+    assert len(data) < 2000
+    back = pickle.loads(data)
+    assert back.key == "big" and back.meta == {"i": 1}
+    np.testing.assert_array_equal(back.a, np.ones(BIG_ELEMENTS))
+    assert len(pickle.dumps(back)) < 2000  # by reference again
+    # an ordinary record (and a RecordRef's) still pickles by value
+    assert len(pickle.dumps(store["big"], protocol=5)) > 8 * BIG_ELEMENTS
+    assert len(pickle.dumps(store["big"].ref().open())) > 8 * BIG_ELEMENTS
+    # a bag of records read on the workers, summed there: no array moves
+    bag = store.to_dask_bag()
+    assert bag.map(lambda r: float(r.a.sum())).compute() == [float(BIG_ELEMENTS)]
+
+
+def test_bag_of_an_archive_pickles_by_value(store: lv.Store, tmp_path: Path) -> None:
+    fill(store, 3)
+    path = tmp_path / "a.lvz"
+    store.export(path)
+    with lv.Store.open(path) as archive:
+        records = archive.to_dask_bag(npartitions=2).compute(scheduler="sync")
+        assert [r.key for r in records] == list(archive)
+    back = pickle.loads(pickle.dumps(records[1]))
+    np.testing.assert_array_equal(back.x, local_stack(store, "x")[1])
+
+
+def test_bag_pinned_against_later_commits(store: lv.Store, client: Any) -> None:
+    fill(store, 4)
+    bag = store.to_dask_bag(npartitions=2).map(lambda r: (r.key, r.meta["i"], float(r.x.sum())))
+    before = [(k, store[k].meta["i"], float(store[k].x.sum())) for k in store]
+    for i in range(4):
+        store[f"r{i:02d}"] = {"i": -i, "x": np.zeros((3, 4), np.float32)}
+    del store["r01"]
+    store["r50"] = {"i": 50, "x": np.zeros((3, 4), np.float32)}
+    store.flush()
+    store.gc()
+    assert bag.compute() == before

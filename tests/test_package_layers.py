@@ -35,6 +35,9 @@ IMPORTS_IN_FUNCTIONS = {
     ("_frame", "pandas"): "optional dependency, for to_pandas() only",
     ("_dask", "dask"): "optional dependency, for the to_dask_* methods only",
     ("_dask", "dask.array"): "optional dependency, for to_dask_array() only",
+    ("_dask", "dask.dataframe"): "optional dependency, for to_dask_dataframe() only",
+    ("_dask", "dask.bag"): "optional dependency, for to_dask_bag() only",
+    ("_dask", "pandas"): "optional dependency, in the tasks of to_dask_dataframe()",
     ("_progress", "tqdm.auto"): "imported only when a progress bar is shown",
 }
 

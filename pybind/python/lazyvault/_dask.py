@@ -6,18 +6,23 @@ the payloads. dask is optional: imported when a collection is made."""
 
 from __future__ import annotations
 
+import functools
+import itertools
 import numbers
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import _frame
 from ._pinned import PinnedSource
+from ._source import DirectorySource
 from .errors import LazyvaultError
+from .record import Record, entry_of, rebuild, remainder_of, source_of
 
 if TYPE_CHECKING:
     from .store import Handle
 
-__all__ = ["to_array"]
+__all__ = ["to_array", "to_bag", "to_dataframe"]
 
 
 def _dask(what: str) -> Any:
@@ -145,3 +150,109 @@ def to_array(handle: Handle, name: str, query: str | None, chunks: object) -> An
     meta = np.empty((0,) * (1 + len(first.shape)), first.dtype)
     all_chunks = (sizes, *((d,) for d in first.shape))
     return da.Array(graph, graph_name, all_chunks, meta=meta)
+
+
+# -- to_dask_dataframe, to_dask_bag ---------------------------------------------------
+
+
+def _partitions(keys: list[str], npartitions: object) -> list[tuple[str, ...]]:
+    """``keys`` cut into ``npartitions`` contiguous runs as even as can be (None: one per 1,000
+    keys; at most one per key, at least one)."""
+    if npartitions is None:
+        count = max(1, -(-len(keys) // 1000))
+    elif isinstance(npartitions, numbers.Integral) and not isinstance(npartitions, bool):
+        count = int(npartitions)
+        if count < 1:
+            raise ValueError(f"npartitions is at least 1, not {count}")
+    else:
+        raise TypeError(f"npartitions is an int (or None), not {npartitions!r}")
+    count = max(1, min(count, len(keys)))
+    bounds = [len(keys) * i // count for i in range(count + 1)]
+    return [tuple(keys[a:b]) for a, b in itertools.pairwise(bounds)]
+
+
+def _frame_partition(keys: tuple[str, ...], source: PinnedSource, dtypes: dict[str, Any]) -> Any:
+    """The task of one partition: ``to_pandas`` of ``keys``, with the columns (and dtypes) of
+    the whole frame (a column its records lack: missing values) and pandas' own index dtype."""
+    import pandas
+
+    handle = source.open()
+    part = _frame.records_frame(handle.__getitem__, keys)
+    # the dtype pandas infers for str labels (str on pandas 3, object before), which is what
+    # concatenating the partitions gives, whatever to_pandas chose
+    index = pandas.Index(list(keys), name="key", dtype=pandas.Index([""]).dtype)
+    data = {}
+    for name, dtype in dtypes.items():
+        if name in part:
+            column = part[name].set_axis(index)
+            data[name] = column if column.dtype == dtype else column.astype(dtype)
+        else:
+            data[name] = pandas.Series([None] * len(keys), index=index, dtype=dtype)
+    return pandas.DataFrame(data, index=index)
+
+
+def to_dataframe(handle: Handle, query: str | None, npartitions: object) -> Any:
+    """``Handle.to_dask_dataframe`` (see there)."""
+    dask = _dask("to_dask_dataframe")
+    import dask.dataframe as dd
+
+    query = _query_arg(query)
+    source, keys = _pinned_keys(handle, query, "dask dataframe")
+    parts = _partitions(keys, npartitions)
+    reader = source.open()
+    whole = _frame.records_frame(reader.__getitem__, keys)
+    columns = dict(whole.dtypes.items())
+    meta = _frame_partition((), source, columns)
+    ordered = all(a < b for a, b in itertools.pairwise(keys))
+    if keys and ordered:
+        divisions: tuple[Any, ...] | None = (*(p[0] for p in parts), parts[-1][-1])
+    else:
+        divisions = None  # an archive's own order, or no record
+    if not keys:
+        divisions = (None, None)
+    with dask.config.set({"dataframe.convert-string": False}):  # keep to_pandas's dtypes
+        return dd.from_map(
+            _frame_partition,
+            parts,
+            args=(source, columns),
+            meta=meta,
+            divisions=divisions,
+            enforce_metadata=False,
+            label="lazyvault-frame",
+        )
+
+
+def _same(value: bytes | None, key: str) -> bytes | None:
+    return value
+
+
+def _bag_partition(keys: tuple[str, ...], source: PinnedSource) -> list[Record]:
+    """The task of one partition of a bag: the records of ``keys``, those of a store directory
+    made to pickle by reference (``Record.ref()`` fields)."""
+    handle = source.open()
+    records = []
+    for key in keys:
+        rec = handle[key]
+        where = source_of(rec)
+        if type(where) is DirectorySource:
+            remainder = functools.partial(_same, remainder_of(rec))
+            by_ref = DirectorySource(where.root, where.trust, remainder, by_reference=True)
+            rec = rebuild(None, by_ref, key, entry_of(rec))
+        records.append(rec)
+    return records
+
+
+def to_bag(handle: Handle, query: str | None, npartitions: object) -> Any:
+    """``Handle.to_dask_bag`` (see there)."""
+    dask = _dask("to_dask_bag")
+    import dask.bag as db
+
+    query = _query_arg(query)
+    source, keys = _pinned_keys(handle, query, "dask bag")
+    parts = _partitions(keys, npartitions)
+    token = dask.base.tokenize(source.path, source.version, source.reopen, parts)
+    name = f"lazyvault-bag-{token}"
+    graph: dict[Any, Any] = {
+        (name, i): (_bag_partition, part, source) for i, part in enumerate(parts)
+    }
+    return db.Bag(graph, name, len(parts))

@@ -264,6 +264,35 @@ class Handle(RecordsDisplay, Mapping[str, Record]):
         """
         return _dask.to_array(self, name, query, chunks)
 
+    def to_dask_dataframe(self, query: str | None = None, *, npartitions: int | None = None) -> Any:
+        """The records matching ``query`` (all without one) as a lazy ``dask.dataframe.DataFrame``
+        whose ``compute()`` is :meth:`to_pandas` of them: the same columns, dtypes and values, index
+        ``"key"`` (of pandas' own dtype for str labels: ``str`` with pandas 3, where
+        :meth:`to_pandas` gives ``object``). The records are those of the last commit (as
+        :meth:`to_dask_array`); building it reads the index once here (to find the columns and
+        their dtypes), and each partition's task reads its records' index entries again in its
+        worker. No payload is opened.
+
+        Partitions: contiguous runs of keys, ``npartitions`` of them as even as can be (None: one
+        per 1,000 records; at most one per record); ``divisions`` are the keys at their boundaries
+        (``ddf.loc[key]`` reads one partition), unknown for an archive whose keys are not sorted.
+        Raises ``ModuleNotFoundError`` without dask, ``TypeError`` for a ``query`` that is not a
+        str or ``npartitions`` not an int, ``ValueError`` for ``npartitions`` under 1, and the
+        errors of :meth:`to_dask_array` for a closed handle or a writer that never committed.
+        """
+        return _dask.to_dataframe(self, query, npartitions)
+
+    def to_dask_bag(self, query: str | None = None, *, npartitions: int | None = None) -> Any:
+        """The records matching ``query`` (all without one), in key (archive) order, as a lazy
+        ``dask.bag.Bag`` of :class:`Record`, at the last commit (as :meth:`to_dask_array`);
+        partitions as in :meth:`to_dask_dataframe`. The records of a store directory pickle by
+        reference (the fields of :meth:`Record.ref`: no array data, whatever their size; they map
+        their payloads wherever they are unpickled, valid while those payloads exist, as a
+        :class:`RecordRef`), so a bag computed, persisted or passed between workers moves no array
+        bytes; those of an archive pickle by value. Raises as :meth:`to_dask_dataframe`.
+        """
+        return _dask.to_bag(self, query, npartitions)
+
     def _ipython_key_completions_(self) -> list[str]:
         """What ``store["<tab>`` offers in IPython: the keys."""
         return list(self._index().keys())
