@@ -7,6 +7,7 @@ import dataclasses
 import datetime as dt
 import os
 import pickle
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -438,3 +439,19 @@ def test_bag_pinned_against_later_commits(store: lv.Store, client: Any) -> None:
     store.flush()
     store.gc()
     assert bag.compute() == before
+
+
+def test_without_dask_says_how_to_install_it(
+    store: lv.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fill(store, 2)
+    monkeypatch.setitem(sys.modules, "dask", None)  # import dask raises ImportError
+    calls = {
+        "to_dask_array": lambda: store.to_dask_array("x"),
+        "to_dask_dataframe": store.to_dask_dataframe,
+        "to_dask_bag": store.to_dask_bag,
+    }
+    for what, call in calls.items():
+        with pytest.raises(ModuleNotFoundError, match=rf"{what}\(\) needs dask") as e:
+            call()
+        assert "pip install 'lazyvault[dask]'" in str(e.value) and e.value.name == "dask"

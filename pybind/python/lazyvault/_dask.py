@@ -155,17 +155,21 @@ def to_array(handle: Handle, name: str, query: str | None, chunks: object) -> An
 # -- to_dask_dataframe, to_dask_bag ---------------------------------------------------
 
 
-def _partitions(keys: list[str], npartitions: object) -> list[tuple[str, ...]]:
-    """``keys`` cut into ``npartitions`` contiguous runs as even as can be (None: one per 1,000
-    keys; at most one per key, at least one)."""
+def _partition_count(npartitions: object) -> int | None:
     if npartitions is None:
-        count = max(1, -(-len(keys) // 1000))
-    elif isinstance(npartitions, numbers.Integral) and not isinstance(npartitions, bool):
-        count = int(npartitions)
-        if count < 1:
-            raise ValueError(f"npartitions is at least 1, not {count}")
-    else:
-        raise TypeError(f"npartitions is an int (or None), not {npartitions!r}")
+        return None
+    if isinstance(npartitions, numbers.Integral) and not isinstance(npartitions, bool):
+        if npartitions < 1:
+            raise ValueError(f"npartitions is at least 1, not {npartitions}")
+        return int(npartitions)
+    raise TypeError(f"npartitions is an int (or None), not {npartitions!r}")
+
+
+def _partitions(keys: list[str], count: int | None) -> list[tuple[str, ...]]:
+    """``keys`` cut into ``count`` contiguous runs as even as can be (None: one per 1,000 keys; at
+    most one per key, at least one)."""
+    if count is None:
+        count = -(-len(keys) // 1000)
     count = max(1, min(count, len(keys)))
     bounds = [len(keys) * i // count for i in range(count + 1)]
     return [tuple(keys[a:b]) for a, b in itertools.pairwise(bounds)]
@@ -197,19 +201,17 @@ def to_dataframe(handle: Handle, query: str | None, npartitions: object) -> Any:
     import dask.dataframe as dd
 
     query = _query_arg(query)
+    count = _partition_count(npartitions)
     source, keys = _pinned_keys(handle, query, "dask dataframe")
-    parts = _partitions(keys, npartitions)
+    parts = _partitions(keys, count)
     reader = source.open()
     whole = _frame.records_frame(reader.__getitem__, keys)
     columns = dict(whole.dtypes.items())
     meta = _frame_partition((), source, columns)
     ordered = all(a < b for a, b in itertools.pairwise(keys))
+    divisions = None  # unknown: no record, or an archive's own order
     if keys and ordered:
-        divisions: tuple[Any, ...] | None = (*(p[0] for p in parts), parts[-1][-1])
-    else:
-        divisions = None  # an archive's own order, or no record
-    if not keys:
-        divisions = (None, None)
+        divisions = (*(p[0] for p in parts), parts[-1][-1])
     with dask.config.set({"dataframe.convert-string": False}):  # keep to_pandas's dtypes
         return dd.from_map(
             _frame_partition,
@@ -248,8 +250,9 @@ def to_bag(handle: Handle, query: str | None, npartitions: object) -> Any:
     import dask.bag as db
 
     query = _query_arg(query)
+    count = _partition_count(npartitions)
     source, keys = _pinned_keys(handle, query, "dask bag")
-    parts = _partitions(keys, npartitions)
+    parts = _partitions(keys, count)
     token = dask.base.tokenize(source.path, source.version, source.reopen, parts)
     name = f"lazyvault-bag-{token}"
     graph: dict[Any, Any] = {
