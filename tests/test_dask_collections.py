@@ -135,7 +135,7 @@ def test_array_records_that_differ(store: lv.Store) -> None:
     with pytest.raises(ValueError, match=r"no record .* matches 'i > 100'"):
         store.to_dask_array("x", "i > 100")
     np.testing.assert_array_equal(
-        store.to_dask_array("x", "i < 2").compute(scheduler="sync"),
+        store.to_dask_array("x", "i < 2").compute(),
         local_stack(store, "x", "i < 2"),
     )
     store["o"] = {"kind": "o", "x": np.array([None, 1], dtype=object)}
@@ -331,10 +331,10 @@ def test_dataframe_of_an_archive_and_of_nothing(store: lv.Store, tmp_path: Path)
         ddf = archive.to_dask_dataframe(npartitions=2)
         expected = local_frame(archive)
     assert not ddf.known_divisions
-    pd.testing.assert_frame_equal(ddf.compute(scheduler="sync"), expected)
+    pd.testing.assert_frame_equal(ddf.compute(), expected)
     assert expected.index.tolist() == ["k09", "k01", "k04"]
     empty = store.to_dask_dataframe("i > 100")
-    assert len(empty.compute(scheduler="sync")) == 0
+    assert len(empty.compute()) == 0
 
 
 def test_dataframe_bad_arguments(store: lv.Store) -> None:
@@ -422,7 +422,7 @@ def test_bag_of_an_archive_pickles_by_value(store: lv.Store, tmp_path: Path) -> 
     path = tmp_path / "a.lvz"
     store.export(path)
     with lv.Store.open(path) as archive:
-        records = archive.to_dask_bag(npartitions=2).compute(scheduler="sync")
+        records = archive.to_dask_bag(npartitions=2).compute()
         assert [r.key for r in records] == list(archive)
     back = pickle.loads(pickle.dumps(records[1]))
     np.testing.assert_array_equal(back.x, local_stack(store, "x")[1])

@@ -40,6 +40,8 @@ from .record import Record, from_json
 
 if TYPE_CHECKING:
     import dask.array as da
+    import dask.bag as db
+    import dask.dataframe as dd
     import pandas as pd
 
 _open_stores: weakref.WeakSet[Store] = weakref.WeakSet()
@@ -264,7 +266,9 @@ class Handle(RecordsDisplay, Mapping[str, Record]):
         """
         return _dask.to_array(self, name, query, chunks)
 
-    def to_dask_dataframe(self, query: str | None = None, *, npartitions: int | None = None) -> Any:
+    def to_dask_dataframe(
+        self, query: str | None = None, *, npartitions: int | None = None
+    ) -> dd.DataFrame:
         """The records matching ``query`` (all without one) as a lazy ``dask.dataframe.DataFrame``
         whose ``compute()`` is :meth:`to_pandas` of them: the same columns, dtypes and values, index
         ``"key"`` (of pandas' own dtype for str labels: ``str`` with pandas 3, where
@@ -282,7 +286,7 @@ class Handle(RecordsDisplay, Mapping[str, Record]):
         """
         return _dask.to_dataframe(self, query, npartitions)
 
-    def to_dask_bag(self, query: str | None = None, *, npartitions: int | None = None) -> Any:
+    def to_dask_bag(self, query: str | None = None, *, npartitions: int | None = None) -> db.Bag:
         """The records matching ``query`` (all without one), in key (archive) order, as a lazy
         ``dask.bag.Bag`` of :class:`Record`, at the last commit (as :meth:`to_dask_array`);
         partitions as in :meth:`to_dask_dataframe`. The records of a store directory pickle by
