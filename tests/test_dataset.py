@@ -4,6 +4,7 @@ commit it was made from."""
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import pickle
@@ -303,3 +304,39 @@ def test_opens_at_the_first_item_not_when_unpickled(store_path: Path, tmp_path: 
         back[0]
     moved.rename(store_path)
     assert back[1]["key"] == "r2"  # a failed open is tried again
+
+
+def test_a_version_no_longer_kept_says_to_make_a_new_dataset(store: lv.Store) -> None:
+    fill(store, 3)
+    pickled = pickle.dumps(store.dataset())  # the dataset dropped: nothing pins version 1
+    gc.collect()
+    for i in range(3):
+        store[f"r{i}"] = {"i": -i, "x": np.zeros(3), "big": np.zeros(BIG)}
+    store.flush()  # removes version 1's payloads; its journal entries stay (no gc)
+    back = pickle.loads(pickled)
+    with pytest.raises(lv.CorruptError) as e:
+        back[0]
+    message = str(e.value)
+    assert "record 'r0' array" in message and "file is missing" in message
+    assert "make a new dataset" in message and "version 1" in message
+    assert "refresh" not in message
+    assert e.value.key == "r0" and e.value.path is not None
+    del back, e  # its reader pinned version 1
+    gc.collect()
+    store.gc()  # version 1 itself goes
+    with pytest.raises(lv.CorruptError) as e:
+        pickle.loads(pickled)[0]
+    message = str(e.value)
+    assert "version 1, which is no longer kept" in message and "make a new dataset" in message
+    assert "open the store again" not in message
+
+
+def test_a_moved_store_says_to_make_a_new_dataset(store_path: Path, tmp_path: Path) -> None:
+    with lv.Store.open(store_path) as store:
+        fill(store, 2)
+        pickled = pickle.dumps(store.dataset())
+    store_path.rename(tmp_path / "moved.lv")
+    with pytest.raises(lv.StoreNotFoundError) as e:
+        pickle.loads(pickled)[0]
+    assert "make a new dataset from it where it is now" in str(e.value)
+    assert e.value.path == str(store_path.resolve())

@@ -3,10 +3,10 @@ level, only modules below it, so the relative imports form no cycle and no
 import has to hide inside a function. Today, from the bottom:
 
     errors, _progress (and the compiled _lazyvault)
-    _arrays, _tagged
+    _arrays, _tagged, _pinned
     _layout, _source, _display
     record
-    _frame, _dataset
+    _frame, _dataset, _dask
     store
     _archive, _pickling, _interop, _export
     _cli, __init__, __main__
@@ -33,6 +33,11 @@ PACKAGE = Path(__file__).resolve().parents[1] / "pybind" / "python" / "lazyvault
 IMPORTS_IN_FUNCTIONS = {
     # optional or heavy third-party modules, imported when a feature runs
     ("_frame", "pandas"): "optional dependency, for to_pandas() only",
+    ("_dask", "dask"): "optional dependency, for the to_dask_* methods only",
+    ("_dask", "dask.array"): "optional dependency, for to_dask_array() only",
+    ("_dask", "dask.dataframe"): "optional dependency, for to_dask_dataframe() only",
+    ("_dask", "dask.bag"): "optional dependency, for to_dask_bag() only",
+    ("_dask", "pandas"): "optional dependency, in the tasks of to_dask_dataframe()",
     ("_progress", "tqdm.auto"): "imported only when a progress bar is shown",
 }
 

@@ -7,18 +7,15 @@ from __future__ import annotations
 
 import operator
 import os
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from .errors import ClosedError, LazyvaultError
+from ._pinned import PinnedSource
+from .errors import LazyvaultError
 from .record import Record, array_entries
 
 if TYPE_CHECKING:
     from .store import Handle
-
-#: How a handle opens again: ``(opener, args)``, the handle's own ``__reduce__()`` (a Store: a
-#: reader pinned to its version, opened at its first use; an archive: the file by path).
-Reopen = tuple[Callable[..., Any], tuple[Any, ...]]
 
 
 class Dataset:
@@ -46,55 +43,50 @@ class Dataset:
 
     A worker's first item raises :class:`CorruptError` if the version is no longer kept (the process
     that made the dataset keeps it while the dataset lives; on a network file system, for
-    ``retention`` seconds) and :class:`LazyvaultError` if the records differ from those counted at
+    ``retention`` seconds), :class:`StoreNotFoundError` if the store moved (both saying to make a
+    new dataset) and :class:`LazyvaultError` if the records differ from those counted at
     creation (an archive file replaced since).
     """
 
     def __init__(
         self,
-        reopen: Reopen,
-        path: str,
-        version: int | None,
+        source: PinnedSource,
         query: str | None,
         fields: tuple[str, ...] | None,
         size: int | None = None,
     ) -> None:
-        self._reopen = reopen
-        self._path = path
-        self._version = version
+        self._source = source
         self._query = query
         self._fields = fields
         self._size = size  # the number of records, known once resolved
-        self._pid: int | None = None  # the process that opened _handle
-        self._handle: Handle | None = None
+        self._pid: int | None = None  # the process that resolved _keys
         self._keys: list[str] = []
 
     def _state(self) -> tuple[Handle, list[str]]:
         """The open handle and the keys, opening and resolving them in a process that has not yet
         (after unpickling, or in a forked child: the parent's handle is not used there)."""
+        handle = self._source.open()
         if self._pid != os.getpid():
-            opener, args = self._reopen
-            handle = opener(*args)
             keys = list(handle) if self._query is None else handle.keys(self._query)
             if self._size is not None and len(keys) != self._size:
+                at = "archive" if self.version is None else f"version {self.version}"
                 raise LazyvaultError(
-                    f"{self._path!r} (version {self._version}) now has {len(keys)} matching "
+                    f"{self.path!r} ({at}) now has {len(keys)} matching "
                     f"records, not the {self._size} this dataset was made with: it was replaced"
                 )
-            self._handle, self._keys, self._size = handle, keys, len(keys)
+            self._keys, self._size = keys, len(keys)
             self._pid = os.getpid()
-        assert self._handle is not None
-        return self._handle, self._keys
+        return handle, self._keys
 
     @property
     def path(self) -> str:
         """The store's directory (archive file), absolute."""
-        return self._path
+        return self._source.path
 
     @property
     def version(self) -> int | None:
         """The commit the dataset reads (``None`` for an archive)."""
-        return self._version
+        return self._source.version
 
     def keys(self) -> list[str]:
         """The keys of the records, in dataset order (``ds[i]["key"] == ds.keys()[i]``)."""
@@ -115,7 +107,8 @@ class Dataset:
         if not -n <= index < n:
             raise IndexError(f"dataset index {index} out of range for {n} records")
         handle, keys = self._state()
-        return self._item(handle[keys[index]])
+        with self._source.reading():
+            return self._item(handle[keys[index]])
 
     def _item(self, rec: Record) -> dict[str, Any]:
         item: dict[str, Any] = {"key": rec.key}
@@ -135,14 +128,13 @@ class Dataset:
         return item
 
     def __reduce__(self) -> tuple[Any, ...]:
-        args = (self._reopen, self._path, self._version, self._query, self._fields, self._size)
-        return (Dataset, args)
+        return (Dataset, (self._source, self._query, self._fields, self._size))
 
     def __repr__(self) -> str:
-        what = f"version={self._version}" if self._version is not None else "archive"
+        what = f"version={self.version}" if self.version is not None else "archive"
         fields = "all" if self._fields is None else list(self._fields)
         return (
-            f"<lazyvault.Dataset {self._path!r} {what} records={self._size} "
+            f"<lazyvault.Dataset {self.path!r} {what} records={self._size} "
             f"query={self._query!r} fields={fields!r}>"
         )
 
@@ -169,18 +161,6 @@ def dataset_of(handle: Handle, query: str | None, fields: Sequence[str] | None) 
             f"a dataset's query is a str (the workers run it again), not {type(query).__name__}"
         )
     names = _fields_arg(fields)
-    if handle.closed:
-        raise ClosedError(f"{handle.path!r} is closed")
-    version: int | None = getattr(handle, "version", None)
-    if version == 0 and getattr(handle, "is_writer", False):
-        raise LazyvaultError(
-            f"store {handle.path!r} has no commit yet: a dataset reads the last commit, so flush() "
-            "the store first"
-        )
-    try:
-        reopen = cast(Reopen, handle.__reduce__())
-    except TypeError as e:  # an archive read from a buffer
-        raise TypeError(f"a dataset needs a store or archive opened by path: {e}") from None
-    ds = Dataset(reopen, os.path.abspath(str(handle.path)), version, query, names)
-    ds._state()  # opens a reader pinned to that version (kept while the dataset lives)
+    ds = Dataset(PinnedSource.of(handle, "dataset"), query, names)
+    ds._state()  # resolves the keys
     return ds

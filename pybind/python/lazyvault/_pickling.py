@@ -13,7 +13,8 @@ when imported (unpickling builds Records and Stores).
 - **By reference across processes**: for ``multiprocessing``'s ``ForkingPickler`` (``Pool``
   arguments and results, queues, pipes; spawn and fork) a record of a store directory travels as
   the fields of its :class:`RecordRef` (:meth:`Record.ref`; see there), and the receiver opens it
-  the same way. Other records travel by value.
+  the same way. Other records travel by value. The records of a dask bag (``to_dask_bag``) pickle
+  by reference with any pickler (their source says so), and come back as such records.
 - A :class:`~lazyvault.Store` pickles by path (:func:`reduce_store`).
 
 Each way carries the record's (store's) ``allow_pickle`` and ``safe_classes`` (classes pickle by
@@ -87,6 +88,9 @@ def reduce_record(record: Record, protocol: int) -> tuple[Any, ...]:
     (never loaded behind the user's back, not even to pickle).
     """
     del protocol
+    source = source_of(record)
+    if type(source) is DirectorySource and source.by_reference:  # a record of a dask bag
+        return _reduce_by_reference(record, by_reference=True)
     arrays = {name: record.array(name) for name in array_entries(record)}
     entry = entry_of(record)
     # payload ids blanked: the arrays travel along, so the ids mean nothing to
@@ -115,11 +119,14 @@ def _open_reference(
     allow_pickle: bool,
     safe_classes: tuple[type, ...] = (),
     cls: type[Record] | None = None,
+    by_reference: bool = False,
 ) -> Record:
     """A record of the store directory ``path`` rebuilt from its entry (the remainder came along:
     the index is not opened), as ``cls`` when given; its arrays are loaded from the payload files on
-    first access (large ones memory-mapped)."""
-    source = DirectorySource(path, Trust(allow_pickle, safe_classes), lambda key: pickled)
+    first access (large ones memory-mapped). ``by_reference``: it pickles by reference again (a
+    record of a dask bag)."""
+    trust = Trust(allow_pickle, safe_classes)
+    source = DirectorySource(path, trust, lambda key: pickled, by_reference)
     return rebuild(cls, source, key, record)
 
 
@@ -139,9 +146,17 @@ def _reference_args(
 def _reduce_for_multiprocessing(record: Record) -> tuple[Any, ...]:
     """The reducer registered with ``multiprocessing``'s ``ForkingPickler``: by reference for a
     record of a store directory, by value otherwise."""
-    if type(source_of(record)) is DirectorySource:
-        return _with_state(record, (_open_reference, (*_reference_args(record), own_class(record))))
+    source = source_of(record)
+    if type(source) is DirectorySource:
+        return _reduce_by_reference(record, source.by_reference)
     return reduce_record(record, 4)
+
+
+def _reduce_by_reference(record: Record, by_reference: bool = False) -> tuple[Any, ...]:
+    """A record of a store directory by reference: the fields of its :class:`RecordRef` (and
+    whether the receiver's record pickles by reference too)."""
+    args = (*_reference_args(record), own_class(record))
+    return _with_state(record, (_open_reference, (*args, by_reference) if by_reference else args))
 
 
 def register_record_class(cls: type[Record]) -> None:

@@ -116,12 +116,20 @@ def load_array(
 class DirectorySource:
     """The payload files of the store directory ``root`` (records from ``Store``, and records passed
     by reference to other processes), read without the index: each array is checked against its
-    record and read into memory (at most 64 KiB) or memory-mapped (larger)."""
+    record and read into memory (at most 64 KiB) or memory-mapped (larger). ``by_reference``: its
+    records pickle by reference (``Record.ref()`` fields; those of a dask bag), not by value."""
 
-    def __init__(self, root: str, trust: Trust, get_pickle: Callable[[str], bytes | None]) -> None:
+    def __init__(
+        self,
+        root: str,
+        trust: Trust,
+        get_pickle: Callable[[str], bytes | None],
+        by_reference: bool = False,
+    ) -> None:
         self.root = root
         self.trust = trust
         self._get_pickle = get_pickle
+        self.by_reference = by_reference
 
     def get_pickle(self, key: str) -> bytes | None:
         return self._get_pickle(key)

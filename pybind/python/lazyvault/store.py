@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self, cast, overload
 
 import numpy as np
 
-from . import _arrays, _frame, _layout, _lazyvault
+from . import _arrays, _dask, _frame, _layout, _lazyvault
 from ._dataset import Dataset, dataset_of
 from ._display import RecordsDisplay
 from ._progress import ProgressArg, progress_callback
@@ -40,6 +40,9 @@ from .errors import (
 from .record import Record, entry_of, from_json
 
 if TYPE_CHECKING:
+    import dask.array as da
+    import dask.bag as db
+    import dask.dataframe as dd
     import pandas as pd
 
 _open_stores: weakref.WeakSet[Store] = weakref.WeakSet()
@@ -234,6 +237,66 @@ class Handle(RecordsDisplay, Mapping[str, Record]):
         of str, ``ValueError`` for a field ``"key"``, :class:`ClosedError` for a closed handle,
         :class:`LazyvaultError` for a writer that never committed (``flush()`` first)."""
         return dataset_of(self, query, fields)
+
+    def to_dask_array(
+        self, name: str, query: str | None = None, *, chunks: int | Sequence[int] | None = None
+    ) -> da.Array:
+        """Array ``name`` (a path as in ``record.arrays``) of every record matching ``query`` (all
+        without one), stacked in key (archive) order, as a lazy ``dask.array.Array`` of shape ``(n,
+        *shape)`` and the records' dtype (byte order included). The records are those of the last
+        commit (:attr:`version`): on a writer with unflushed changes, the last commit (unflushed
+        records are not in it); later commits change nothing (the process that made it pins that
+        version while the array lives). Building it reads the index only; computing a chunk opens
+        the pinned reader in the worker's process and copies the chunk's payloads into one array.
+
+        Chunks along axis 0 only: ``chunks`` None gives each chunk ``max(1, array.chunk-size //
+        nbytes of one array)`` records (dask's config, 128 MiB by default), an int that many
+        records, a list of ints the records of each chunk (summing to ``n``). The graph holds no
+        handle and no array data: per chunk, the source (path, version, trust) and the chunk's
+        keys, a few hundred bytes; it works on any scheduler (``distributed`` workers open the
+        store by path: on a shared file system for other machines).
+
+        Raises ``ModuleNotFoundError`` without dask (``pip install 'lazyvault[dask]'``);
+        ``ValueError`` when no record matches, for a record without array ``name`` (naming it), for
+        one whose array differs in dtype or shape from the first record's (naming both), for an
+        ``object`` array, for bad ``chunks``; ``TypeError`` for a ``name`` or ``query`` that is not
+        a str or ``chunks`` of another type; :class:`QueryError`; :class:`ClosedError` for a closed
+        handle; :class:`LazyvaultError` for a writer that never committed (``flush()`` first).
+        Computing raises :class:`CorruptError` for a payload missing or damaged (naming the record
+        and array), and, if the version is no longer kept, saying to make a new one.
+        """
+        return _dask.to_array(self, name, query, chunks)
+
+    def to_dask_dataframe(
+        self, query: str | None = None, *, npartitions: int | None = None
+    ) -> dd.DataFrame:
+        """The records matching ``query`` (all without one) as a lazy ``dask.dataframe.DataFrame``
+        whose ``compute()`` is :meth:`to_pandas` of them: the same columns, dtypes and values, index
+        ``"key"`` (of pandas' own dtype for str labels: ``str`` with pandas 3, where
+        :meth:`to_pandas` gives ``object``). The records are those of the last commit (as
+        :meth:`to_dask_array`); building it reads the index once here (to find the columns and
+        their dtypes), and each partition's task reads its records' index entries again in its
+        worker. No payload is opened.
+
+        Partitions: contiguous runs of keys, ``npartitions`` of them as even as can be (None: one
+        per 1,000 records; at most one per record); ``divisions`` are the keys at their boundaries
+        (``ddf.loc[key]`` reads one partition), unknown for an archive whose keys are not sorted.
+        Raises ``ModuleNotFoundError`` without dask, ``TypeError`` for a ``query`` that is not a
+        str or ``npartitions`` not an int, ``ValueError`` for ``npartitions`` under 1, and the
+        errors of :meth:`to_dask_array` for a closed handle or a writer that never committed.
+        """
+        return _dask.to_dataframe(self, query, npartitions)
+
+    def to_dask_bag(self, query: str | None = None, *, npartitions: int | None = None) -> db.Bag:
+        """The records matching ``query`` (all without one), in key (archive) order, as a lazy
+        ``dask.bag.Bag`` of :class:`Record`, at the last commit (as :meth:`to_dask_array`);
+        partitions as in :meth:`to_dask_dataframe`. The records of a store directory pickle by
+        reference (the fields of :meth:`Record.ref`: no array data, whatever their size; they map
+        their payloads wherever they are unpickled, valid while those payloads exist, as a
+        :class:`RecordRef`), so a bag computed, persisted or passed between workers moves no array
+        bytes; those of an archive pickle by value. Raises as :meth:`to_dask_dataframe`.
+        """
+        return _dask.to_bag(self, query, npartitions)
 
     def _ipython_key_completions_(self) -> list[str]:
         """What ``store["<tab>`` offers in IPython: the keys."""
