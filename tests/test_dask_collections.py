@@ -288,11 +288,8 @@ def mixed(store: lv.Store) -> None:
 
 
 def local_frame(store: lv.Handle, query: str | None = None) -> pd.DataFrame:
-    """``to_pandas``, its index of pandas' own dtype for str labels (which concatenating
-    partitions gives: ``str`` with pandas 3, where to_pandas chose ``object``)."""
-    frame = store.to_pandas(query)
-    frame.index = pd.Index(frame.index.tolist(), name="key", dtype=pd.Index([""]).dtype)
-    return frame
+    """``to_pandas``: what the dask dataframe computes to."""
+    return store.to_pandas(query)
 
 
 def test_dataframe_computes_to_pandas(store: lv.Store, client: Any) -> None:

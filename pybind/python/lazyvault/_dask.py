@@ -177,14 +177,12 @@ def _partitions(keys: list[str], count: int | None) -> list[tuple[str, ...]]:
 
 def _frame_partition(keys: tuple[str, ...], source: PinnedSource, dtypes: dict[str, Any]) -> Any:
     """The task of one partition: ``to_pandas`` of ``keys``, with the columns (and dtypes) of
-    the whole frame (a column its records lack: missing values) and pandas' own index dtype."""
+    the whole frame (a column its records lack: missing values)."""
     import pandas
 
     handle = source.open()
     part = _frame.records_frame(handle.__getitem__, keys)
-    # the dtype pandas infers for str labels (str on pandas 3, object before), which is what
-    # concatenating the partitions gives, whatever to_pandas chose
-    index = pandas.Index(list(keys), name="key", dtype=pandas.Index([""]).dtype)
+    index = part.index
     data = {}
     for name, dtype in dtypes.items():
         if name in part:

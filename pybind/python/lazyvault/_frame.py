@@ -46,7 +46,7 @@ def records_frame(get: Callable[[str], Record], keys: Iterable[str]) -> pd.DataF
     # column by column: pandas would read a row's tuple cell as a sequence
     names = dict.fromkeys(name for row in rows for name in row)  # first-seen order
     columns = {name: [row.get(name) for row in rows] for name in names}
-    labels = pd.Index(index, name="key", dtype=object)
+    labels = pd.Index(index, name="key", dtype=str)  # pandas' str labels: str on pandas 3
     data = {name: _column(pd, values, labels) for name, values in columns.items()}
     return pd.DataFrame(data, index=labels)
 

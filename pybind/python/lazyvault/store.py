@@ -217,7 +217,8 @@ class Handle(RecordsDisplay, Mapping[str, Record]):
 
     def to_pandas(self, expr: str | None = None) -> pd.DataFrame:
         """All records (or those matching the query ``expr``) as a pandas DataFrame, from the index
-        only: one row per record, index ``"key"``; columns in first-seen order: the metadata, nested
+        only: one row per record, index ``"key"`` (the keys, of pandas' dtype for str labels:
+        ``str`` with pandas 3, ``object`` before); columns in first-seen order: the metadata, nested
         dicts flattened to dotted names (``params.lr``; lists stay values), then per array path
         ``<path>.shape`` (a tuple) and ``<path>.dtype`` (its ``str``), winning over a metadata field
         of the same name. Fields a record lacks are missing values (NaN). Raises
@@ -271,9 +272,8 @@ class Handle(RecordsDisplay, Mapping[str, Record]):
         self, query: str | None = None, *, npartitions: int | None = None
     ) -> dd.DataFrame:
         """The records matching ``query`` (all without one) as a lazy ``dask.dataframe.DataFrame``
-        whose ``compute()`` is :meth:`to_pandas` of them: the same columns, dtypes and values, index
-        ``"key"`` (of pandas' own dtype for str labels: ``str`` with pandas 3, where
-        :meth:`to_pandas` gives ``object``). The records are those of the last commit (as
+        whose ``compute()`` is :meth:`to_pandas` of them: the same columns, dtypes, values and
+        index ``"key"``. The records are those of the last commit (as
         :meth:`to_dask_array`); building it reads the index once here (to find the columns and
         their dtypes), and each partition's task reads its records' index entries again in its
         worker. No payload is opened.
