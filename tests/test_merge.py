@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -371,3 +372,26 @@ def test_a_merge_killed_at_any_moment_leaves_all_or_nothing(tmp_path: Path) -> N
             np.testing.assert_array_equal(store[f"s{s}/0007"]["x"], crash_value(s, 7))
             report = store.verify(progress=False)
             assert report["ok"], report["problems"]
+
+
+def test_links_need_no_free_space_for_payloads(tmp_path: Path) -> None:
+    # Was: the free-space check asked 4 KiB per linked payload as for a
+    # written one, so a merge by links on a file system without room for a
+    # copy was refused with ENOSPC though the links take none.
+    disk = tmp_path / "disk"
+    mount_tmpfs(disk, "16M")
+    try:
+        arrays = {f"a{j}": np.full(2, j) for j in range(20)}
+        with lv.Store.open(disk / "a.lv", mode="w") as s:
+            for i in range(100):
+                s[f"k{i:03}"] = arrays
+        free = shutil.disk_usage(disk).free
+        assert free < 2000 * 4096  # no room for a copy of its 2,000 payload files
+        with lv.Store.open(disk / "t.lv") as t:
+            assert len(t.merge(disk / "a.lv", progress=False)) == 100
+            np.testing.assert_array_equal(t["k099"]["a19"], np.full(2, 19))
+            t.flush()
+            assert t.verify(progress=False)["ok"]
+        assert all(n == 2 for n in inodes(disk / "t.lv").values())
+    finally:
+        unmount(disk)

@@ -104,13 +104,14 @@ impl Store {
             });
         }
         let mut total: usize = read.iter().map(|s| s.records.len()).sum();
+        // Links take no room (and need no durability barrier); payloads of
+        // a source on another file system are copied and must fit.
         let files: usize = read
             .iter()
+            .filter(|s| !s.same_fs)
             .flat_map(|s| s.records.iter())
             .map(|r| r.record.arrays.len())
             .sum();
-        // Links take no room; payloads of a source on another file system
-        // are copied and must fit.
         let bytes: u64 = read
             .iter()
             .filter(|s| !s.same_fs)
