@@ -30,10 +30,12 @@ impl Store {
     /// reader open at a time, whatever their number): first all of them,
     /// to check them before anything is written, then each again while its
     /// payloads are linked (its reader's pin keeps them); a source that
-    /// committed in between is taken as its new commit, checked again. Each payload of a source record is
-    /// hard-linked into this store under a new id (across file systems,
-    /// or where links are refused, copied; see [`Stage::link_from`](crate::Stage::link_from)), after
-    /// its `.npy` header and length are checked against the record; the
+    /// committed in between is taken as its new commit, checked again.
+    ///
+    /// Each payload of a source record is hard-linked into this store
+    /// under a new id (across file systems, or where links are refused,
+    /// copied; see [`Stage::link_from`](crate::Stage::link_from)) after its
+    /// `.npy` header and length are checked against the record; the
     /// record's metadata, layout, checksums and pickled remainder are kept
     /// as the source has them, only the ids change. Like every put the
     /// records are visible to this process at once and committed by the

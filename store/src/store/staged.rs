@@ -7,8 +7,10 @@
 //! checksum computed on the way), then commits the records that reference
 //! those payloads exactly as [`Store::put_many`] does: payloads durable
 //! first (one barrier), then the journal, then the index, all or nothing.
-//! Until the commit nothing references the staged files; on any error, or
-//! if the filling closure panics, they are removed.
+//! A payload may also be another store's file taken by hard link
+//! ([`Stage::link_from`], for [`Store::merge`]). Until the commit nothing
+//! references the staged files; on any error, or if the filling closure
+//! panics, they are removed.
 
 use std::collections::{BTreeSet, HashSet};
 use std::io::{Read, Seek, SeekFrom};
@@ -52,8 +54,8 @@ pub struct StagedRecord {
     pub meta: Map<String, Value>,
     /// How to rebuild the object (FORMAT.md, "Layout").
     pub layout: Value,
-    /// Array path → the entry [`Stage::write_from`] or [`Stage::write`]
-    /// returned.
+    /// Array path → the entry [`Stage::write_from`], [`Stage::write`] or
+    /// [`Stage::link_from`] returned.
     pub arrays: IndexMap<String, ArrayEntry>,
     /// The pickled remainder, if the object has one.
     pub pickle: Option<Vec<u8>>,
@@ -252,7 +254,8 @@ impl Drop for Stage<'_> {
 
 impl Store {
     /// A put whose payloads are streamed: `fill` writes them with
-    /// [`Stage::write_from`] (or [`Stage::write`]) and returns the records
+    /// [`Stage::write_from`] (or [`Stage::write`], or links them with
+    /// [`Stage::link_from`]) and returns the records
     /// that reference them; those records are then committed together as
     /// [`Store::put_many`] commits (payloads durable first, one barrier for
     /// many files; then the journal and the index, all or nothing).
@@ -445,5 +448,69 @@ mod tests {
             map_payload(store.root(), entry).unwrap().as_bytes(),
             &data[..]
         );
+    }
+
+    #[test]
+    #[cfg(unix)]
+    fn linked_payloads_are_committed_or_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let other = Store::open(dir.path().join("o.lv"), Mode::Append).unwrap();
+        let data: Vec<u8> = (0..10).collect();
+        let arrays = [ArraySource {
+            data: &data,
+            ..src("a")
+        }];
+        other
+            .put("k", Map::new(), Value::Null, &arrays, None)
+            .unwrap();
+        let entry = other.get("k").unwrap().unwrap().arrays["a"].clone();
+        let path = other.root().join(entry.relpath());
+        let store = Store::open(dir.path().join("s.lv"), Mode::Append).unwrap();
+        // an error after the link: the link goes
+        let err = store
+            .put_staged(1, 0, 1, |stage| {
+                stage.link_from(&path, &entry)?;
+                Err(Error::corrupt("test", "stop"))
+            })
+            .unwrap_err();
+        assert!(err.to_string().contains("stop"), "{err}");
+        assert_eq!(files(&store), 0);
+        // committed; a link no record names is removed
+        store
+            .put_staged(2, 0, 1, |stage| {
+                let e = stage.link_from(&path, &entry)?;
+                stage.link_from(&path, &entry)?;
+                assert_ne!(e.id, entry.id);
+                assert_eq!(e.checksum, entry.checksum);
+                Ok(vec![record("k", "a", e)])
+            })
+            .unwrap();
+        assert_eq!(files(&store), 1);
+        let got = store.get("k").unwrap().unwrap();
+        assert_eq!(
+            map_payload(store.root(), &got.arrays["a"])
+                .unwrap()
+                .as_bytes(),
+            &data[..]
+        );
+        // the same file under two names
+        use std::os::unix::fs::MetadataExt;
+        let ours = std::fs::metadata(store.root().join(got.arrays["a"].relpath())).unwrap();
+        assert_eq!(ours.ino(), std::fs::metadata(&path).unwrap().ino());
+        assert_eq!(ours.nlink(), 2);
+        // an entry the file does not match is refused before linking
+        let wrong = ArrayEntry {
+            shape: vec![11],
+            nbytes: 11,
+            ..entry.clone()
+        };
+        let err = store
+            .put_staged(1, 0, 1, |stage| {
+                let e = stage.link_from(&path, &wrong)?;
+                Ok(vec![record("k2", "a", e)])
+            })
+            .unwrap_err();
+        assert!(err.to_string().contains("does not match"), "{err}");
+        assert_eq!(files(&store), 1);
     }
 }
