@@ -120,6 +120,75 @@ def test_merging_a_store_into_itself_is_refused(tmp_path: Path) -> None:
         assert len(payload_files(tmp_path / "a.lv")) == 2
 
 
+def test_pickled_parts_indexes_and_reopening(tmp_path: Path) -> None:
+    with lv.Store.open(tmp_path / "a.lv", mode="w", allow_pickle=True) as a:
+        a["tags"] = {"tags": {"x", "y"}, "obj": np.array([1, "two"], dtype=object), "n": 3}
+        a["plain"] = {"x": np.arange(5), "n": 4}
+    with lv.Store.open(tmp_path / "t.lv", allow_pickle=True) as t:
+        t.create_index("n")
+        t["mine"] = {"n": 3}
+        assert t.merge(tmp_path / "a.lv", progress=False) == ["plain", "tags"]
+        # the index answers with the merged records at once
+        assert t.keys("n == 3") == ["mine", "tags"]
+        assert t.keys("n == 4") == ["plain"]
+    with lv.Store.open(tmp_path / "t.lv", mode="r", allow_pickle=True) as t:
+        assert t.keys("n >= 3") == ["mine", "plain", "tags"]
+        assert "n" in t.indexes()
+        obj = t["tags"].load()
+        assert obj["tags"] == {"x", "y"}
+        assert obj["obj"].tolist() == [1, "two"]
+        assert obj["n"] == 3
+        np.testing.assert_array_equal(t["plain"]["x"], np.arange(5))
+        assert t.verify(progress=False)["ok"]
+
+
+def test_a_source_with_a_writer_in_another_process_is_read_at_its_last_commit(
+    tmp_path: Path,
+) -> None:
+    make_source(tmp_path / "a.lv", ["a1"])
+    with subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                """
+                import sys
+                import numpy as np
+                import lazyvault as lv
+                s = lv.Store.open(sys.argv[1])
+                s["a2"] = {"x": np.arange(3)}
+                s.flush()
+                s["unflushed"] = {"x": np.arange(4)}
+                print("ready", flush=True)
+                sys.stdin.readline()  # holds the writer role until told
+                s.close()
+                """
+            ),
+            str(tmp_path / "a.lv"),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as writer:
+        assert writer.stdin is not None and writer.stdout is not None
+        try:
+            assert writer.stdout.readline() == "ready\n"
+            with lv.Store.open(tmp_path / "t.lv") as t:
+                assert t.merge(tmp_path / "a.lv", progress=False) == ["a1", "a2"]
+                np.testing.assert_array_equal(t["a2"]["x"], np.arange(3))
+                t.flush()
+                assert t.verify(progress=False)["ok"]
+            writer.stdin.write("go\n")
+            writer.stdin.flush()
+            assert writer.wait(timeout=120) == 0
+        finally:
+            if writer.poll() is None:
+                writer.kill()
+    with lv.Store.open(tmp_path / "a.lv", mode="r") as a:
+        assert sorted(a) == ["a1", "a2", "unflushed"]
+        assert a.verify(progress=False)["ok"]
+
+
 def run_child(code: str, *args: str) -> subprocess.CompletedProcess[str]:
     """Runs ``code`` in a fresh interpreter with ``args``."""
     return subprocess.run(
