@@ -468,6 +468,11 @@ fn bad_sources_and_modes_are_refused_as_open_and_writes_refuse_them() {
         .merge(std::slice::from_ref(&a), &mut no_progress())
         .unwrap_err();
     assert!(matches!(err, Error::Usage(UsageError::ReadOnly)), "{err}");
+    ro.close().unwrap();
+    let err = ro
+        .merge(std::slice::from_ref(&a), &mut no_progress())
+        .unwrap_err();
+    assert!(matches!(err, Error::Usage(UsageError::Closed)), "{err}");
     drop(ro);
     let store = Store::open(&path, Mode::Append).unwrap();
     let before = state(&store);

@@ -62,12 +62,10 @@ impl Store {
         sources: &[PathBuf],
         progress: &mut dyn FnMut(u64, u64) -> Result<()>,
     ) -> Result<Vec<String>> {
-        self.check_fork()?;
+        // as a put: closed first, then read-only
+        drop(self.view()?);
         if self.mode == Mode::ReadOnly {
             return Err(Error::read_only());
-        }
-        if self.is_closed() {
-            return Err(Error::closed());
         }
         let this = same_file_id(&self.root)?;
         // First pass: every source read (one reader at a time: a
