@@ -8,7 +8,7 @@ import has to hide inside a function. Today, from the bottom:
     record
     _frame, _dataset
     store
-    _archive, _pickling, _interop, _export
+    _archive, _pickling, _interop, _export, dask
     _cli, __init__, __main__
 
 A module a layer up that a lower one needs at run time plugs itself in when
@@ -34,6 +34,9 @@ IMPORTS_IN_FUNCTIONS = {
     # optional or heavy third-party modules, imported when a feature runs
     ("_frame", "pandas"): "optional dependency, for to_pandas() only",
     ("_progress", "tqdm.auto"): "imported only when a progress bar is shown",
+    # lazyvault/dask.py (module "dask") imports the third-party dask when write() runs
+    ("dask", "dask"): "optional dependency (lazyvault[dask]), for lazyvault.dask.write only",
+    ("dask", "dask.bag"): "optional dependency (lazyvault[dask]), for lazyvault.dask.write only",
 }
 
 #: Private names of other modules a module still uses:
