@@ -53,9 +53,10 @@ def write(
     this process opens ``path`` (mode ``"a"``: created if missing), merges every shard in one
     :meth:`Store.merge <lazyvault.Store.merge>` (payload files are hard-linked, never copied),
     flushes once (one commit: readers see none of the records, then all of them, at their next
-    ``refresh()``), closes the store and removes the shards directory. ``path`` and its parent
-    must be on a file system every worker sees at the same path (a local one for a single
-    machine).
+    ``refresh()``; changes this process made through another handle of the store and did not
+    flush yet go into that commit too, as with any ``flush()``), closes the store and removes the
+    shards directory. ``path`` and its parent must be on a file system every worker sees at the
+    same path (a local one for a single machine).
 
     ``bag``: a ``dask.bag.Bag`` whose items are ``(key, obj)`` tuples (or 2-item lists), ``key``
     a non-empty ``str``, ``obj`` anything ``store[key] = obj`` takes. Each key at most once in the
