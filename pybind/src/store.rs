@@ -326,6 +326,42 @@ impl StoreCore {
         convert::verify_report(py, &report.py_err()?)
     }
 
+    /// Moves the records of the stores at `sources` into this one in one
+    /// batch, their payloads hard-linked under new ids (`Store::merge`);
+    /// returns the keys merged. `progress(done, total)` (records) is called
+    /// with `(0, total)`, then at most about ten times a second and once at
+    /// the end; an exception it raises (or Ctrl-C) stops the merge, nothing
+    /// set, and propagates.
+    #[pyo3(signature = (sources, progress=None))]
+    fn merge(
+        &self,
+        py: Python<'_>,
+        sources: Vec<std::path::PathBuf>,
+        progress: Option<Py<PyAny>>,
+    ) -> PyResult<Vec<String>> {
+        let mut failure: Option<PyErr> = None;
+        let mut last = std::time::Instant::now();
+        let merged = py.detach(|| {
+            self.inner.merge(&sources, &mut |done, total| {
+                if last.elapsed() < std::time::Duration::from_millis(100)
+                    && 0 < done
+                    && done < total
+                {
+                    return Ok(());
+                }
+                last = std::time::Instant::now();
+                progress::report(progress.as_ref(), done, total).map_err(|e| {
+                    failure = Some(e);
+                    lazyvault_store::Error::from(lazyvault_store::UsageError::Cancelled)
+                })
+            })
+        });
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        merged.py_err()
+    }
+
     /// Rebuilds the index of the store at `path` from its record journal.
     #[staticmethod]
     fn repair<'py>(py: Python<'py>, path: std::path::PathBuf) -> PyResult<Bound<'py, PyDict>> {

@@ -8,7 +8,8 @@
 //! - [`indexes`]: creating and dropping secondary indexes;
 //! - [`recovery`]: what a writing session does first with the journal;
 //! - [`writer`]: the writer role (lock, index, journal, checkpoints);
-//! - [`maintenance`]: verify, gc, repair.
+//! - [`maintenance`]: verify, gc, repair;
+//! - [`merge`]: other stores' records moved in, payloads hard-linked.
 
 use std::collections::{BTreeSet, HashSet};
 use std::fs;
@@ -31,6 +32,7 @@ use crate::snapshot::Snapshot;
 mod find;
 mod indexes;
 mod maintenance;
+mod merge;
 mod recovery;
 mod staged;
 pub(crate) mod writer;

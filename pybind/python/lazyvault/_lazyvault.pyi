@@ -326,6 +326,16 @@ class StoreCore:
         """Checks records, the journal and payloads; ``progress(done, total)``
         is called about ten times a second; an exception it raises stops
         the check."""
+    def merge(
+        self,
+        sources: Sequence[str | PathLike[str]],
+        progress: Callable[[int, int], Any] | None = None,
+    ) -> list[str]:
+        """Moves the records of the stores at ``sources`` (each read at its
+        latest commit) into this one in one batch, payloads hard-linked
+        under new ids; returns the keys merged. ``progress(done, total)``
+        counts records; an exception it raises stops the merge, nothing
+        set."""
     @staticmethod
     def repair(path: str | PathLike[str]) -> dict[str, Any]:
         """Rebuilds the index from the record journal, then writes a new

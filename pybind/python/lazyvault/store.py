@@ -629,6 +629,47 @@ class Store(Handle, MutableMapping[str, Record]):
         keys: list[str] = _hook("import_file")(self, path, key=key, progress=progress, **limits)
         return keys
 
+    def merge(
+        self,
+        sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        *,
+        progress: ProgressArg = None,
+    ) -> list[str]:
+        """Moves the records of the stores at ``sources`` (a path, or a list or tuple of paths, of
+        store directories) into this one; returns their keys (``list[str]``) in source order, each
+        source's in key order. No payload byte is copied: each array file is hard-linked into this
+        store under a new id (copied only when a source is on another file system); metadata,
+        layouts, checksums and pickled remainders are kept as the source has them. Each source is
+        read at its latest commit (a writer may work on it in another process; its unflushed
+        changes are not seen) and stays a valid, unchanged store.
+
+        A key this store has is replaced (``dict.update``: its old arrays are removed as a put's).
+        All or nothing: every record of every source is set in one batch, or none (no file left
+        behind). Like :meth:`update`, the records are visible in this process at once and durable
+        (committed for other readers) after the next :meth:`flush` or :meth:`close`.
+        ``progress`` (see :class:`Store`) counts records, ``(0, total)`` once every source is read
+        and checked, then as their arrays are linked (it runs while the writer lock is held: it
+        must not write to this store). An empty list merges nothing and returns ``[]``.
+
+        Raises ``TypeError`` for ``sources`` not a path or a list of paths; :class:`ReadOnlyError`
+        in mode ``"r"``; for a source, what ``Store.open(path, mode="r")`` raises
+        (:class:`StoreNotFoundError`, :class:`NotAStoreError`, :class:`FormatVersionError`, ...);
+        :class:`InteropError` (a ``ValueError``) for a source that is this store, a source given
+        twice, or a key two sources hold (naming it and both sources; nothing is changed);
+        :class:`CorruptError` naming the source, key and file for a source payload that is missing,
+        truncated or disagrees with its record; :class:`RecordTooLargeError`;
+        :class:`StoreLockedError` while another process writes this store; :class:`StorageError`
+        (``ENOSPC``, ...).
+        """
+        items: list[Any] = list(sources) if isinstance(sources, list | tuple) else [sources]
+        for item in items:
+            if isinstance(item, bytes) or not isinstance(item, str | os.PathLike):
+                shown = "None" if item is None else type(item).__name__
+                raise TypeError(f"sources must be a store path or a list of them, not {shown}")
+        paths = [os.fsdecode(p) for p in items]
+        with progress_callback(progress, "merge", "record") as report:
+            return self._core.merge(paths, report)
+
     # -- display (index only: no payload is opened) ---------------------------
 
     def _title(self) -> str:

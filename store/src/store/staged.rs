@@ -10,9 +10,9 @@
 //! Until the commit nothing references the staged files; on any error, or
 //! if the filling closure panics, they are removed.
 
-use std::collections::HashSet;
-use std::io::Read;
-use std::path::Path;
+use std::collections::{BTreeSet, HashSet};
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
 
 use indexmap::IndexMap;
 use lazyvault_schema::ArrayEntry;
@@ -21,7 +21,8 @@ use serde_json::{Map, Value};
 use super::{check_key, NewRecord, Store};
 use crate::error::{Error, Result};
 use crate::fsio;
-use crate::payload::{ArraySource, PayloadWriter};
+use crate::npy;
+use crate::payload::{self, ArraySource, PayloadWriter};
 
 /// The payload files of one staged put, being written (see
 /// [`Store::put_staged`]).
@@ -32,6 +33,13 @@ pub struct Stage<'s> {
     buf: Vec<u8>,
     /// Ids of the payloads written here, not yet claimed by a record.
     ids: HashSet<String>,
+    /// The store's root (where linked payloads go).
+    root: &'s Path,
+    /// Payload files made by [`Stage::link_from`] (hard links), removed
+    /// unless the stage commits.
+    linked: Vec<PathBuf>,
+    /// The `arrays/<xx>` directories those links are in.
+    link_dirs: BTreeSet<PathBuf>,
 }
 
 /// One record of a staged put: its arrays are payloads written by the
@@ -108,12 +116,131 @@ impl<'s> Stage<'s> {
         Ok(entry)
     }
 
-    /// Removes every file written (see `PayloadWriter::abort`).
+    /// Takes the payload file at `source` (a payload of another store,
+    /// described there by `entry`) into this store under a new id, without
+    /// copying its bytes: a hard link (the file is immutable in both
+    /// stores, so they may share it); across file systems (`EXDEV`), or
+    /// where the file system refuses the link (`EPERM`, `ENOTSUP`,
+    /// `EMLINK`), a streamed copy as [`Stage::write_from`] makes, whose
+    /// checksum must then equal `entry`'s. Returns the entry with the new
+    /// id (the rest as `entry`, checksum included; after a copy, as the
+    /// copy wrote it).
+    ///
+    /// Before linking, the file's `.npy` header must agree with `entry`
+    /// (dtype, shape, order, data offset, byte count) and the file must
+    /// hold all the data; the data are not read (a link copies nothing).
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] naming `source` when the file is missing, its
+    /// header disagrees with `entry`, it is truncated, or a copy's checksum
+    /// differs from `entry`'s; [`StorageError::Io`](crate::StorageError::Io)
+    /// for other I/O errors. Nothing is left behind on error.
+    pub fn link_from(&mut self, source: &Path, entry: &ArrayEntry) -> Result<ArrayEntry> {
+        let what = || format!("payload {}", source.display());
+        entry
+            .validate("payload")
+            .map_err(|e| Error::corrupt(what(), e).with_path(source))?;
+        let mut file = std::fs::File::open(source).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                Error::corrupt(what(), "file is missing").with_path(source)
+            } else {
+                Error::io(source)(e)
+            }
+        })?;
+        let header = npy::read_header(&mut file, payload::header_limit(entry))
+            .map_err(|e| Error::npy(what(), e).with_path(source))?;
+        payload::check_header_matches(&header, entry)
+            .map_err(|detail| Error::corrupt(what(), detail).with_path(source))?;
+        let len = file.metadata().map_err(Error::io(source))?.len();
+        let needed = entry.data_offset.saturating_add(entry.nbytes);
+        if len < needed {
+            return Err(Error::corrupt(
+                what(),
+                format!("file is truncated: {len} bytes, the array needs {needed}"),
+            )
+            .with_path(source));
+        }
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let dir = self.root.join(lazyvault_schema::PAYLOAD_DIR).join(&id[..2]);
+        fsio::create_dir_all(&dir).map_err(Error::io(&dir))?;
+        let path = dir.join(format!("{id}.npy"));
+        let linked =
+            fsio::fault::check("link", &path).and_then(|()| std::fs::hard_link(source, &path));
+        match linked {
+            Ok(()) => {
+                self.linked.push(path);
+                self.link_dirs.insert(dir);
+                self.ids.insert(id.clone());
+                Ok(ArrayEntry {
+                    id,
+                    ..entry.clone()
+                })
+            }
+            Err(e) if link_refused(&e) => self.copy_from(&mut file, source, entry),
+            Err(e) => Err(Error::io(&path)(e)),
+        }
+    }
+
+    /// [`Stage::link_from`]'s copy: the data of `file` (checked against
+    /// `entry`) streamed into a new payload, its checksum compared with
+    /// `entry`'s.
+    fn copy_from(
+        &mut self,
+        file: &mut std::fs::File,
+        source: &Path,
+        entry: &ArrayEntry,
+    ) -> Result<ArrayEntry> {
+        file.seek(SeekFrom::Start(entry.data_offset))
+            .map_err(Error::io(source))?;
+        let src = ArraySource {
+            name: "payload".into(),
+            descr: entry.descr.clone(),
+            dtype: entry.dtype.clone(),
+            shape: entry.shape.clone(),
+            fortran_order: entry.fortran_order,
+            data: &[],
+            pickled: entry.pickled,
+        };
+        let copied = self.write_from(&src, entry.nbytes, &mut file.take(entry.nbytes), source)?;
+        if entry.checksum.is_some() && copied.checksum != entry.checksum {
+            // the copy is named by no record: removed with the stage, or
+            // after its commit
+            return Err(Error::corrupt(
+                format!("payload {}", source.display()),
+                format!(
+                    "checksum mismatch: the record says {}, the data hash to {}",
+                    entry.checksum.as_deref().unwrap_or_default(),
+                    copied.checksum.as_deref().unwrap_or_default()
+                ),
+            )
+            .with_path(source));
+        }
+        Ok(ArrayEntry {
+            checksum: copied.checksum.clone().or_else(|| entry.checksum.clone()),
+            ..copied
+        })
+    }
+
+    /// Removes every file written (see `PayloadWriter::abort`) or linked.
     fn abort(&mut self) {
         if let Some(w) = self.payloads.take() {
             w.abort();
         }
+        for path in self.linked.drain(..) {
+            let _ = fsio::remove_file(&path);
+        }
     }
+}
+
+/// Whether a hard link failed because the file systems cannot share the
+/// file (another file system, links refused or not supported, too many
+/// links): then the payload is copied instead.
+fn link_refused(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind as K;
+    matches!(
+        e.kind(),
+        K::CrossesDevices | K::PermissionDenied | K::Unsupported | K::TooManyLinks
+    )
 }
 
 impl Drop for Stage<'_> {
@@ -159,6 +286,9 @@ impl Store {
             payloads: Some(PayloadWriter::new(&self.root, files)?),
             buf: Vec::new(),
             ids: HashSet::new(),
+            root: &self.root,
+            linked: Vec::new(),
+            link_dirs: BTreeSet::new(),
         };
         let staged = fill(&mut stage)?;
         for r in &staged {
@@ -174,13 +304,28 @@ impl Store {
                 }
             }
         }
+        let link_dirs = std::mem::take(&mut stage.link_dirs);
         let payloads = stage.writer();
         payloads.finish()?;
+        // The links were made before `finish`: its second barrier, if any,
+        // covers them too.
         if payloads.dirs_durable {
             let dirs = payloads.dirs.clone();
             state.durable_dirs.extend(dirs);
+            state.durable_dirs.extend(link_dirs);
         } else {
-            let dirs = payloads.dirs.clone();
+            let mut dirs = payloads.dirs.clone();
+            if cfg!(target_os = "linux") && link_dirs.len() >= payload::BARRIER_MIN_FILES {
+                // many directories of links: one barrier for all of them
+                #[cfg(target_os = "linux")]
+                {
+                    let fs = fsio::open_dir(&self.root).map_err(Error::io(&self.root))?;
+                    fsio::sync_fs(&fs, &self.root).map_err(Error::io(&self.root))?;
+                }
+                state.durable_dirs.extend(link_dirs);
+            } else {
+                dirs.extend(link_dirs);
+            }
             Self::sync_payload_dirs(&self.root, &mut state, &dirs)?;
         }
         // Keys and pickles stay here (the batch borrows them); metadata,
@@ -209,6 +354,7 @@ impl Store {
         // Committed: the records own their payloads now. Files written but
         // named by no record are removed (best effort: gc() would).
         stage.payloads = None;
+        stage.linked.clear();
         for id in &stage.ids {
             let _ = fsio::remove_file(&self.root.join(lazyvault_schema::payload_relpath(id)));
         }
