@@ -426,37 +426,61 @@ def test_import_lazyvault_imports_no_dask() -> None:
 # -- a driver killed while merging ----------------------------------------------------
 
 CHILD = """
+import os
 import sys
 import lazyvault as lv
 import lazyvault.dask
 import dask.bag as db
 import numpy as np
 
-merge = lv.Store.merge
+target = os.path.abspath(sys.argv[1])
+merge, flush = lv.Store.merge, lv.Store.flush
 
 def announced_merge(self, sources, **kwargs):
     print("merging", flush=True)
     return merge(self, sources, **kwargs)
 
-lv.Store.merge = announced_merge
+def announced_flush(self):
+    if self.path != target:  # a shard
+        return flush(self)
+    print("flushing", flush=True)
+    flush(self)
+    print("flushed", flush=True)
+
+lv.Store.merge, lv.Store.flush = announced_merge, announced_flush
 
 def pair(i):
     return f"r{i:04d}", {"i": i, "x": np.full(3, i), "y": np.arange(i % 7)}
 
 bag = db.from_sequence(range(N), npartitions=8).map(pair)
-lazyvault.dask.write(bag, sys.argv[1], compute_kwargs={"scheduler": "threads"})
+lazyvault.dask.write(bag, target, compute_kwargs={"scheduler": "threads"})
 print("done", flush=True)
 """
 
-N_CRASH = 1500
+N_CRASH = 1500  # records: 3,000 payload files to link
 
 
 def expected_new(i: int) -> dict[str, Any]:
     return {"i": i, "x": np.full(3, i), "y": np.arange(i % 7)}
 
 
-@pytest.mark.parametrize("when", ["computing", "at-merge", "merging-1", "merging-2", "merging-3"])
+#: When the child is killed: ``(what it printed last, up to how many seconds after)``.
+KILLS = {
+    "computing": (None, 2.0),  # from its start: importing, computing, or later
+    "merge-starts": ("merging", 0.0),
+    "merging-1": ("merging", 0.3),
+    "merging-2": ("merging", 0.3),
+    "flush-starts": ("flushing", 0.0),
+    "flushing-1": ("flushing", 0.05),
+    "flushing-2": ("flushing", 0.05),
+    "flushed": ("flushed", 0.0),
+}
+
+
+@pytest.mark.parametrize("when", list(KILLS))
 def test_a_driver_killed_leaves_all_or_nothing(tmp_path: Path, when: str) -> None:
+    """A driver process killed (SIGKILL) at some moment of its write: the store holds all the
+    records or none of them, for a reader and for the next writer."""
     path = tmp_path / "out.lv"
     with lv.Store.open(path, "w") as s:
         s.update({"r0001": {"old": 1}, "keep": {"x": np.arange(4)}})
@@ -467,32 +491,44 @@ def test_a_driver_killed_leaves_all_or_nothing(tmp_path: Path, when: str) -> Non
         [sys.executable, str(script), str(path)], stdout=subprocess.PIPE, text=True
     )
     assert child.stdout is not None
-    rng = random.Random(when)
-    if when == "computing":
-        threading.Event().wait(rng.uniform(1.0, 2.0))  # dask imported, tasks running
-    else:
-        assert child.stdout.readline() == "merging\n"
-        if when != "at-merge":
-            threading.Event().wait(rng.uniform(0.0, 0.3))
+    line, most = KILLS[when]
+    while line is not None:
+        got = child.stdout.readline()
+        assert got, f"the child ended before printing {line!r}"
+        if got == f"{line}\n":
+            break
+    threading.Event().wait(random.Random(when).uniform(0.0, most))
     child.send_signal(signal.SIGKILL)
     child.wait()
     child.stdout.close()
     after = state(path)
-    if after[0] == before[0]:
-        assert same_state(after, before) or (  # orphans the merge linked: gc removes them
-            same(after[1], before[1]) and set(after[2]) >= set(before[2])
-        )
-    else:  # everything written
-        assert after[0] == before[0] + 1
-        records = after[1]
-        assert sorted(records) == sorted([*(f"r{i:04d}" for i in range(N_CRASH)), "keep"])
-        assert same(records["keep"], before[1]["keep"])
-        assert all(same(records[f"r{i:04d}"], expected_new(i)) for i in range(N_CRASH))
+    seen = outcome(after[1], before[1])  # by a reader: the last commit
+    if when == "merge-starts":
+        assert seen == "none"  # flush() had not begun
+    if when == "flushed":
+        assert seen == "all" and after[0] == before[0] + 1
+    if seen == "none":  # the payloads merge linked, if any, are orphans
+        assert after[0] == before[0] and set(after[2]) >= set(before[2])
     with lv.Store.open(path, "a") as s:  # a writer recovers the crashed one's leftovers
         s.begin_write()
-        assert same({k: s[k].load() for k in s}, after[1])
+        recovered = outcome({k: s[k].load() for k in s}, before[1])
+        # killed after sled wrote the merge's batch, before its commit: the next writer keeps
+        # the whole batch, with a recovery commit (FORMAT.md, "Write protocol")
+        assert recovered == seen or (seen, recovered) == ("none", "all")
         s.gc()
         assert s.verify()["ok"]
-    if after[0] == before[0]:  # gc() made a commit, removing only the orphans
-        final = state(path)
-        assert same(final[1], before[1]) and final[2] == before[2]
+    final = state(path)
+    assert outcome(final[1], before[1]) == recovered
+    if recovered == "none":  # gc() removed the orphans, and only them
+        assert final[2] == before[2]
+
+
+def outcome(records: dict[str, Any], before: dict[str, Any]) -> str:
+    """``"none"`` when ``records`` are those of ``before``, ``"all"`` when they are those plus
+    every record of the write (``r0001`` replaced); anything else fails."""
+    if same(records, before):
+        return "none"
+    assert sorted(records) == sorted([*(f"r{i:04d}" for i in range(N_CRASH)), "keep"])
+    assert same(records["keep"], before["keep"])
+    assert all(same(records[f"r{i:04d}"], expected_new(i)) for i in range(N_CRASH))
+    return "all"

@@ -75,10 +75,13 @@ def write(
     task has succeeded: another process writing it then makes ``merge`` raise
     :class:`StoreLockedError`, which changes nothing either.
 
-    A killed driver (or worker) process can leave a ``.<store name>.shards-<random>`` directory
-    beside the store; the store itself holds all the records or none of them (payloads the
-    merge linked before the crash are orphans that ``store.gc()`` removes). Such a directory is
-    never used again: remove it (``rm -r``) when no write to that store is running.
+    A driver process killed while writing leaves the store with all the records or none of them
+    (killed during the flush, after the index took the merged batch but before its commit: readers
+    see none of them until the next writer takes the role and commits them all, see FORMAT.md,
+    "Write protocol"; payload files the merge had linked are orphans that ``store.gc()``
+    removes). A killed driver or worker can also leave a ``.<store name>.shards-<random>``
+    directory beside the store, which no later write uses: remove it (``rm -r``) when no write to
+    that store is running.
 
     Raises, before any task runs and creating nothing: ``TypeError`` when ``bag`` is not a dask
     bag or ``path`` is not a ``str``/``os.PathLike`` of one, the error ``Store.open(path, "a")``
