@@ -549,3 +549,58 @@ fn the_record_cap_applies_to_merged_records() {
     assert!(store.keys().unwrap().is_empty());
     assert_eq!(payload_files(store.root()), Vec::<PathBuf>::new());
 }
+
+#[test]
+fn a_source_committing_during_the_merge_is_read_again_and_checked_again() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.lv"), dir.path().join("b.lv"));
+    make_source(&a, &["a1", "a2"], 1);
+    make_source(&b, &["b1"], 2);
+    let store = Store::open(dir.path().join("t.lv"), Mode::Append).unwrap();
+    store.begin_write().unwrap();
+    // Between the first reading and the links (when (0, total) is
+    // reported), a writer of source a commits: a2 deleted, a3 added.
+    let writer = Store::open(&a, Mode::Append).unwrap();
+    let mut changed = false;
+    let keys = store
+        .merge(&[a.clone(), b.clone()], &mut |done, _| {
+            if done == 0 {
+                writer.delete("a2").unwrap();
+                writer
+                    .put("a3", Map::new(), Value::Null, &[u8_source("z", &[3])], None)
+                    .unwrap();
+                writer.flush().unwrap();
+                changed = true;
+            }
+            Ok(())
+        })
+        .unwrap();
+    assert!(changed);
+    assert_eq!(keys, ["a1", "a3", "b1"]);
+    assert_eq!(store.keys().unwrap(), ["a1", "a3", "b1"]);
+    assert_eq!(content(&store, "a3").2["z"], [3]);
+    // ... and a commit that brings a key another source has is refused,
+    // nothing left behind
+    let target = Store::open(dir.path().join("u.lv"), Mode::Append).unwrap();
+    target.begin_write().unwrap();
+    let err = target
+        .merge(&[a.clone(), b.clone()], &mut |done, _| {
+            if done == 0 {
+                writer
+                    .put("b1", Map::new(), Value::Null, &[], None)
+                    .unwrap();
+                writer.flush().unwrap();
+            }
+            Ok(())
+        })
+        .unwrap_err();
+    match &err {
+        Error::Interop(InteropError::KeyCollision { key, first, second }) => {
+            assert_eq!((key.as_str(), first, second), ("b1", &a, &b));
+        }
+        other => panic!("not a key collision: {other}"),
+    }
+    assert!(target.keys().unwrap().is_empty());
+    assert_eq!(payload_files(target.root()), Vec::<PathBuf>::new());
+}

@@ -24,9 +24,13 @@ impl Store {
     /// in source order (each source's in key order). A key this store has
     /// is replaced (its old payloads retired as by [`Store::put`]).
     ///
-    /// Each source is opened as a reader at its latest commit (a writer
-    /// may be at work on it in another process; its unflushed changes are
-    /// not seen) and stays unchanged. Each payload of a source record is
+    /// Each source is read as a reader at its latest commit (a writer may
+    /// be at work on it in another process; its unflushed changes are not
+    /// seen) and stays unchanged. Sources are read one at a time (one
+    /// reader open at a time, whatever their number): first all of them,
+    /// to check them before anything is written, then each again while its
+    /// payloads are linked (its reader's pin keeps them); a source that
+    /// committed in between is taken as its new commit, checked again. Each payload of a source record is
     /// hard-linked into this store under a new id (across file systems,
     /// or where links are refused, copied; see [`Stage::link_from`](crate::Stage::link_from)), after
     /// its `.npy` header and length are checked against the record; the
@@ -64,8 +68,12 @@ impl Store {
             return Err(Error::closed());
         }
         let this = same_file_id(&self.root)?;
-        let mut opened: Vec<(Store, Vec<SourceRecord>)> = Vec::with_capacity(sources.len());
-        let mut seen: HashMap<String, usize> = HashMap::new();
+        // First pass: every source read (one reader at a time: a
+        // descriptor each while open) and checked before anything is
+        // written.
+        let mut read: Vec<Source> = Vec::with_capacity(sources.len());
+        let mut ids = Vec::with_capacity(sources.len());
+        let mut owners: HashMap<String, usize> = HashMap::new();
         for (i, path) in sources.iter().enumerate() {
             let source = Store::open(path, Mode::ReadOnly)?;
             let id = same_file_id(source.root())?;
@@ -75,70 +83,73 @@ impl Store {
                     path.display()
                 )));
             }
-            if let Some((j, _)) = opened
-                .iter()
-                .enumerate()
-                .find(|(_, (s, _))| same_file_id(s.root()).is_ok_and(|other| other == id))
-            {
+            if let Some(j) = ids.iter().position(|other| *other == id) {
                 return Err(unsupported(format!(
                     "{} is given twice (as {} too): each source is merged once",
                     path.display(),
                     sources[j].display()
                 )));
             }
+            ids.push(id);
+            let version = source.version()?;
             let records = read_records(&source)?;
-            for r in &records {
-                if let Some(first) = seen.insert(r.key.clone(), i) {
-                    return Err(InteropError::KeyCollision {
-                        key: r.key.clone(),
-                        first: sources[first].clone(),
-                        second: path.clone(),
-                    }
-                    .into());
-                }
-            }
-            opened.push((source, records));
+            claim(&mut owners, sources, i, &records)?;
+            check_sizes(&records)?;
+            let same_fs = same_device(source.root(), &self.root)?;
+            read.push(Source {
+                root: source.root().to_owned(),
+                version,
+                same_fs,
+                records,
+            });
         }
-        let total: usize = opened.iter().map(|(_, r)| r.len()).sum();
-        let files: usize = opened
+        let mut total: usize = read.iter().map(|s| s.records.len()).sum();
+        // Links take no room (and need no durability barrier); payloads of
+        // a source on another file system are copied and must fit.
+        let files: usize = read
             .iter()
-            .flat_map(|(_, rs)| rs.iter())
+            .filter(|s| !s.same_fs)
+            .flat_map(|s| s.records.iter())
             .map(|r| r.record.arrays.len())
             .sum();
-        // Links take no room; payloads of a source on another file system
-        // are copied and must fit.
-        let mut bytes = 0u64;
-        for (source, records) in &opened {
-            if !same_device(source.root(), &self.root)? {
-                bytes += records
-                    .iter()
-                    .flat_map(|r| r.record.arrays.values())
-                    .map(|e| e.data_offset.saturating_add(e.nbytes))
-                    .sum::<u64>();
-            }
-        }
-        // Refused before anything is written: the record cap.
-        for (_, records) in &opened {
-            for r in records {
-                let json = r.record.to_json();
-                check_record_size(&r.key, &r.record, &json, r.pickle.as_deref())?;
-            }
-        }
+        let bytes: u64 = read
+            .iter()
+            .filter(|s| !s.same_fs)
+            .flat_map(|s| s.records.iter())
+            .flat_map(|r| r.record.arrays.values())
+            .map(|e| e.data_offset.saturating_add(e.nbytes))
+            .sum();
         progress(0, total as u64)?;
         let mut keys = Vec::with_capacity(total);
         self.put_staged(files, bytes, total, |stage| {
             let mut staged = Vec::with_capacity(total);
             let mut done = 0u64;
-            for (source, records) in opened {
-                let root = source.root().to_owned();
-                for r in records {
+            for (i, mut src) in read.into_iter().enumerate() {
+                // Second pass: a reader again, whose pin keeps the source's
+                // payloads while they are linked. A commit since the first
+                // pass (a writer elsewhere): read again, checked again.
+                let source = Store::open(&sources[i], Mode::ReadOnly)?;
+                if source.version()? != src.version {
+                    let records = read_records(&source)?;
+                    for r in &src.records {
+                        if owners.get(&r.key) == Some(&i) {
+                            owners.remove(&r.key);
+                        }
+                    }
+                    claim(&mut owners, sources, i, &records)?;
+                    check_sizes(&records)?;
+                    total = total - src.records.len() + records.len();
+                    src.records = records;
+                }
+                let root = &src.root;
+                for r in src.records {
                     let mut arrays: IndexMap<String, ArrayEntry> =
                         IndexMap::with_capacity(r.record.arrays.len());
                     for (name, entry) in &r.record.arrays {
                         let file = root.join(entry.relpath());
                         let linked = stage
                             .link_from(&file, entry)
-                            .map_err(|e| name_source(e, &root, &r.key, name, &file))?;
+                            .map_err(|e| name_source(e, root, &r.key, name, &file))?;
                         arrays.insert(name.clone(), linked);
                     }
                     keys.push(r.key.clone());
@@ -152,14 +163,60 @@ impl Store {
                     done += 1;
                     progress(done, total as u64)?;
                 }
-                // the source's reader (and its pin) ends here: every
-                // payload of it is linked
+                // every payload of this source is linked: its reader (and
+                // its pin) can go
                 drop(source);
             }
             Ok(staged)
         })?;
         Ok(keys)
     }
+}
+
+/// One source as its first read found it.
+struct Source {
+    /// Its directory, absolute.
+    root: PathBuf,
+    /// The commit read.
+    version: u64,
+    /// Whether it is on this store's file system (links, no copies).
+    same_fs: bool,
+    records: Vec<SourceRecord>,
+}
+
+/// Records the keys of `records` as source `i`'s in `owners`; refuses a key
+/// another source has ([`InteropError::KeyCollision`], the earlier source
+/// first).
+fn claim(
+    owners: &mut HashMap<String, usize>,
+    sources: &[PathBuf],
+    i: usize,
+    records: &[SourceRecord],
+) -> Result<()> {
+    for r in records {
+        if let Some(j) = owners.insert(r.key.clone(), i) {
+            if j != i {
+                let (first, second) = (j.min(i), j.max(i));
+                return Err(InteropError::KeyCollision {
+                    key: r.key.clone(),
+                    first: sources[first].clone(),
+                    second: sources[second].clone(),
+                }
+                .into());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a record over the cap before anything is written (the batch
+/// would refuse it anyway, after the links).
+fn check_sizes(records: &[SourceRecord]) -> Result<()> {
+    for r in records {
+        let json = r.record.to_json();
+        check_record_size(&r.key, &r.record, &json, r.pickle.as_deref())?;
+    }
+    Ok(())
 }
 
 /// Every record of `source` (a reader), in key order, with its pickled
