@@ -8,7 +8,7 @@ import has to hide inside a function. Today, from the bottom:
     record
     _frame, _dataset, _dask
     store
-    _archive, _pickling, _interop, _export
+    _archive, _pickling, _interop, _export, dask
     _cli, __init__, __main__
 
 A module a layer up that a lower one needs at run time plugs itself in when
@@ -39,6 +39,9 @@ IMPORTS_IN_FUNCTIONS = {
     ("_dask", "dask.bag"): "optional dependency, for to_dask_bag() only",
     ("_dask", "pandas"): "optional dependency, in the tasks of to_dask_dataframe()",
     ("_progress", "tqdm.auto"): "imported only when a progress bar is shown",
+    # lazyvault/dask.py (module "dask") imports the third-party dask when write() runs
+    ("dask", "dask"): "optional dependency (lazyvault[dask]), for lazyvault.dask.write only",
+    ("dask", "dask.bag"): "optional dependency (lazyvault[dask]), for lazyvault.dask.write only",
 }
 
 #: Private names of other modules a module still uses:

@@ -9,7 +9,8 @@ most 64 KiB, memory-mapped when larger).
 >>> store.find("temperature > 250")                        # doctest: +SKIP
 """
 
-from . import _export, _interop, errors  # noqa: F401 (_export, _interop plug into Store)
+# _export, _interop plug into Store; dask is lazyvault.dask (it imports dask only when it runs)
+from . import _export, _interop, dask, errors  # noqa: F401
 from ._archive import Archive, dumps, loads
 from ._dataset import Dataset
 from ._lazyvault import FORMAT_VERSION, __version__
