@@ -106,7 +106,8 @@ def write_data(root: Path, n: int, m: int, dtype: np.dtype, systems: list[str]) 
     block = max(1, (64 << 20) // (m * dtype.itemsize))  # records generated at once
     store = lv.Store.open(root / "store.lv", mode="w") if "lazyvault" in systems else None
     zs = {}
-    for name, compressors in [("zarr", None), ("zarr zstd", "auto")]:
+    compressed: list[tuple[str, Any]] = [("zarr", None), ("zarr zstd", "auto")]
+    for name, compressors in compressed:
         if name in systems:
             zs[name] = zarr.create_array(
                 store=str(root / name.replace(" ", "-")),
@@ -337,12 +338,13 @@ def main() -> None:
 
     import dask
 
-    client = cluster = None
+    client: Any = None
+    cluster: Any = None
     if "distributed" in args.schedulers:
         from distributed import Client, LocalCluster
 
         cluster = LocalCluster(
-            n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None
+            n_workers=2, processes=True, threads_per_worker=1, dashboard_address=":0"
         )
         client = Client(cluster)
     print(
@@ -357,6 +359,7 @@ def main() -> None:
     finally:
         if client is not None:
             client.close()
+        if cluster is not None:
             cluster.close()
     print(f"\ntotal {time.perf_counter() - t0:.0f} s, load {os.getloadavg()[0]:.1f}")
 
