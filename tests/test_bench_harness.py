@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 HARNESS = Path(__file__).resolve().parents[1] / "benches" / "peers"
 
 
@@ -65,3 +67,24 @@ def test_data_keeps_what_was_in_it(tmp_path: Path) -> None:
     out = _run(tmp_path, *args, "--systems", "lazyvault", "--no-results")
     assert out.returncode == 0, out.stderr[-2000:]
     assert [p.name for p in data.iterdir()] == ["precious.txt"]
+
+
+DASK_SUM = Path(__file__).resolve().parents[1] / "benches" / "dask_sum.py"
+
+
+def test_the_dask_sum_bench_runs_on_tiny_sizes(tmp_path: Path) -> None:
+    for module in ("dask", "distributed", "zarr", "h5py"):
+        pytest.importorskip(module)
+    cmd = [sys.executable, str(DASK_SUM), "--cases", "12:4", "--chunk-mib", "128", "1"]
+    cmd += ["--repeat", "1", "--dir", str(tmp_path), "--systems", "lazyvault", "zarr"]
+    cmd += ["zarr zstd", "h5py contiguous", "h5py chunked"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    # one table per case and chunking, every system in each, under both schedulers
+    assert out.stdout.count("| system | build | graph pickle |") == 2
+    assert "| distributed | GB/s | lazyvault / it | threads |" in out.stdout
+    for system in ("lazyvault", "zarr", "zarr zstd", "h5py contiguous", "h5py chunked"):
+        assert out.stdout.count(f"\n| {system} | ") == 2, system
+    assert "12 records per chunk (lazyvault's default" in out.stdout
+    assert "256 records per chunk (1 MiB chunks): 1 chunks" in out.stdout
+    assert list(tmp_path.iterdir()) == []  # the data is removed
