@@ -313,7 +313,8 @@ class Store(Handle, MutableMapping[str, Record]):
     and ``.npy`` payloads; ``store[key]`` returns a lazy :class:`Record`. Keys are any non-empty
     ``str`` (never turned into paths).
 
-    ``progress=`` (:meth:`update`, :meth:`verify`, :meth:`gc`, :meth:`export`, :meth:`import_file`):
+    ``progress=`` (:meth:`update`, :meth:`verify`, :meth:`gc`, :meth:`export`, :meth:`import_file`,
+    :meth:`merge`):
     None (default) a tqdm bar when someone is watching (stderr is a terminal, or a Jupyter kernel
     runs the code), never when output goes to a file or pipe; True forces one, False turns it off; a
     callable ``f(done, total)`` gets the counts instead (``total`` None when unknown in advance).
