@@ -6,17 +6,9 @@ use std::fs;
 use lazyvault_store::{load_payload, ArraySource, Mode, Store, READ_MAX_BYTES};
 use serde_json::{Map, Value};
 
-fn u8_source<'a>(name: &str, data: &'a [u8]) -> ArraySource<'a> {
-    ArraySource {
-        name: name.into(),
-        descr: "'|u1'".into(),
-        dtype: "uint8".into(),
-        shape: vec![data.len() as u64],
-        fortran_order: false,
-        data,
-        pickled: false,
-    }
-}
+#[path = "common/records.rs"]
+mod records;
+use records::u8_array;
 
 fn pattern(n: usize) -> Vec<u8> {
     (0..n).map(|i| (i * 31 + 7) as u8).collect()
@@ -45,7 +37,7 @@ fn small_payloads_are_read_large_ones_mapped_at_the_threshold() {
     let sources: Vec<ArraySource> = datas
         .iter()
         .enumerate()
-        .map(|(i, d)| u8_source(["a", "b", "c", "d", "e", "f", "g", "h"][i], d))
+        .map(|(i, d)| u8_array(["a", "b", "c", "d", "e", "f", "g", "h"][i], d))
         .collect();
     store
         .put("k", Map::new(), Value::Null, &sources, None)
@@ -76,7 +68,7 @@ fn holding_many_small_payloads_holds_no_maps_and_no_fds() {
     let store = Store::open(dir.path().join("m.lv"), Mode::Append).unwrap();
     let data = pattern(100);
     store
-        .put("k", Map::new(), Value::Null, &[u8_source("a", &data)], None)
+        .put("k", Map::new(), Value::Null, &[u8_array("a", &data)], None)
         .unwrap();
     let entry = store.get("k").unwrap().unwrap().arrays["a"].clone();
     let (maps_before, fds_before) = (map_count(), fd_count());
@@ -100,7 +92,7 @@ fn small_payloads_get_the_same_checks_as_mapped_ones() {
     let store = Store::open(dir.path().join("c.lv"), Mode::Append).unwrap();
     let data = pattern(1000);
     store
-        .put("k", Map::new(), Value::Null, &[u8_source("a", &data)], None)
+        .put("k", Map::new(), Value::Null, &[u8_array("a", &data)], None)
         .unwrap();
     let entry = store.get("k").unwrap().unwrap().arrays["a"].clone();
     let file = store.root().join(entry.relpath());

@@ -10,32 +10,20 @@ use std::sync::Mutex;
 
 use lazyvault_store::query::Query;
 use lazyvault_store::{
-    fault, journal, load_payload, read_payload, ArraySource, Error, InteropError, Mode, Store,
-    UsageError, MAX_RECORD_BYTES,
+    fault, journal, load_payload, read_payload, Error, InteropError, Mode, Store, UsageError,
+    MAX_RECORD_BYTES,
 };
 use serde_json::{json, Map, Value};
+
+#[path = "common/records.rs"]
+mod records;
+use records::{meta, u8_array};
 
 /// Fault injection is process-wide: these tests run one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn meta(v: Value) -> Map<String, Value> {
-    v.as_object().cloned().expect("object")
-}
-
-fn u8_source<'a>(name: &str, data: &'a [u8]) -> ArraySource<'a> {
-    ArraySource {
-        name: name.into(),
-        descr: "'|u1'".into(),
-        dtype: "uint8".into(),
-        shape: vec![data.len() as u64],
-        fortran_order: false,
-        data,
-        pickled: false,
-    }
 }
 
 /// What a record holds, payload bytes included (ids left out).
@@ -89,7 +77,7 @@ fn make_source(path: &Path, keys: &[&str], seed: u8) {
                 key,
                 meta(json!({"i": i, "seed": seed, "name": key})),
                 json!({"kind": "dict"}),
-                &[u8_source("small", &small), u8_source("large", &large)],
+                &[u8_array("small", &small), u8_array("large", &large)],
                 pickle.as_deref(),
             )
             .unwrap();
@@ -201,7 +189,7 @@ fn several_sources_replace_existing_keys_and_update_indexes() {
                 key,
                 meta(json!({"seed": 9})),
                 Value::Null,
-                &[u8_source("old", &old)],
+                &[u8_array("old", &old)],
                 None,
             )
             .unwrap();
@@ -273,7 +261,7 @@ fn a_key_in_two_sources_is_refused_naming_both_and_nothing_changes() {
             "mine",
             Map::new(),
             Value::Null,
-            &[u8_source("a", &[1, 2])],
+            &[u8_array("a", &[1, 2])],
             None,
         )
         .unwrap();
@@ -328,7 +316,7 @@ fn a_missing_or_truncated_source_payload_is_corrupt_and_changes_nothing() {
             "mine",
             Map::new(),
             Value::Null,
-            &[u8_source("a", &[1, 2])],
+            &[u8_array("a", &[1, 2])],
             None,
         )
         .unwrap();
@@ -427,7 +415,7 @@ fn a_source_is_read_at_its_latest_commit_beside_its_writer() {
     make_source(&a, &["a1"], 1);
     let writer = Store::open(&a, Mode::Append).unwrap();
     writer
-        .put("a2", Map::new(), Value::Null, &[u8_source("z", &[1])], None)
+        .put("a2", Map::new(), Value::Null, &[u8_array("z", &[1])], None)
         .unwrap();
     writer.flush().unwrap();
     writer
@@ -435,7 +423,7 @@ fn a_source_is_read_at_its_latest_commit_beside_its_writer() {
             "unflushed",
             Map::new(),
             Value::Null,
-            &[u8_source("z", &[2])],
+            &[u8_array("z", &[2])],
             None,
         )
         .unwrap();
@@ -573,7 +561,7 @@ fn a_source_committing_during_the_merge_is_read_again_and_checked_again() {
             if done == 0 {
                 writer.delete("a2").unwrap();
                 writer
-                    .put("a3", Map::new(), Value::Null, &[u8_source("z", &[3])], None)
+                    .put("a3", Map::new(), Value::Null, &[u8_array("z", &[3])], None)
                     .unwrap();
                 writer.flush().unwrap();
                 changed = true;

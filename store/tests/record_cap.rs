@@ -7,23 +7,11 @@ use lazyvault_store::archive::write_archive_bytes;
 use lazyvault_store::{
     ArraySource, Error, Mode, NewRecord, StagedRecord, Store, UsageError, MAX_RECORD_BYTES,
 };
-use serde_json::{json, Map, Value};
+use serde_json::{json, Map};
 
-fn meta(v: Value) -> Map<String, Value> {
-    v.as_object().cloned().expect("object")
-}
-
-fn source<'a>(name: &str, data: &'a [u8]) -> ArraySource<'a> {
-    ArraySource {
-        name: name.into(),
-        descr: "'|u1'".into(),
-        dtype: "uint8".into(),
-        shape: vec![data.len() as u64],
-        fortran_order: false,
-        data,
-        pickled: false,
-    }
-}
+#[path = "common/records.rs"]
+mod records;
+use records::{meta, u8_array};
 
 fn payload_files(store: &Store) -> usize {
     let arrays = store.root().join(lazyvault_schema_dir());
@@ -56,7 +44,7 @@ fn a_record_over_the_cap_is_refused_naming_its_largest_fields() {
             "k",
             meta(json!({"text": big, "small": 1, "medium": "y".repeat(1000)})),
             json!(null),
-            &[source("a", &data)],
+            &[u8_array("a", &data)],
             None,
         )
         .unwrap_err();
@@ -95,7 +83,7 @@ fn a_big_pickled_remainder_counts_and_a_batch_is_refused_whole() {
         .unwrap();
     let pickle = vec![0u8; MAX_RECORD_BYTES];
     let data = [2u8; 10];
-    let sources = [source("a", &data)];
+    let sources = [u8_array("a", &data)];
     let records = vec![
         NewRecord {
             key: "fine",
@@ -134,7 +122,7 @@ fn staged_puts_and_archives_are_capped_too() {
     // a staged put (what imports use): refused, its payloads removed
     let err = store
         .put_staged(1, 10, 1, |stage| {
-            let entry = stage.write(&source("a", &data))?;
+            let entry = stage.write(&u8_array("a", &data))?;
             Ok(vec![StagedRecord {
                 key: "imported".into(),
                 meta: meta(json!({"note": big})),
@@ -165,7 +153,7 @@ fn staged_puts_and_archives_are_capped_too() {
 fn array_entries_do_not_count() {
     // 10,000 arrays: about 1.7 MB of array entries, taken
     let names: Vec<String> = (0..10_000).map(|i| format!("frames/{i}")).collect();
-    let sources: Vec<ArraySource<'_>> = names.iter().map(|n| source(n, &[])).collect();
+    let sources: Vec<ArraySource<'_>> = names.iter().map(|n| u8_array(n, &[])).collect();
     let layout = json!({"list": names.iter().map(|n| json!({"array": n})).collect::<Vec<_>>()});
     let bytes =
         write_archive_bytes(|w| w.add_record("many", Map::new(), layout.clone(), &sources, None))

@@ -7,28 +7,14 @@ use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 
 use lazyvault_store::schema::Record;
-use lazyvault_store::{
-    journal, map_payload, ArraySource, Error, Mode, OpenError, Store, INDEX_DIR,
-};
-use serde_json::{json, Map, Value};
+use lazyvault_store::{journal, map_payload, Error, Mode, OpenError, Store, INDEX_DIR};
+use serde_json::{json, Value};
+
+#[path = "common/records.rs"]
+mod records;
+use records::{meta, u8_array};
 
 type Snapshot = BTreeMap<String, (Vec<u8>, Option<Vec<u8>>, Vec<Vec<u8>>)>;
-
-fn meta(v: Value) -> Map<String, Value> {
-    v.as_object().cloned().expect("object")
-}
-
-fn u8_array<'a>(name: &str, data: &'a [u8]) -> ArraySource<'a> {
-    ArraySource {
-        name: name.into(),
-        descr: "'|u1'".into(),
-        dtype: "uint8".into(),
-        shape: vec![data.len() as u64],
-        fortran_order: false,
-        data,
-        pickled: false,
-    }
-}
 
 /// Every record's JSON, pickle and payload bytes.
 fn snapshot(store: &Store) -> Snapshot {

@@ -193,15 +193,22 @@ def _frame_partition(keys: tuple[str, ...], source: PinnedSource, dtypes: dict[s
     return pandas.DataFrame(data, index=index)
 
 
+def _partitioned(
+    handle: Handle, query: object, npartitions: object, what: str
+) -> tuple[PinnedSource, list[str], list[tuple[str, ...]]]:
+    """The pinned source of ``handle``, the keys matching ``query`` and their partitions."""
+    query = _query_arg(query)
+    count = _partition_count(npartitions)
+    source, keys = _pinned_keys(handle, query, what)
+    return source, keys, _partitions(keys, count)
+
+
 def to_dataframe(handle: Handle, query: str | None, npartitions: object) -> Any:
     """``Handle.to_dask_dataframe`` (see there)."""
     dask = _dask("to_dask_dataframe")
     import dask.dataframe as dd
 
-    query = _query_arg(query)
-    count = _partition_count(npartitions)
-    source, keys = _pinned_keys(handle, query, "dask dataframe")
-    parts = _partitions(keys, count)
+    source, keys, parts = _partitioned(handle, query, npartitions, "dask dataframe")
     reader = source.open()
     whole = _frame.records_frame(reader.__getitem__, keys)
     columns = dict(whole.dtypes.items())
@@ -247,10 +254,7 @@ def to_bag(handle: Handle, query: str | None, npartitions: object) -> Any:
     dask = _dask("to_dask_bag")
     import dask.bag as db
 
-    query = _query_arg(query)
-    count = _partition_count(npartitions)
-    source, keys = _pinned_keys(handle, query, "dask bag")
-    parts = _partitions(keys, count)
+    source, _, parts = _partitioned(handle, query, npartitions, "dask bag")
     token = dask.base.tokenize(source.path, source.version, source.reopen, parts)
     name = f"lazyvault-bag-{token}"
     graph: dict[Any, Any] = {
