@@ -454,3 +454,28 @@ def test_without_dask_says_how_to_install_it(
         with pytest.raises(ModuleNotFoundError, match=rf"{what}\(\) needs dask") as e:
             call()
         assert "pip install 'lazyvault[dask]'" in str(e.value) and e.value.name == "dask"
+
+
+def test_the_first_record_that_differs_in_key_order_is_named(store: lv.Store) -> None:
+    # a record lacking the array was named before an earlier one of another
+    # dtype; mixed byte order was shown as "float64, not float64" (a fresh
+    # user's trial)
+    fill(store, 3)
+    store["r01"] = {"x": np.zeros((3, 4), ">f4")}
+    store["r02"] = {"i": 2}
+    store.flush()
+    with pytest.raises(ValueError, match=r"record 'r01' array 'x' has dtype >f4, not the.* <f4"):
+        store.to_dask_array("x")
+
+
+def test_a_store_moved_after_the_array_was_made_is_not_found(
+    store: lv.Store, tmp_path: Path
+) -> None:
+    # the local scheduler blamed the writer's cleanup of an old version (a
+    # fresh user's trial)
+    fill(store, 4)
+    arr = store.to_dask_array("x")
+    store.close()
+    os.rename(store.path, tmp_path / "moved.lv")
+    with pytest.raises(lv.StoreNotFoundError, match="moved or removed since this dask array"):
+        arr.compute(scheduler="sync")

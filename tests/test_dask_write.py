@@ -368,7 +368,7 @@ def never_run(i: int) -> Any:
         ("dir", lv.NotAStoreError, "out.lv: not a lazyvault store"),
         ("archive", lv.ReadOnlyError, "out.lvz' is a .lvz archive, which is read-only"),
         ("no-archive", lv.StoreNotFoundError, "no such archive"),
-        ("no-parent", FileNotFoundError, "no such directory"),
+        ("no-parent", lv.MissingFileError, "no such directory"),
         ("kwargs", TypeError, "compute_kwargs is a mapping, not list"),
     ],
 )
@@ -532,3 +532,36 @@ def outcome(records: dict[str, Any], before: dict[str, Any]) -> str:
     assert same(records["keep"], before["keep"])
     assert all(same(records[f"r{i:04d}"], expected_new(i)) for i in range(N_CRASH))
     return "all"
+
+
+def test_a_store_another_process_writes_is_refused_before_any_task_runs(tmp_path: Path) -> None:
+    # the lock was found at the merge, after every task had run (a fresh user's trial)
+    import subprocess
+    import sys
+
+    path = tmp_path / "held.lv"
+    old_store(path)
+    before = state(path)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time, lazyvault as lv\n"
+            "s = lv.Store.open(sys.argv[1])\n"
+            "s['held'] = {'n': 1}\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(120)\n",
+            str(path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        bag = db.from_sequence(range(4), npartitions=2).map(never_run)
+        with pytest.raises(lv.StoreLockedError, match=f"process {holder.pid}"):
+            lazyvault.dask.write(bag, path, compute_kwargs={"scheduler": "threads"})
+    finally:
+        holder.kill()
+        holder.communicate()  # waits, and closes its pipe
+    assert shard_dirs(tmp_path) == [] and same_state(state(path), before)

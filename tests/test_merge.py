@@ -84,6 +84,8 @@ def test_a_key_in_two_sources_is_refused_before_anything_is_written(tmp_path: Pa
             t.merge([tmp_path / "a.lv", tmp_path / "b.lv"], progress=False)
         assert isinstance(info.value, ValueError)
         assert "a.lv" in str(info.value) and "b.lv" in str(info.value)
+        # merging them one at a time would replace a record: the advice says so
+        assert "the later replacing the earlier's record" in str(info.value)
         assert sorted(t) == ["old"]
         assert payload_files(tmp_path / "t.lv") == before
 
@@ -230,6 +232,8 @@ def test_many_sources_need_no_descriptor_each(tmp_path: Path) -> None:
 def test_bad_arguments_are_refused_and_change_nothing(tmp_path: Path) -> None:
     make_source(tmp_path / "a.lv", ["a1"])
     (tmp_path / "file.txt").write_text("not a store")
+    with lv.Store.open(tmp_path / "a.lv", mode="r") as a:
+        a.export(tmp_path / "a.lvz")
     (tmp_path / "dir").mkdir()
     (tmp_path / "dir" / "x").write_text("a directory that is not a store")
     with lv.Store.open(tmp_path / "t.lv") as t:
@@ -244,6 +248,8 @@ def test_bad_arguments_are_refused_and_change_nothing(tmp_path: Path) -> None:
             (b"a.lv", TypeError, "not bytes"),
             (tmp_path / "missing.lv", lv.StoreNotFoundError, "missing.lv"),
             ([tmp_path / "a.lv", tmp_path / "file.txt"], lv.NotAStoreError, "file.txt"),
+            # an archive is a file: its advice is import_file (a fresh user's trial)
+            (tmp_path / "a.lvz", lv.NotAStoreError, r"a\.lvz: a file, not a store .*import_file"),
             ([tmp_path / "dir"], lv.NotAStoreError, "not a lazyvault store"),
             ([tmp_path / "a.lv", tmp_path / "a.lv"], lv.InteropError, "twice"),
         ]

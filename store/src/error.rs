@@ -312,7 +312,7 @@ pub enum InteropError {
     /// Two files of one import would write the same key (a directory's
     /// `.lvz` or lazyvault `.npz` bringing back a key another file is
     /// imported as): nothing was written.
-    #[error("{first} and {second} would both be imported as {}: rename one, or import them one at a time", crate::interop::npz::quoted(.key))]
+    #[error("{first} and {second} would both be imported as {}: nothing was written (one import or merge takes each key once); rename it in one of them, or import or merge them one at a time, the later replacing the earlier's record", crate::interop::npz::quoted(.key))]
     KeyCollision {
         /// The key.
         key: String,

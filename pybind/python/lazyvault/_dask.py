@@ -98,6 +98,11 @@ def _array_chunk(
     return out
 
 
+def _dtype_names(a: np.dtype, b: np.dtype) -> tuple[str, str]:
+    """Two different dtypes as text that shows the difference (byte order: ``>f8``, ``<f8``)."""
+    return (a.str, b.str) if a.str[1:] == b.str[1:] else (str(a), str(b))
+
+
 def _differs(key: str, name: str, what: str, first_key: str, first: Any) -> ValueError:
     return ValueError(
         f"record {key!r} array {name!r} has {what}, not the {first} of the first record "
@@ -119,23 +124,24 @@ def to_array(handle: Handle, name: str, query: str | None, chunks: object) -> An
             f"no record of {source.path!r} matches {query!r}: a dask array cannot stack none"
         )
     reader = source.open()
-    infos = []
-    for key in keys:
+    first = None
+    for key in keys:  # the first record that differs, in key order, is the one named
         info = reader[key].arrays.get(name)
         if info is None:
             raise ValueError(f"record {key!r} has no array {name!r}")
-        infos.append(info)
-    first = infos[0]
-    if first.dtype.hasobject:
-        raise ValueError(
-            f"record {keys[0]!r} array {name!r} is an object array (stored as a pickle): a dask "
-            "array holds numeric data only"
-        )
-    for key, info in zip(keys, infos, strict=True):
-        if info.dtype != first.dtype:
-            raise _differs(key, name, f"dtype {info.dtype}", keys[0], f"dtype {first.dtype}")
-        if info.shape != first.shape:
+        if first is None:
+            first = info
+            if first.dtype.hasobject:
+                raise ValueError(
+                    f"record {key!r} array {name!r} is an object array (stored as a pickle): a "
+                    "dask array holds numeric data only"
+                )
+        elif info.dtype != first.dtype:
+            ours, theirs = _dtype_names(info.dtype, first.dtype)
+            raise _differs(key, name, f"dtype {ours}", keys[0], f"dtype {theirs}")
+        elif info.shape != first.shape:
             raise _differs(key, name, f"shape {info.shape}", keys[0], f"shape {first.shape}")
+    assert first is not None
     sizes = _records_per_chunk(dask, chunks, len(keys), first.nbytes)
     token = dask.base.tokenize(source.path, source.version, source.reopen, name, keys, sizes)
     graph_name = f"lazyvault-array-{token}"

@@ -93,6 +93,9 @@ class PinnedSource:
         text = str(e)
         at = "" if self.version is None else f" at version {self.version}"
         advice = f"make a new {self.what} from the store"
+        gone = not os.path.isfile(os.path.join(self.path, "lazyvault.json"))
+        if self.version is not None and gone and not isinstance(e, StoreNotFoundError):
+            e = StoreNotFoundError(text)  # its payloads are missing because the store is
         if isinstance(e, StoreNotFoundError):
             msg = (
                 f"{self.path}: not found (moved or removed since this {self.what} was made from "

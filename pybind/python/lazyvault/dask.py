@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .errors import LazyvaultError, StoreNotFoundError
+from .errors import LazyvaultError, MissingFileError, StoreNotFoundError
 from .store import Store, check_key
 
 if TYPE_CHECKING:
@@ -86,7 +86,8 @@ def write(
     Raises, before any task runs and creating nothing: ``TypeError`` when ``bag`` is not a dask
     bag or ``path`` is not a ``str``/``os.PathLike`` of one, the error ``Store.open(path, "a")``
     gives for a ``path`` that is not a store (:class:`NotAStoreError` for a file or a non-empty
-    directory, :class:`ReadOnlyError` for an archive), ``FileNotFoundError`` when the parent
+    directory, :class:`ReadOnlyError` for an archive), :class:`StoreLockedError` while another
+    process writes the store, :class:`MissingFileError` (a ``FileNotFoundError``) when the parent
     directory is missing, ``OSError`` when it cannot be written. ``ModuleNotFoundError`` without
     dask.
     """
@@ -139,8 +140,8 @@ def write(
 
 def _check_target(target: str) -> None:
     """Raises what ``Store.open(target, "a")`` would for a target that is not a store (a file,
-    a non-empty directory, an archive), without creating anything; ``FileNotFoundError`` for a
-    missing parent directory."""
+    a non-empty directory, an archive) or one another process writes, without creating anything;
+    ``MissingFileError`` for a missing parent directory."""
     try:
         handle = Store.open(target, "r")
     except StoreNotFoundError:  # missing, or an empty directory: created at the end
@@ -148,13 +149,16 @@ def _check_target(target: str) -> None:
             raise
         parent = os.path.dirname(target)
         if not os.path.isdir(parent):
-            raise FileNotFoundError(
+            raise MissingFileError(
                 f"{parent!r}: no such directory, for the store {target!r} (create it first)"
             ) from None
         return
     handle.close()
     if not isinstance(handle, Store):  # an archive: read-only, mode "a" raises ReadOnlyError
         Store.open(target, "a")
+    with Store.open(target, "a") as store:
+        # another process writing the store: StoreLockedError now, not after all the work
+        store.begin_write()
 
 
 def _check_distinct(written: Iterable[tuple[str, list[str]]]) -> None:

@@ -34,6 +34,7 @@ from .errors import (
     KeyTypeError,
     LazyvaultError,
     MissingKeyError,
+    NotAStoreError,
     QueryError,
     StoreNotFoundError,
 )
@@ -761,6 +762,14 @@ class Store(Handle, MutableMapping[str, Record]):
                 shown = "None" if item is None else type(item).__name__
                 raise TypeError(f"sources must be a store path or a list of them, not {shown}")
         paths = [os.fsdecode(p) for p in items]
+        for path in paths:
+            if os.path.isfile(path):  # the core says only what a store is
+                error = NotAStoreError(
+                    f"{path}: a file, not a store directory: merge takes stores; read an archive "
+                    "(.lvz) or a .npy, .npz or .safetensors file in with store.import_file()"
+                )
+                error.path = path
+                raise error
         with progress_callback(progress, "merge", "record") as report:
             return self._core.merge(paths, report)
 
