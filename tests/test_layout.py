@@ -178,6 +178,29 @@ def test_a_class_that_cannot_be_imported_is_damage(tmp_path: Path, reader: str) 
         _expect(load, lv.CorruptError, "cannot rebuild", case)
 
 
+def test_a_class_missing_from_the_process_is_named_with_the_way_out(tmp_path: Path) -> None:
+    # "cannot rebuild the object: AttributeError(...)" read as damage (a
+    # fresh user's trial)
+    import subprocess
+    import sys
+
+    script = (
+        "import dataclasses, sys, numpy as np, lazyvault as lv\n"
+        "@dataclasses.dataclass\n"
+        "class Run:\n"
+        "    t: float\n"
+        "    x: np.ndarray\n"
+        "with lv.Store.open(sys.argv[1]) as s:\n"
+        "    s['a'] = Run(1.0, np.arange(3))\n"
+    )
+    path = tmp_path / "runs.lv"
+    subprocess.run([sys.executable, "-c", script, str(path)], check=True, timeout=120)
+    with lv.Store.open(path, allow_pickle=True) as store:
+        with pytest.raises(lv.CorruptError, match=r"'Run'.*define or import it first"):
+            store["a"].load()
+        assert store["a"].t == 1.0 and store["a"].x.tolist() == [0, 1, 2]
+
+
 def test_a_pickle_index_past_the_remainder_is_damage() -> None:
     blob = _blob({"dict": {"a": {"pickle": 1}}}, pickle.dumps("only one", protocol=5))
     with pytest.raises(lv.PickleNotAllowedError):

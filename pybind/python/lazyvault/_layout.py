@@ -654,4 +654,10 @@ def join(
     except (*_DAMAGE, pickle.UnpicklingError) as e:
         # a layout or remainder that does not describe an object: damage
         # (or a class that changed or went away since it was stored)
-        raise CorruptError(f"{what}: cannot rebuild the object: {e!r}") from e
+        hint = ""
+        if isinstance(e, (ImportError, AttributeError)):  # most often a class not defined here
+            hint = (
+                " (if a class it names is missing from this process, define or import it "
+                "first, under the same module and name; .meta and .arrays stay readable)"
+            )
+        raise CorruptError(f"{what}: cannot rebuild the object: {e!r}{hint}") from e
