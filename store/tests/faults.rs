@@ -15,6 +15,10 @@ use lazyvault_store::{
 };
 use serde_json::{json, Map, Value};
 
+#[path = "common/records.rs"]
+mod records;
+use records::u8_array;
+
 static SERIAL: Mutex<()> = Mutex::new(());
 
 const ENOSPC: i32 = 28;
@@ -43,28 +47,13 @@ fn many(n: usize, len: usize, fill: u8) -> Arrays {
 fn sources(arrays: &Arrays) -> Vec<ArraySource<'_>> {
     arrays
         .iter()
-        .map(|(name, data)| ArraySource {
-            name: name.clone(),
-            ..array(data)
-        })
+        .map(|(name, data)| u8_array(name, data))
         .collect()
-}
-
-fn array(data: &[u8]) -> ArraySource<'_> {
-    ArraySource {
-        name: "a".into(),
-        descr: "'|u1'".into(),
-        dtype: "uint8".into(),
-        shape: vec![data.len() as u64],
-        fortran_order: false,
-        data,
-        pickled: false,
-    }
 }
 
 fn put(store: &Store, key: &str, v: i64, data: &[u8], pickle: Option<&[u8]>) -> Result<(), Error> {
     let meta: Map<String, Value> = json!({"v": v}).as_object().cloned().unwrap();
-    store.put(key, meta, Value::Null, &[array(data)], pickle)
+    store.put(key, meta, Value::Null, &[u8_array("a", data)], pickle)
 }
 
 /// `put_many` of `(key, v, arrays)`, no pickles.
@@ -150,7 +139,9 @@ fn run(store: &Store, op: Op) -> Result<(), Error> {
             ],
         ),
         Op::Overwrite => put(store, "target", 4, &[4; 200], None),
-        Op::ReplaceArray => store.replace_arrays("keep", &[array(&[7; 300])]).map(drop),
+        Op::ReplaceArray => store
+            .replace_arrays("keep", &[u8_array("a", &[7; 300])])
+            .map(drop),
         Op::Delete => store.delete("target").map(drop),
         Op::Flush => {
             put(store, "target", 5, &[5; 10], None)?;

@@ -248,6 +248,16 @@ fn state(store: &Store) -> (Vec<String>, Vec<PathBuf>) {
     (store.keys().unwrap(), payload_files(store.root()))
 }
 
+/// A new store at `path` holding one record, "mine", that merges leave alone.
+fn target_holding_mine(path: &Path) -> Store {
+    let store = Store::open(path, Mode::Append).unwrap();
+    let arrays = [u8_array("a", &[1, 2])];
+    store
+        .put("mine", Map::new(), Value::Null, &arrays, None)
+        .unwrap();
+    store
+}
+
 #[test]
 fn a_key_in_two_sources_is_refused_naming_both_and_nothing_changes() {
     let _g = serial();
@@ -255,16 +265,7 @@ fn a_key_in_two_sources_is_refused_naming_both_and_nothing_changes() {
     let (a, b) = (dir.path().join("a.lv"), dir.path().join("b.lv"));
     make_source(&a, &["x", "dup"], 1);
     make_source(&b, &["dup", "y"], 2);
-    let store = Store::open(dir.path().join("t.lv"), Mode::Append).unwrap();
-    store
-        .put(
-            "mine",
-            Map::new(),
-            Value::Null,
-            &[u8_array("a", &[1, 2])],
-            None,
-        )
-        .unwrap();
+    let store = target_holding_mine(&dir.path().join("t.lv"));
     let before = state(&store);
     let err = store
         .merge(&[a.clone(), b.clone()], &mut no_progress())
@@ -310,16 +311,7 @@ fn a_missing_or_truncated_source_payload_is_corrupt_and_changes_nothing() {
     let (a, b) = (dir.path().join("a.lv"), dir.path().join("b.lv"));
     make_source(&a, &["a1", "a2"], 1);
     make_source(&b, &["b1", "b2", "b3"], 2);
-    let store = Store::open(dir.path().join("t.lv"), Mode::Append).unwrap();
-    store
-        .put(
-            "mine",
-            Map::new(),
-            Value::Null,
-            &[u8_array("a", &[1, 2])],
-            None,
-        )
-        .unwrap();
+    let store = target_holding_mine(&dir.path().join("t.lv"));
     let before = state(&store);
     let victim = {
         let s = Store::open(&b, Mode::ReadOnly).unwrap();
