@@ -213,7 +213,7 @@ def _write_partition(pairs: Iterable[Any], shards: str, i: int) -> tuple[str, li
         os.mkdir(shard)
         seen: dict[str, None] = {}
         with Store.open(shard, "a") as store:
-            store.update(_checked_pairs(pairs, i, seen))
+            store.update(_checked_pairs(pairs, i, seen), progress=False)  # no bar per task
             store.flush()
         return shard, list(seen)
     finally:
