@@ -370,6 +370,8 @@ def never_run(i: int) -> Any:
         ("no-archive", lv.StoreNotFoundError, "no such archive"),
         ("no-parent", lv.MissingFileError, "no such directory"),
         ("kwargs", TypeError, "compute_kwargs is a mapping, not list"),
+        # "" wrote a store into the working directory (a fresh user's trial)
+        ("empty", ValueError, "path is empty"),
     ],
 )
 def test_bad_arguments_create_nothing(tmp_path: Path, case: str, error: type, match: str) -> None:
@@ -398,6 +400,8 @@ def test_bad_arguments_create_nothing(tmp_path: Path, case: str, error: type, ma
         path = tmp_path / "missing" / "out.lv"
     elif case == "kwargs":
         kwargs = ["scheduler"]
+    elif case == "empty":
+        path = ""
     listing = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
     with pytest.raises(error, match=match):
         lazyvault.dask.write(bag, path, compute_kwargs=kwargs)
@@ -565,3 +569,21 @@ def test_a_store_another_process_writes_is_refused_before_any_task_runs(tmp_path
         holder.kill()
         holder.communicate()  # waits, and closes its pipe
     assert shard_dirs(tmp_path) == [] and same_state(state(path), before)
+
+
+def test_a_failed_write_commits_no_other_handles_changes(tmp_path: Path) -> None:
+    # the early lock check took the writer role and its close committed what
+    # another handle of this process had not flushed (a fresh user's trial)
+    path = tmp_path / "t.lv"
+    old_store(path)
+    mine = lv.Store.open(path)
+    try:
+        mine["pending"] = {"x": np.ones(2)}
+        bag = db.from_sequence(range(4), npartitions=2).map(never_run)
+        with pytest.raises(AssertionError, match="a task ran"):
+            lazyvault.dask.write(bag, path, compute_kwargs={"scheduler": "threads"})
+        with lv.Store.open(path, "r") as reader:
+            assert reader.version == 2 and "pending" not in reader
+        assert "pending" in mine and shard_dirs(tmp_path) == []
+    finally:
+        mine.close()

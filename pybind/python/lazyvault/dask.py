@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .errors import LazyvaultError, MissingFileError, StoreNotFoundError
-from .store import Store, check_key
+from .store import Store, check_key, writer_here
 
 if TYPE_CHECKING:
     import dask.bag
@@ -84,12 +84,12 @@ def write(
     that store is running.
 
     Raises, before any task runs and creating nothing: ``TypeError`` when ``bag`` is not a dask
-    bag or ``path`` is not a ``str``/``os.PathLike`` of one, the error ``Store.open(path, "a")``
-    gives for a ``path`` that is not a store (:class:`NotAStoreError` for a file or a non-empty
-    directory, :class:`ReadOnlyError` for an archive), :class:`StoreLockedError` while another
-    process writes the store, :class:`MissingFileError` (a ``FileNotFoundError``) when the parent
-    directory is missing, ``OSError`` when it cannot be written. ``ModuleNotFoundError`` without
-    dask.
+    bag or ``path`` is not a ``str``/``os.PathLike`` of one, ``ValueError`` for an empty path,
+    the error ``Store.open(path, "a")`` gives for a ``path`` that is not a store
+    (:class:`NotAStoreError` for a file or a non-empty directory, :class:`ReadOnlyError` for an
+    archive), :class:`StoreLockedError` while another process writes the store,
+    :class:`MissingFileError` (a ``FileNotFoundError``) when the parent directory is missing,
+    ``OSError`` when it cannot be written. ``ModuleNotFoundError`` without dask.
     """
     dask = _import_dask()
     if not isinstance(bag, dask.bag.Bag):
@@ -101,6 +101,8 @@ def write(
         raise TypeError(f"path must be a str or os.PathLike, not {type(path).__name__}")
     if compute_kwargs is not None and not isinstance(compute_kwargs, Mapping):
         raise TypeError(f"compute_kwargs is a mapping, not {type(compute_kwargs).__name__}")
+    if not os.fspath(path):
+        raise ValueError("path is empty: name the store's directory")
     target = os.path.abspath(os.fspath(path))
     _check_target(target)
     was_dir = os.path.isdir(target)  # used when the write creates the store: then it was empty
@@ -156,6 +158,9 @@ def _check_target(target: str) -> None:
     handle.close()
     if not isinstance(handle, Store):  # an archive: read-only, mode "a" raises ReadOnlyError
         Store.open(target, "a")
+    if writer_here(target):
+        return  # no other process can write it; taking the role here and closing would commit
+        # the unflushed changes of this process's other handles
     with Store.open(target, "a") as store:
         # another process writing the store: StoreLockedError now, not after all the work
         store.begin_write()

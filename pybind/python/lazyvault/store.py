@@ -796,6 +796,16 @@ class Store(Handle, MutableMapping[str, Record]):
             return f"<lazyvault.Store {self._path!r} (unavailable: {type(e).__name__}: {e})>"
 
 
+def writer_here(path: str | os.PathLike[str]) -> bool:
+    """Whether an open :class:`Store` of this process holds the writer role of the store at
+    ``path`` (the handles of one process share it, and closing the last commits their changes)."""
+    where = os.path.abspath(path)
+    return any(
+        not s.closed and s.is_writer and os.path.abspath(s.path) == where
+        for s in list(_open_stores)
+    )
+
+
 def open_deferred(path: str, mode: str, trust: Trust, version: int | None = None) -> Store:
     """A Store that opens ``path`` at its first use (how a pickled Store comes back: unpickling
     never fails, the first use raises where the caller can see it), as of commit ``version`` when
