@@ -29,6 +29,7 @@ use crate::journal::{self, JOURNAL_DIR};
 use crate::payload::{self, ArraySource, PayloadWriter, TMP_SUFFIX};
 use crate::snapshot::Snapshot;
 
+pub(crate) mod columnar;
 mod find;
 mod indexes;
 mod maintenance;
@@ -739,6 +740,7 @@ impl Store {
             }
             Ok((keys, replaced)) => {
                 writer.dirty.extend(keys);
+                writer.changes += 1;
                 for (old, kept) in replaced.into_iter().zip(kept_ids) {
                     if let Some(old) = old {
                         Self::retire(writer, &old, &kept);
@@ -894,6 +896,7 @@ impl Store {
         match index.remove(key, pos) {
             Ok(old) => {
                 writer.dirty.insert(key.to_owned());
+                writer.changes += 1;
                 if let Some(old) = old {
                     Self::retire(&mut writer, &old, &HashSet::new());
                 }
