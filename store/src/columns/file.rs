@@ -134,9 +134,6 @@ impl Columns {
                 "{len} bytes where the checkpoint says {expected_len}"
             )));
         }
-        if len < 16 {
-            return Err(corrupt("too short for an Arrow IPC file".into()));
-        }
         // SAFETY: column files are immutable once renamed into place (the
         // writer never rewrites one; FORMAT.md, "Column files"), so the
         // mapping does not change under the slices Arrow makes of it.
@@ -155,24 +152,34 @@ impl Columns {
                 expected.checksum
             )));
         }
+        Columns::decode_caught(&buffer).map_err(corrupt)
+    }
+
+    /// Reads the one record batch of an Arrow IPC file held in `buffer`
+    /// (sliced, not copied) as our column layout; a description of what is
+    /// wrong otherwise. Never panics on damaged or hostile bytes.
+    pub(super) fn decode(buffer: &Buffer) -> std::result::Result<Columns, String> {
+        let bytes = buffer.as_slice();
+        if bytes.len() < 16 {
+            return Err("too short for an Arrow IPC file".into());
+        }
         if &bytes[..6] != b"ARROW1" || &bytes[bytes.len() - 6..] != b"ARROW1" {
-            return Err(corrupt("no Arrow IPC file magic".into()));
+            return Err("no Arrow IPC file magic".into());
         }
         let trailer = bytes.len() - 10;
         let footer_len = read_footer_length(bytes[trailer..].try_into().expect("10 bytes"))
-            .map_err(|e| corrupt(e.to_string()))?;
+            .map_err(|e| e.to_string())?;
         let footer_start = trailer
             .checked_sub(footer_len)
             .filter(|s| *s >= 8)
-            .ok_or_else(|| corrupt("footer length past the start".into()))?;
-        let footer =
-            root_as_footer(&bytes[footer_start..trailer]).map_err(|e| corrupt(e.to_string()))?;
+            .ok_or_else(|| String::from("footer length past the start"))?;
+        let footer = root_as_footer(&bytes[footer_start..trailer]).map_err(|e| e.to_string())?;
         let schema = footer
             .schema()
-            .ok_or_else(|| corrupt("no schema".into()))
-            .and_then(|s| try_fb_to_schema(s).map_err(|e| corrupt(e.to_string())))?;
+            .ok_or_else(|| String::from("no schema"))
+            .and_then(|s| try_fb_to_schema(s).map_err(|e| e.to_string()))?;
         let mut decoder = FileDecoder::new(Arc::new(schema), footer.version());
-        let block_of = |offset: i64, meta: i32, body: i64| -> Result<Buffer> {
+        let block_of = |offset: i64, meta: i32, body: i64| -> std::result::Result<Buffer, String> {
             let start = usize::try_from(offset).ok();
             let len = usize::try_from(meta)
                 .ok()
@@ -180,33 +187,40 @@ impl Columns {
                 .and_then(|(m, b)| m.checked_add(b));
             match (start, len) {
                 (Some(s), Some(l)) if s.checked_add(l).is_some_and(|e| e <= footer_start) => {
+                    check_block(&bytes[s..s + l], meta, body)?;
                     Ok(buffer.slice_with_length(s, l))
                 }
-                _ => Err(corrupt("a block lies outside the file".into())),
+                _ => Err("a block lies outside the file".into()),
             }
         };
         for block in footer.dictionaries().iter().flatten() {
             let data = block_of(block.offset(), block.metaDataLength(), block.bodyLength())?;
             decoder
                 .read_dictionary(block, &data)
-                .map_err(|e| corrupt(e.to_string()))?;
+                .map_err(|e| e.to_string())?;
         }
-        let batches = footer
-            .recordBatches()
-            .ok_or_else(|| corrupt("no record batch".into()))?;
+        let batches = footer.recordBatches().ok_or("no record batch")?;
         if batches.len() != 1 {
-            return Err(corrupt(format!(
+            return Err(format!(
                 "{} record batches where there must be one",
                 batches.len()
-            )));
+            ));
         }
         let block = batches.get(0);
         let data = block_of(block.offset(), block.metaDataLength(), block.bodyLength())?;
         let batch = decoder
             .read_record_batch(block, &data)
-            .map_err(|e| corrupt(e.to_string()))?
-            .ok_or_else(|| corrupt("an empty record batch message".into()))?;
-        Columns::new(batch).map_err(|e| corrupt(e.to_string()))
+            .map_err(|e| e.to_string())?
+            .ok_or("an empty record batch message")?;
+        Columns::new(batch).map_err(|e| e.to_string())
+    }
+
+    /// [`Columns::decode`], with any panic of the Arrow reader on bytes it
+    /// does not expect turned into an error (a backstop: `check_block`
+    /// refuses the damage known to panic it).
+    pub(super) fn decode_caught(buffer: &Buffer) -> std::result::Result<Columns, String> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Columns::decode(buffer)))
+            .unwrap_or_else(|_| Err("the Arrow reader could not read it".into()))
     }
 
     /// Whether the file at `path` has the length and checksum recorded
@@ -232,6 +246,44 @@ impl Columns {
         }
         Ok(None)
     }
+}
+
+/// Checks what the Arrow reader takes on trust in one block (a message
+/// and its body): the message parses, and every buffer it names lies
+/// inside the body.
+fn check_block(block: &[u8], meta: i32, body: i64) -> std::result::Result<(), String> {
+    let meta = usize::try_from(meta).map_err(|_| "a negative metadata length")?;
+    if meta < 8 || meta > block.len() {
+        return Err(format!(
+            "a message of {meta} bytes in a block of {}",
+            block.len()
+        ));
+    }
+    let flatbuffer = if block[..4] == [0xff; 4] {
+        &block[8..meta]
+    } else {
+        &block[4..meta]
+    };
+    let message = arrow_ipc::root_as_message(flatbuffer).map_err(|e| e.to_string())?;
+    let batch = match message.header_type() {
+        arrow_ipc::MessageHeader::RecordBatch => message.header_as_record_batch(),
+        arrow_ipc::MessageHeader::DictionaryBatch => {
+            message.header_as_dictionary_batch().and_then(|d| d.data())
+        }
+        other => return Err(format!("an unexpected {other:?} message")),
+    }
+    .ok_or("a message without its batch")?;
+    for b in batch.buffers().iter().flatten() {
+        let end = b.offset().checked_add(b.length());
+        if b.offset() < 0 || b.length() < 0 || b.offset() % 8 != 0 || end.is_none_or(|e| e > body) {
+            return Err(format!(
+                "a buffer at {} of {} bytes past a body of {body}",
+                b.offset(),
+                b.length()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// An Arrow error while writing: I/O ones keep their path.

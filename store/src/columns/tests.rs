@@ -149,3 +149,39 @@ fn files_round_trip_mapped() {
         assert!(Columns::open(&path, &cut_info).is_err(), "cut at {cut}");
     }
 }
+
+/// Damaged column files (past the checksum, as a crafted file would be)
+/// are refused with an error, never a panic out of `open`.
+#[test]
+fn damaged_bytes_are_errors() {
+    let c = build(&[
+        json!({"t": 1.5, "s": "Si", "n": 3, "b": true}),
+        json!({"t": 2.5, "s": "Ge", "x": [1], "d": {"$datetime": "2024-03-01T00:00:00"}}),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    c.write(dir.path(), "r.arrow").unwrap();
+    let good = std::fs::read(dir.path().join("r.arrow")).unwrap();
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut refused = 0;
+    for _ in 0..2000 {
+        let mut bytes = good.clone();
+        for _ in 0..1 + next() % 4 {
+            let at = (next() % bytes.len() as u64) as usize;
+            bytes[at] = next() as u8;
+        }
+        let buffer = arrow_buffer::Buffer::from_vec(bytes);
+        let outcome = std::panic::catch_unwind(|| Columns::decode_caught(&buffer).map(|c| c.len()));
+        match outcome {
+            Ok(Err(_)) => refused += 1,
+            Ok(Ok(_)) => {}
+            Err(_) => panic!("a panic escaped decode_caught"),
+        }
+    }
+    assert!(refused > 100, "{refused}");
+}
