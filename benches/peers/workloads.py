@@ -56,6 +56,11 @@ class Context:
     cold: bool
     budget: float  # seconds: a write estimated to take longer is skipped
     log: Callable[[str], None] = print
+    # issue 15's workloads (k) and (l) (columnar.py): their systems and sizes
+    columnar: dict[str, type] = field(default_factory=dict)
+    scan_n: int = 1_000_000
+    small_n: int = 100_000
+    scan_cache: Path | None = None  # where lazyvault's (k) store is kept between runs
     written: dict[tuple[str, str], float] = field(default_factory=dict)
 
     def root(self, system: str, dataset: str) -> Path:
