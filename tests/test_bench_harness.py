@@ -23,13 +23,19 @@ def test_a_tiny_run_writes_every_workload_into_the_results_file(tmp_path: Path) 
     results.write_text("# Benchmark results\n\nhand-written text stays\n")
     args = ["--sizes", "30", "60", "--big-gib", "0.004", "--many", "40", "--repeat", "1"]
     args += ["--limits-mib", "8", "--cold", "--results", str(results)]
-    args += ["--systems", "lazyvault", "numpy .npy", "pickle files", "SQLite+npy"]
+    args += ["--scan-n", "300", "--small-n", "40"]
+    args += ["--systems", "lazyvault", "numpy .npy", "pickle files", "SQLite+npy", "SQLite"]
     out = _run(tmp_path, *args)
     assert out.returncode == 0, out.stderr[-3000:]
     text = results.read_text()
     assert text.startswith("# Benchmark results\n\nhand-written text stays\n")
-    for w in "abcdefghij":
+    for w in "abcdefghijkl":
         assert f"### ({w}) " in text, w
+    # issue 15's workloads (k, l) go to a section of their own, with their targets
+    assert text.count("<!-- issue15:begin -->") == 1
+    issue15 = text.split("<!-- issue15:begin -->")[1]
+    assert "### Targets (issue 15)" in issue15 and "### (k) " in issue15
+    assert "| SQLite | " in issue15 and "not the target's 1M" in issue15
     assert "warm cache" in text and "cold cache" in text
     assert "| lazyvault |" in text and "| SQLite+npy |" in text
     assert "./dev bench " in text and "--sizes 30 60" in text
@@ -40,6 +46,26 @@ def test_a_tiny_run_writes_every_workload_into_the_results_file(tmp_path: Path) 
     text = results.read_text()
     assert text.count("<!-- peers:begin -->") == 1 and "### (c) " not in text
     assert "hand-written text stays" in text
+    assert text.count("<!-- issue15:begin -->") == 1 and "### (k) " in text  # left as it was
+
+
+def test_the_issue_15_workloads_check_every_system_against_the_same_answers(
+    tmp_path: Path,
+) -> None:
+    for module in ("duckdb", "polars", "pyarrow", "lance"):
+        pytest.importorskip(module)
+    args = ["--workloads", "kl", "--scan-n", "500", "--small-n", "60", "--repeat", "1"]
+    args += ["--limits-mib", "1", "--no-results"]
+    args += ["--systems", "lazyvault", "DuckDB+Parquet", "polars", "SQLite", "Lance"]
+    out = _run(tmp_path, *args)
+    assert out.returncode == 0, out.stderr[-3000:]
+    # every system answered (a wrong count or key list fails the run), each case has a row
+    for system in ("DuckDB+Parquet", "polars", "SQLite", "Lance"):
+        assert f"\n  {system} " in out.stdout, system
+    assert "(k) count of a 2-field predicate over 500 records" in out.stdout
+    assert "(l) read the array of each of 60 records" in out.stdout
+    assert "| count of the 2-field predicate <= DuckDB over Parquet" in out.stdout
+    assert [p.name for p in (tmp_path / "data").iterdir()] == []
 
 
 def test_bad_arguments_are_refused_before_any_work(tmp_path: Path) -> None:
