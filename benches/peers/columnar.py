@@ -525,9 +525,25 @@ def metadata_scan(ctx: Context) -> list[Row]:
             rows.append(Row("k", case, name, seconds, extra={"via": how} if how else {}))
         finally:
             s.close()
+    rows += _disk(built, "k", n, 0)
     for name, s in built.items():
         if ctx.scan_cache is None or name != "lazyvault":
             _remove(s)
+    return rows
+
+
+def _disk(built: dict[str, Columnar], workload: str, n: int, array_bytes: int) -> list[Row]:
+    """Blocks used by each system's copy of the records."""
+    rows = []
+    for name, s in built.items():
+        case = f"disk of {n:,} records"
+        try:
+            used = s.disk()
+        except NotImplementedError as e:
+            rows.append(Row(workload, case, name, None, unit="B", skipped=str(e)))
+            continue
+        extra = {"array bytes": array_bytes} if array_bytes else {}
+        rows.append(Row(workload, case, name, used, unit="B", extra=extra))
     return rows
 
 
@@ -554,16 +570,7 @@ def small_records(ctx: Context) -> list[Row]:
             row.extra["mode"] = "journal_mode=DELETE, synchronous=FULL, one transaction"
         built[name] = s
         rows.append(row)
-    raw = n * (ARRAY_LEN * 8)
-    for name in names:
-        try:
-            used = built[name].disk()
-        except NotImplementedError as e:
-            rows.append(Row("l", f"disk of {n:,} records", name, None, unit="B", skipped=str(e)))
-            continue
-        rows.append(
-            Row("l", f"disk of {n:,} records", name, used, unit="B", extra={"array bytes": raw})
-        )
+    rows += _disk({name: built[name] for name in names}, "l", n, n * ARRAY_LEN * 8)
     expected = small_arrays(n)
     case = f"read the array of each of {n:,} records"
     for name in _order(names, 5):
@@ -600,6 +607,8 @@ def limit_note(row: Row, limits: dict[str, float], ctx: Context) -> str | None:
     if row.workload == "l" and row.case.startswith("write"):
         payload = ctx.small_n * (ARRAY_LEN * 8 + 100)
         return f"limit: ~612 B/record at write+fsync bandwidth {payload / limits['write']:.3g} s"
+    if row.workload == "k" and row.case.startswith("disk"):
+        return f"{row.value / ctx.scan_n:,.0f} B/record"
     if row.workload == "l" and row.case.startswith("disk"):
         return f"{row.value / (ctx.small_n * ARRAY_LEN * 8):.2g}x the array bytes"
     if row.workload == "l" and row.case.startswith("read"):
