@@ -114,3 +114,18 @@ def test_the_dask_sum_bench_runs_on_tiny_sizes(tmp_path: Path) -> None:
     assert "12 records per chunk (lazyvault's default" in out.stdout
     assert "256 records per chunk (1 MiB chunks): 1 chunks" in out.stdout
     assert list(tmp_path.iterdir()) == []  # the data is removed
+
+
+def test_lance_takes_part_in_every_workload_it_can_hold(tmp_path: Path) -> None:
+    for module in ("pyarrow", "lance"):
+        pytest.importorskip(module)
+    args = ["--workloads", "abcdefhij", "--sizes", "20", "--big-gib", "0.002", "--many", "10"]
+    args += ["--repeat", "1", "--limits-mib", "1", "--no-results"]
+    out = _run(tmp_path, *args, "--systems", "lazyvault", "Lance")
+    assert out.returncode == 0, out.stderr[-3000:]
+    tables = out.stdout.split("\n(")
+    for w in "abcdehij":  # a row with a measured value in every table of these workloads
+        rows = [t for t in tables if t.startswith(f"{w}) ")]
+        assert rows and all("\n  Lance " in t for t in rows), w
+    # one object of many arrays is no table row: skipped with the reason, its reads too
+    assert "skipped: one object of thousands of arrays" in out.stdout

@@ -657,6 +657,8 @@ def baseline_of(rows: list[Row], ctx: Context, commit: str) -> dict[str, Any]:
 def targets(rows: list[Row], ctx: Context) -> str:
     """Issue 15's targets as measured in this run (needs --scan-n 1000000 and
     --small-n 100000 for each to count)."""
+    from report import fmt  # report imports this module
+
     base = json.loads(BASELINE.read_text()) if BASELINE.exists() else {}
     out = ["| target | measured | goal | met |", "|---|---|---|---|"]
 
@@ -679,7 +681,7 @@ def targets(rows: list[Row], ctx: Context) -> str:
         what = f"{op}: >= 100x faster than main at {base.get('commit', '?')}{size_k}"
         if lv_row and op in base and base.get("scan_n") == ctx.scan_n:
             r = lv_row.value / base[op]
-            add(what, f"{r:.3g} (baseline {base[op] * 1e3:.3g} ms)", "<= 0.01", r <= 0.01)
+            add(what, f"{r:.3g} (baseline {fmt(base[op], 's')})", "<= 0.01", r <= 0.01)
         else:
             add(what, "no baseline at this size", "<= 0.01", None)
     first, warm = _lv(rows, "k", "first count"), _lv(rows, "k", "count of")
@@ -710,7 +712,7 @@ def targets(rows: list[Row], ctx: Context) -> str:
     what = f"read one array of each small record >= 3x faster than main{size_l}"
     if read and "read small" in base and base.get("small_n") == ctx.small_n:
         r = read.value / base["read small"]
-        measured = f"{r:.3g} (baseline {base['read small']:.3g} s)"
+        measured = f"{r:.3g} (baseline {fmt(base['read small'], 's')})"
         add(what, measured, "<= 0.333", r <= 1 / 3)
     else:
         add(what, "no baseline at this size", "<= 0.333", None)
