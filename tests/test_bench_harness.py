@@ -4,6 +4,7 @@ its checks across systems and its RESULTS section (no timing is asserted)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -129,3 +130,31 @@ def test_lance_takes_part_in_every_workload_it_can_hold(tmp_path: Path) -> None:
         assert rows and all("\n  Lance " in t for t in rows), w
     # one object of many arrays is no table row: skipped with the reason, its reads too
     assert "skipped: one object of thousands of arrays" in out.stdout
+
+
+def test_the_issue_15_peers_are_skipped_with_their_reason_when_missing(tmp_path: Path) -> None:
+    # a sitecustomize that makes the columnar packages look absent to the harness
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import importlib.util\n"
+        "_real = importlib.util.find_spec\n"
+        "def _find(name, package=None):\n"
+        "    if name.split('.')[0] in {'duckdb', 'polars', 'lance', 'pyarrow'}:\n"
+        "        return None\n"
+        "    return _real(name, package)\n"
+        "importlib.util.find_spec = _find\n"
+    )
+    cmd = [sys.executable, str(HARNESS), "--data", str(tmp_path / "data"), "--workloads", "kl"]
+    cmd += ["--scan-n", "200", "--small-n", "20", "--repeat", "1", "--limits-mib", "1"]
+    cmd += ["--no-results"]
+    path = [str(site), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "skipping DuckDB+Parquet: not installed: duckdb, pyarrow" in out.stdout
+    assert "skipping polars: not installed" in out.stdout
+    assert "skipping Lance: not installed: lance, pyarrow" in out.stdout
+    # lazyvault and SQLite still ran both workloads
+    assert "(k) count of a 2-field predicate over 200 records" in out.stdout
+    assert "\n  SQLite " in out.stdout and "\n  Lance " not in out.stdout

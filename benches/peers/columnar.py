@@ -244,7 +244,10 @@ class LazyVaultColumnar(Columnar):
     def to_arrow(self):
         if not hasattr(self.store, "to_arrow"):
             raise NotImplementedError("Store.to_arrow is not in this build")
-        return self.store.to_arrow()
+        try:
+            return self.store.to_arrow()
+        except ImportError as e:  # the arrow extra is optional
+            raise NotImplementedError(f"to_arrow needs pyarrow: {e}") from e
 
     def arrays(self):
         store = self.store
