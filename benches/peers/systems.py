@@ -751,7 +751,8 @@ class Lance(System):
 
     def picklable(self, key):
         # what a user holds to ship an object: its arrays read into memory
-        arrays = {n: np.array(self.array(key, n)[:]) for n in self.array_names(key)}
+        # (one read each, no further copy: an array over the bytes read)
+        arrays = {n: self.array(key, n)[:] for n in self.array_names(key)}
         return {**self.meta(key), **arrays}
 
     def show(self, key):
