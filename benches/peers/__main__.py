@@ -207,10 +207,10 @@ def main() -> None:
             if not args.no_results:
                 write_results(args.results, header + "\n" + body)
         if new:
-            print(columnar.targets(new, ctx))
+            print(columnar.targets(new, ctx, machine_limits))
             body = (
                 "### Targets (issue 15)\n\n"
-                + columnar.targets(new, ctx)
+                + columnar.targets(new, ctx, machine_limits)
                 + "\n\n"
                 + report.markdown(new, machine_limits, ctx)
             )
