@@ -77,6 +77,8 @@ def test_bad_arguments_are_refused_before_any_work(tmp_path: Path) -> None:
         (["--systems", "numpy .npy"], "lazyvault must be among the systems"),
         (["--systems", "lazyvault", "foo"], "unknown systems: 'foo'"),
         (["--sizes", "0"], "--sizes must be positive"),
+        (["--small-n", "0"], "--scan-n and --small-n must be positive"),
+        (["--workloads", "km"], "unknown workloads: m"),
         (["--repeat", "0"], "--repeat must be at least 1"),
         (["--big-gib", "0"], "--big-gib must hold"),
         (["--data", str(a_file)], "not a directory"),
@@ -158,3 +160,20 @@ def test_the_issue_15_peers_are_skipped_with_their_reason_when_missing(tmp_path:
     # lazyvault and SQLite still ran both workloads
     assert "(k) count of a 2-field predicate over 200 records" in out.stdout
     assert "\n  SQLite " in out.stdout and "\n  Lance " not in out.stdout
+
+
+def test_the_scan_cache_keeps_lazyvaults_scan_store_for_the_next_run(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    args = ["--workloads", "k", "--scan-n", "50", "--repeat", "1", "--limits-mib", "1"]
+    args += ["--no-results", "--scan-cache", str(cache), "--systems", "lazyvault", "SQLite"]
+    first = _run(tmp_path, *args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "(reused" not in first.stdout
+    assert sorted(p.name for p in cache.iterdir()) == [
+        "lazyvault-scan-50",
+        "lazyvault-scan-50.done",
+    ]
+    again = _run(tmp_path, *args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"(reused {cache / 'lazyvault-scan-50'})" in again.stdout
+    assert "(k) count of a 2-field predicate over 50 records" in again.stdout

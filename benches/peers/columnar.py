@@ -437,6 +437,7 @@ def _build(ctx: Context, cls: type[Columnar], n: int, small: bool) -> tuple[Colu
     root = ctx.root(cls.name, dataset)
     cached = ctx.scan_cache is not None and cls is LazyVaultColumnar and not small
     if cached:
+        ctx.scan_cache.mkdir(parents=True, exist_ok=True)
         root = ctx.scan_cache / f"lazyvault-scan-{n}"
         marker = root.with_name(root.name + ".done")
         if marker.exists() and marker.read_text() == _fingerprint():
