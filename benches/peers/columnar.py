@@ -455,7 +455,8 @@ def _build(ctx: Context, cls: type[Columnar], n: int, small: bool) -> tuple[Colu
     if cached:
         marker.write_text(_fingerprint())
     workload = "l" if small else "k"
-    return s, Row(workload, case, cls.name, seconds)
+    extra = {"how": "in memory, from the Arrow table"} if cls is Polars else {}
+    return s, Row(workload, case, cls.name, seconds, extra=extra)
 
 
 def _systems(ctx: Context, workload: str) -> dict[str, type[Columnar]]:
