@@ -1,6 +1,8 @@
-"""lazyvault against its peers: every workload of issue 6 on every system,
-on the same data, in one session, alternating systems; prints the ratio
-tables and writes them into benches/RESULTS.md.
+"""lazyvault against its peers: every workload of issue 6 (a-j) on every
+system, and issue 15's metadata scans and small records (k, l) against
+DuckDB over Parquet, polars, SQLite and Lance, on the same data, in one
+session, alternating systems; prints the ratio tables and writes them into
+benches/RESULTS.md (a-j and k-l into sections of their own).
 
     ./dev bench                              # installs the peers, full sizes
     ./dev bench --quick --no-results         # a small smoke run, printed only
@@ -21,6 +23,7 @@ import platform
 import re
 import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +34,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import columnar  # noqa: E402
 import host  # noqa: E402
 import limits  # noqa: E402
 import report  # noqa: E402
@@ -57,12 +61,40 @@ def main() -> None:
     p.add_argument(
         "--budget", type=float, default=600.0, help="skip a write estimated to take longer (s)"
     )
-    p.add_argument("--workloads", default="abcdefghij", help="which of a..j to run, e.g. 'acd'")
-    names = ", ".join(repr(c.name) for c in systems.ALL)
+    p.add_argument(
+        "--scan-n",
+        type=int,
+        default=1_000_000,
+        help="records of the metadata scan (k) (default 1,000,000)",
+    )
+    p.add_argument(
+        "--small-n",
+        type=int,
+        default=100_000,
+        help="small records (64 float64 each) of (l) (default 100,000)",
+    )
+    p.add_argument(
+        "--scan-cache",
+        type=Path,
+        help="keep lazyvault's (k) store here between runs (rebuilt when the lazyvault build "
+        "changes); default: built in the run's data directory and removed",
+    )
+    p.add_argument(
+        "--save-baseline",
+        action="store_true",
+        help=f"store lazyvault's (k)/(l) numbers of this run as the baseline of issue 15's "
+        f"targets ({columnar.BASELINE.name})",
+    )
+    p.add_argument(
+        "--workloads", default="abcdefghijkl", help="which of a..l to run, e.g. 'acd' or 'kl'"
+    )
+    names = ", ".join(repr(n) for n in dict.fromkeys(c.name for c in (*systems.ALL, *columnar.ALL)))
     p.add_argument("--systems", nargs="+", help=f"only these systems, among: {names}")
     p.add_argument("--cold", action="store_true", help="also run the reads with a cold page cache")
     p.add_argument(
-        "--quick", action="store_true", help="small sizes: N 200/1000, 64 MiB, 500 arrays, repeat 3"
+        "--quick",
+        action="store_true",
+        help="small sizes: N 200/1000, 64 MiB, 500 arrays, scan 20,000, small 2,000, repeat 3",
     )
     p.add_argument(
         "--data",
@@ -95,10 +127,13 @@ def main() -> None:
             3,
             64,
         )
+        args.scan_n, args.small_n = 20_000, 2_000
     check_args(p, args)
 
     chosen: dict[str, type[systems.System]] = {}
-    known = {c.name for c in systems.ALL} | {c.__name__ for c in systems.ALL}
+    chosen_columnar: dict[str, type[columnar.Columnar]] = {}
+    every = (*systems.ALL, *columnar.ALL)
+    known = {c.name for c in every} | {c.__name__ for c in every}
     unknown = sorted(set(args.systems or ()) - known)
     if unknown:
         p.error(f"unknown systems: {', '.join(map(repr, unknown))} (choose among: {names})")
@@ -111,6 +146,14 @@ def main() -> None:
             skipped[cls.name] = why
         else:
             chosen[cls.name] = cls
+    for ccls in columnar.ALL:
+        if args.systems and ccls.name not in args.systems and ccls.__name__ not in args.systems:
+            continue
+        why = ccls.missing()
+        if why:
+            skipped[ccls.name] = why
+        else:
+            chosen_columnar[ccls.name] = ccls
     if "lazyvault" not in chosen:
         p.error("lazyvault must be among the systems (ratios are against it)")
     for name, why in skipped.items():
@@ -129,6 +172,10 @@ def main() -> None:
         repeat=args.repeat,
         cold=args.cold,
         budget=args.budget,
+        columnar=chosen_columnar,
+        scan_n=args.scan_n,
+        small_n=args.small_n,
+        scan_cache=args.scan_cache,
     )
     started = time.time()
     load_before = os.getloadavg()
@@ -147,15 +194,33 @@ def main() -> None:
             print(report.table(new, machine_limits, ctx), flush=True)
         # the results before the clean-up (removing 10^6 files takes minutes)
         header = describe_run(ctx, skipped, started, load_before, machine_limits)
-        body = (
-            "### Targets (issue 6)\n\n"
-            + report.targets(rows, ctx)
-            + "\n\n"
-            + report.markdown(rows, machine_limits, ctx)
-        )
-        print(report.targets(rows, ctx))
+        old = [r for r in rows if r.workload in "abcdefghij"]
+        new = [r for r in rows if r.workload in "kl"]
+        if old:
+            print(report.targets(old, ctx))
+            body = (
+                "### Targets (issue 6)\n\n"
+                + report.targets(old, ctx)
+                + "\n\n"
+                + report.markdown(old, machine_limits, ctx)
+            )
+            if not args.no_results:
+                write_results(args.results, header + "\n" + body)
+        if new:
+            print(columnar.targets(new, ctx, machine_limits))
+            body = (
+                "### Targets (issue 15)\n\n"
+                + columnar.targets(new, ctx, machine_limits)
+                + "\n\n"
+                + report.markdown(new, machine_limits, ctx)
+            )
+            if not args.no_results:
+                write_results(args.results, header + "\n" + body, ISSUE15)
+        if args.save_baseline:
+            base = columnar.baseline_of(new, ctx, lazyvault_commit())
+            columnar.BASELINE.write_text(json.dumps(base, indent=1) + "\n")
+            print(f"baseline written to {columnar.BASELINE}")
         if not args.no_results:
-            write_results(args.results, header + "\n" + body)
             print(f"written to {args.results}", flush=True)
     finally:
         if not args.keep:
@@ -166,6 +231,8 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuses, before any work, what the run could not do."""
     if any(n < 1 for n in args.sizes):
         p.error("--sizes must be positive object counts")
+    if args.scan_n < 1 or args.small_n < 1:
+        p.error("--scan-n and --small-n must be positive record counts")
     args.sizes = sorted(set(args.sizes))
     for name in ("repeat", "many", "limits_mib"):
         if getattr(args, name) < 1:
@@ -184,9 +251,9 @@ def plan(which: str) -> list:
     """The workload functions to run, in order, with the writes the chosen
     reads need (their rows are reported too)."""
     wanted = set(which)
-    unknown = wanted - set(workloads.ALL)
+    unknown = wanted - set(workloads.ALL) - set(columnar.ALL_WORKLOADS)
     if unknown:
-        raise SystemExit(f"unknown workloads: {''.join(sorted(unknown))} (choose from a..j)")
+        raise SystemExit(f"unknown workloads: {''.join(sorted(unknown))} (choose from a..l)")
     fns = []
     if wanted & set("abcfj"):
         fns.append(workloads.write_small)
@@ -195,12 +262,26 @@ def plan(which: str) -> list:
     for w in "bcdefgihj":  # (h) changes the big object, so it runs after (i)
         if w in wanted:
             fns += [f for f in workloads.ALL[w] if f not in fns]
+    for w in "kl":
+        if w in wanted:
+            fns += columnar.ALL_WORKLOADS[w]
     return fns
 
 
 def versions() -> list[str]:
     out = [f"Python {platform.python_version()}"]
-    for pkg in ("lazyvault", "numpy", "joblib", "safetensors", "h5py", "zarr"):
+    for pkg in (
+        "lazyvault",
+        "numpy",
+        "joblib",
+        "safetensors",
+        "h5py",
+        "zarr",
+        "pyarrow",
+        "duckdb",
+        "polars",
+        "pylance",
+    ):
         try:
             out.append(f"{pkg} {version(pkg)}")
         except PackageNotFoundError:
@@ -236,20 +317,35 @@ def describe_run(ctx, skipped, started, load_before, machine_limits) -> str:
     return "\n".join(lines)
 
 
-BEGIN, END = "<!-- peers:begin -->", "<!-- peers:end -->"
+PEERS = ("peers", "lazyvault against its peers (`benches/peers`)")
+ISSUE15 = ("issue15", "Metadata scans and small records (issue 15, `benches/peers` k and l)")
 
 
-def write_results(path: Path, section: str) -> None:
-    """Replaces the harness's section of ``path`` (between the markers),
-    keeping everything else."""
+def write_results(path: Path, section: str, which: tuple[str, str] = PEERS) -> None:
+    """Replaces one of the harness's sections of ``path`` (between its
+    markers), keeping everything else."""
     text = path.read_text() if path.exists() else "# Benchmark results\n"
-    block = f"{BEGIN}\n## lazyvault against its peers (`benches/peers`)\n\n{section}\n{END}"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + block + rest.split(END, 1)[1]
+    begin, end = f"<!-- {which[0]}:begin -->", f"<!-- {which[0]}:end -->"
+    block = f"{begin}\n## {which[1]}\n\n{section}\n{end}"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + block + rest.split(end, 1)[1]
     else:
         text = text.rstrip("\n") + "\n\n" + block + "\n"
     path.write_text(text)
+
+
+def lazyvault_commit() -> str:
+    """The commit of the lazyvault sources imported (their git checkout), or "?"."""
+    import lazyvault
+
+    out = subprocess.run(
+        ["git", "-C", str(Path(lazyvault.__file__).parent), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return out.stdout.strip() or "?"
 
 
 def child(argv: list[str]) -> None:

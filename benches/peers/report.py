@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import columnar
 from workloads import Context, Row
 
 
@@ -45,7 +46,7 @@ def notes(row: Row) -> str:
     for k, v in row.extra.items():
         if v is None:
             continue
-        if k in ("read() bytes", "PSS per reader", "bytes", "in-band bytes"):
+        if k in ("read() bytes", "PSS per reader", "bytes", "in-band bytes", "array bytes"):
             parts.append(f"{k} {fmt(v, 'B')}")
         elif k == "seconds":
             parts.append(f"{fmt(v, 's')}")
@@ -58,6 +59,8 @@ def notes(row: Row) -> str:
 
 def limit_note(row: Row, limits: dict[str, float], ctx: Context) -> str | None:
     """lazyvault's result as a fraction of the limit that binds it."""
+    if row.workload in "kl":
+        return columnar.limit_note(row, limits, ctx)
     if row.value is None or row.cache != "warm":
         return None
     big = ctx.big_gib * 2**30

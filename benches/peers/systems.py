@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import itertools
 import json
 import os
 import pickle
 import sqlite3
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from data import QUERY, SQL_WHERE, matches
@@ -71,6 +72,8 @@ class System:
     name = ""
     requires: tuple[str, ...] = ()
     lazy = False
+    # datasets ("small-N", "big", "many") the system cannot hold, with why
+    cannot: ClassVar[dict[str, str]] = {}
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -597,6 +600,170 @@ class Zarr(System):
         return {**self.meta(key), **{n: g[n] for n in g.array_keys()}}
 
 
+LANCE_WHERE = "temperature > 399.0 and material = 'Si'"  # data.QUERY in Lance's SQL
+
+
+class _BlobArray:
+    """A Lance blob holding an array's raw bytes, read on indexing: ``a[i:j]``
+    (rows of axis 0) reads those rows with one ``read_range``, ``a[:]`` all."""
+
+    def __init__(self, blob: Any, dtype: str, shape: list[int]) -> None:
+        self.blob, self.dtype, self.shape = blob, np.dtype(dtype), tuple(shape)
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        rest: tuple = ()
+        if isinstance(index, tuple):
+            index, rest = index[0], index[1:]
+        if not self.shape:  # 0-d
+            a = np.frombuffer(self.blob.read_range(0, self.dtype.itemsize), self.dtype)
+            return a.reshape(())[(index, *rest)]
+        single = isinstance(index, (int, np.integer))
+        rows = slice(int(index), int(index) + 1) if single else index
+        start, stop, step = rows.indices(self.shape[0])
+        if step != 1:
+            raise IndexError("only contiguous row slices")
+        row_bytes = self.dtype.itemsize * int(np.prod(self.shape[1:], dtype=np.int64))
+        stop = max(stop, start)
+        data = self.blob.read_range(start * row_bytes, (stop - start) * row_bytes)
+        a = np.frombuffer(data, self.dtype).reshape((stop - start, *self.shape[1:]))
+        if single:
+            a = a[0]
+        return a[rest] if rest else a
+
+    def __repr__(self) -> str:
+        return f"<Lance blob {self.dtype} {self.shape}>"
+
+
+class Lance(System):
+    """Lance (pylance): one dataset, a row per object: ``key``, the metadata
+    as columns (nested dicts as structs, lists as lists), and each array as a
+    blob column (``lance.blob.blob_field``) of its raw bytes, dtype and shape
+    in a JSON column ``__arrays__``; a BTREE scalar index on ``key``. Arrays
+    are read lazily through ``take_blobs`` (file-like ``BlobFile``s)."""
+
+    name = "Lance"
+    requires = ("lance", "pyarrow")
+    cannot: ClassVar[dict[str, str]] = {
+        "many": "one object of thousands of arrays would be a row of thousands of blob columns"
+    }
+
+    @property
+    def uri(self) -> Path:
+        return self.root / "objects.lance"
+
+    def _batch(self, chunk: list[tuple[str, dict, dict]], schema: Any) -> Any:
+        import pyarrow as pa
+        from lance.blob import blob_array
+
+        metas = pa.Table.from_pylist([m for _, m, _ in chunk])
+        cols: dict[str, Any] = {"key": pa.array([k for k, _, _ in chunk], pa.string())}
+        cols.update(zip(metas.column_names, metas.columns, strict=True))
+        layout = [
+            json.dumps({n: [a.dtype.str, list(a.shape)] for n, a in arrays.items()})
+            for _, _, arrays in chunk
+        ]
+        cols["__arrays__"] = pa.array(layout, pa.string())
+        for name in chunk[0][2]:
+            cols[name] = blob_array(
+                [memoryview(np.ascontiguousarray(a[name])).cast("B") for _, _, a in chunk]
+            )
+        table = pa.table(cols)
+        return table.cast(schema) if schema is not None else table
+
+    def write(self, objects):
+        import lance
+        import pyarrow as pa
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        it = iter(objects)
+        first = self._batch(list(itertools.islice(it, 1000)), None)
+
+        def rest():
+            yield from first.to_batches()
+            while chunk := list(itertools.islice(it, 1000)):
+                yield from self._batch(chunk, first.schema).to_batches()
+
+        reader = pa.RecordBatchReader.from_batches(first.schema, rest())
+        ds = lance.write_dataset(reader, self.uri, mode="create")
+        ds.create_scalar_index("key", "BTREE")
+        syncfs(self.root)
+
+    def open(self):
+        import lance
+
+        self.ds = lance.dataset(self.uri)
+        self.rows: dict[str, int] | None = None
+        blobs = {"__arrays__", "key"}
+        self.meta_columns = [
+            f.name
+            for f in self.ds.schema
+            if f.name not in blobs and "lance.blob" not in str(f.type) and not _is_blob(f)
+        ]
+
+    def close(self):
+        del self.ds
+
+    def _where_key(self, key: str) -> str:
+        return "key = '" + key.replace("'", "''") + "'"
+
+    def meta(self, key):
+        t = self.ds.to_table(filter=self._where_key(key), columns=self.meta_columns)
+        return t.to_pylist()[0]
+
+    def scan(self):
+        t = self.ds.to_table(filter=LANCE_WHERE, columns=["key"])
+        return sorted(t.column("key").to_pylist())
+
+    def _row(self, key: str) -> int:
+        if self.rows is None:  # every key's row, read once per open
+            keys = self.ds.to_table(columns=["key"]).column("key").to_pylist()
+            self.rows = {k: i for i, k in enumerate(keys)}
+        return self.rows[key]
+
+    def _layout(self, key: str) -> dict:
+        row = self._row(key)
+        return json.loads(self.ds.take([row], columns=["__arrays__"]).column(0)[0].as_py())
+
+    def array(self, key, name):
+        dtype, shape = self._layout(key)[name]
+        (blob,) = self.ds.take_blobs(name, indices=[self._row(key)])
+        return _BlobArray(blob, dtype, shape)
+
+    def array_names(self, key):
+        return list(self._layout(key))
+
+    def replace_array(self, key, name, value):
+        import pyarrow as pa
+        from lance.blob import blob_array
+
+        layout = self._layout(key)
+        layout[name] = [value.dtype.str, list(value.shape)]
+        new = pa.table(
+            {
+                "key": pa.array([key], pa.string()),
+                "__arrays__": pa.array([json.dumps(layout)], pa.string()),
+                name: blob_array([memoryview(np.ascontiguousarray(value)).cast("B")]),
+            }
+        )
+        self.ds.merge_insert("key").when_matched_update_all().execute(new)
+        syncfs(self.root)
+        self.open()
+
+    def picklable(self, key):
+        # what a user holds to ship an object: its arrays read into memory
+        # (one read each, no further copy: an array over the bytes read)
+        arrays = {n: self.array(key, n)[:] for n in self.array_names(key)}
+        return {**self.meta(key), **arrays}
+
+    def show(self, key):
+        return repr({**self.meta(key), **{n: self.array(key, n) for n in self.array_names(key)}})
+
+
+def _is_blob(field: Any) -> bool:
+    meta = field.metadata or {}
+    return any(b"blob" in k for k in meta) or "blob" in str(field.type).lower()
+
+
 ALL: tuple[type[System], ...] = (
     LazyVault,
     NumpyFiles,
@@ -607,4 +774,5 @@ ALL: tuple[type[System], ...] = (
     H5py,
     Zarr,
     SqliteFiles,
+    Lance,
 )
