@@ -329,5 +329,17 @@ impl Columns {
     }
 }
 
+/// [`crate::read_column_file`].
+pub(crate) fn read_file_bytes(bytes: &[u8]) -> std::result::Result<usize, String> {
+    let buffer = arrow_buffer::Buffer::from_vec(bytes.to_vec());
+    let columns = Columns::decode_caught(&buffer)?;
+    for (i, field) in columns.schema().fields().iter().enumerate() {
+        if columns.column(i).is_none() {
+            return Err(format!("column {:?} cannot be read", field.name()));
+        }
+    }
+    Ok(columns.len())
+}
+
 #[cfg(test)]
 mod tests;
