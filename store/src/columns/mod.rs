@@ -26,6 +26,7 @@
 
 mod build;
 mod file;
+pub(crate) mod merge;
 
 use std::collections::HashMap;
 
@@ -79,7 +80,7 @@ impl FactName {
 }
 
 /// What a column holds.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) enum Kind {
     Key,
     Live,
