@@ -275,8 +275,15 @@ _WRITER = textwrap.dedent(
             if old in store:
                 del store[old]
                 print("deleted", old, flush=True)
+        for _ in range(int(rng.integers(0, 4))):  # overwrites: same values, new packs
+            j = int(rng.integers(0, i))
+            if f"k{j}" in store:
+                store[f"k{j}"] = value(j)
         if rng.random() < 0.4:
             store.flush()
+            print("committed", i, flush=True)
+        elif rng.random() < 0.1:  # removes and compacts packs, commits
+            store.gc()
             print("committed", i, flush=True)
     """
 )
@@ -294,7 +301,7 @@ def test_a_writer_of_small_records_killed_at_random_loses_no_commit(tmp_path: Pa
     path = tmp_path / "crash.lv"
     rng = random.Random(15)
     start = 0
-    for round_ in range(6):
+    for round_ in range(8):
         proc = subprocess.Popen(
             [sys.executable, "-c", _WRITER, str(path), str(round_), str(start)],
             stdout=subprocess.PIPE,
