@@ -590,3 +590,48 @@ fn seen_checksum(store: &Store, key: &str) -> Option<String> {
         .checksum
         .clone()
 }
+
+#[test]
+#[cfg(target_os = "linux")]
+fn a_pack_beside_many_files_takes_the_barrier_and_a_failure_leaves_nothing() {
+    use lazyvault_store::fault;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.lv");
+    let store = Store::open(&path, Mode::Append).unwrap();
+    let big: Vec<Vec<u8>> = (0..9)
+        .map(|i| vec![i as u8; READ_MAX_BYTES as usize + 1])
+        .collect();
+    let small: Vec<Vec<u8>> = (0..5).map(|i| vec![i as u8; 10 + i]).collect();
+    let names: Vec<String> = (0..14).map(|i| format!("a{i}")).collect();
+    let srcs: Vec<ArraySource> = big
+        .iter()
+        .chain(&small)
+        .zip(&names)
+        .map(|(d, n)| u8_array(n, d))
+        .collect();
+    // the barrier's syncfs fails: nothing is left, not even the pack's .tmp
+    fault::fail_nth_of("syncfs", 1, 28); // ENOSPC
+    let err = store.put("k", Map::new(), Value::Null, &srcs, None);
+    let (_, failed) = fault::clear();
+    assert!(err.is_err() && failed.len() == 1, "{err:?} {failed:?}");
+    assert!(store.get("k").unwrap().is_none());
+    assert_eq!(files(&path), (vec![], vec![]));
+    let tmp = fs::read_dir(path.join("arrays"))
+        .unwrap()
+        .flat_map(|d| fs::read_dir(d.unwrap().path()).unwrap())
+        .count();
+    assert_eq!(tmp, 0, "no temporary file left");
+    // then it works: 9 files and one pack, renamed after the barrier
+    store
+        .put("k", Map::new(), Value::Null, &srcs, None)
+        .unwrap();
+    let (npy_files, packs) = files(&path);
+    assert_eq!((npy_files.len(), packs.len()), (9, 1));
+    let record = store.get("k").unwrap().unwrap();
+    for (src, name) in big.iter().chain(&small).zip(&names) {
+        let got = load_payload(&path, &record.arrays[name]).unwrap();
+        assert_eq!(got.as_bytes(), &src[..]);
+    }
+    store.flush().unwrap();
+    assert!(store.verify().unwrap().is_ok());
+}
