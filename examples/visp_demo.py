@@ -428,7 +428,8 @@ def payload_mappings(arrays_dir: str | os.PathLike[str]) -> dict[str, int] | Non
 
 
 def _payload_files(arrays_dir: Path) -> Iterator[Path]:
-    yield from (p for p in arrays_dir.rglob("*.npy") if p.is_file())
+    # .npy payload files and packs of small arrays (.npz)
+    yield from (p for p in arrays_dir.rglob("*.np[yz]") if p.is_file())
 
 
 # -- the demo -----------------------------------------------------------------

@@ -9,12 +9,15 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 import lazyvault as lv
 from lazyvault._cli import main
+
+from conftest import damage_payload, payload_location
 
 KEYS = ["a/b c", "f", "run-001", "run-002", "run-003"]  # code point order
 
@@ -170,7 +173,7 @@ def test_show_json(small_store: Path) -> None:
 def test_show_reads_no_payload(small_store: Path, tmp_path: Path) -> None:
     copy = tmp_path / "copy.lv"
     shutil.copytree(small_store, copy)
-    for payload in (copy / "arrays").rglob("*.npy"):
+    for payload in (copy / "arrays").rglob("*.np[yz]"):  # payload files and packs
         payload.unlink()
     proc = cli("show", copy, "run-001", "--json")
     assert proc.returncode == 0, proc.stderr
@@ -193,8 +196,13 @@ def test_verify_ok(small_store: Path) -> None:
     assert report["problems"] == [] and report["orphans"] == []
 
 
+def entry_of(store_path: Path, key: str, name: str) -> dict[str, Any]:
+    with lv.Store.open(store_path, mode="r") as store:
+        return dict(store[key]._record["arrays"][name])
+
+
 def test_verify_problems_exit_1(small_store: Path) -> None:
-    victim = next((small_store / "arrays").rglob("*.npy"))
+    victim, _ = payload_location(small_store, entry_of(small_store, "run-001", "positions"))
     victim.unlink()
     proc = cli("verify", small_store)
     assert proc.returncode == 1
@@ -209,10 +217,9 @@ def test_verify_counts_a_failed_checksum_as_compared(small_store: Path) -> None:
     # one checksum compared and failed was printed as "0 checksums"
     proc = cli("verify", small_store)
     assert ", 4 checksums compared\n" in proc.stdout, proc.stdout
-    victim = next((small_store / "arrays").rglob("*.npy"))
-    data = bytearray(victim.read_bytes())
-    data[-1] ^= 1  # header and size still match: only the checksum tells
-    victim.write_bytes(bytes(data))
+    entry = entry_of(small_store, "run-001", "positions")
+    # header and size still match: only the checksum tells
+    damage_payload(small_store, entry, lambda b: b[:-1] + bytes([b[-1] ^ 1]))
     proc = cli("verify", small_store)
     assert proc.returncode == 1
     assert ": 1 problem(s): 5 records, 4 arrays checked, 4 checksums compared, 1 mismatch\n" in (
@@ -230,8 +237,8 @@ def test_verify_counts_a_failed_checksum_as_compared(small_store: Path) -> None:
 
 
 def test_gc_removes_orphans(small_store: Path) -> None:
-    original = next((small_store / "arrays").rglob("*.npy"))
-    orphan = small_store / "arrays" / "ab" / ("ab" + "0" * 30 + ".npy")
+    original, _ = payload_location(small_store, entry_of(small_store, "run-001", "positions"))
+    orphan = small_store / "arrays" / "ab" / ("ab" + "0" * 30 + original.suffix)
     orphan.parent.mkdir(exist_ok=True)
     shutil.copy(original, orphan)
     proc = cli("verify", small_store)

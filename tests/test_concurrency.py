@@ -28,6 +28,8 @@ import pytest
 
 import lazyvault as lv
 
+from conftest import payload_location
+
 # A bound against hangs, not a timing: a refused opener must fail at once,
 # never wait for the holder.
 AT_ONCE = 5.0
@@ -706,12 +708,12 @@ def test_readers_map_payloads_while_the_writer_writes_and_overwrites(
                 collect(lambda older=older: all(acked.get((k, 0)) == N_READERS for k in older))
                 for k in older[:2]:
                     old_payloads += [
-                        store_path / "arrays" / e["id"][:2] / f"{e['id']}.npy"
+                        payload_location(store_path, e)[0]
                         for e in store[k]._record["arrays"].values()
                     ]
                     store[k] = make_value(k, 1)
                 for e in store[older[3]]._record["arrays"].values():
-                    old_payloads.append(store_path / "arrays" / e["id"][:2] / f"{e['id']}.npy")
+                    old_payloads.append(payload_location(store_path, e)[0])
                 del store[older[3]]
                 store.flush()
                 send_batch(older[:2], 1)

@@ -17,7 +17,7 @@ import pytest
 
 import lazyvault as lv
 
-from conftest import payload_files
+from conftest import stored_files as payload_files
 
 dask = pytest.importorskip("dask")
 da = pytest.importorskip("dask.array")

@@ -22,7 +22,7 @@ import pytest
 import lazyvault as lv
 import lazyvault.dask
 
-from conftest import payload_files
+from conftest import stored_files as payload_files
 
 dask = pytest.importorskip("dask")
 db = pytest.importorskip("dask.bag")
@@ -184,7 +184,8 @@ def test_payloads_are_linked_not_copied(
     path = tmp_path / "out.lv"
     lazyvault.dask.write(pairs_bag(16, 4), path, compute_kwargs=compute)
     files = payload_files(path)
-    assert len(files) == len(shard_files) == 16 * 4  # four arrays a record
+    # the shards' packs (their records' arrays are small), each linked once
+    assert 0 < len(files) == len(shard_files) <= 16 * 4
     assert {f.stat().st_ino for f in files} == set(shard_files)
     assert all(links == 1 for _, links in shard_files.values())
     assert all(f.stat().st_nlink == 1 for f in files)  # the shard's link is gone

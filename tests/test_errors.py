@@ -20,7 +20,7 @@ import lazyvault as lv
 import lazyvault._lazyvault as core
 import lazyvault.errors as errors
 
-from conftest import payload_files
+from conftest import damage_payload, payload_location
 
 # class name -> the builtin bases it keeps besides LazyvaultError
 BUILTIN_BASES: dict[str, tuple[type[BaseException], ...]] = {
@@ -72,9 +72,9 @@ def test_attribute_defaults_are_declared() -> None:
 def test_corrupt_payload_names_key_array_and_file(store: lv.Store, store_path: Path) -> None:
     store["k"] = {"img": np.arange(10_000, dtype=np.uint16)}
     store.flush()
-    (path,) = payload_files(store_path)
-    with open(path, "r+b") as f:
-        f.truncate(os.path.getsize(path) - 100)
+    entry = store["k"]._record["arrays"]["img"]
+    path, _ = payload_location(store_path, entry)  # a pack: the array is small
+    damage_payload(store_path, entry, lambda b: b[:-100])
     with pytest.raises(lv.CorruptError, match=r"'k'.*'img'.*truncated") as info:
         _ = store["k"].img
     e = info.value
@@ -87,8 +87,9 @@ def test_corrupt_payload_names_key_array_and_file(store: lv.Store, store_path: P
 def test_damaged_npy_header_is_corrupt(store: lv.Store, store_path: Path) -> None:
     store["k"] = {"img": np.arange(100, dtype=np.uint16)}
     store.flush()
-    (path,) = payload_files(store_path)
-    path.write_bytes(b"not a npy file" + path.read_bytes()[14:])
+    entry = store["k"]._record["arrays"]["img"]
+    path, _ = payload_location(store_path, entry)
+    damage_payload(store_path, entry, lambda b: b"not a npy file" + b[14:])
     with pytest.raises(lv.CorruptError, match="bad magic") as info:
         _ = store["k"].img
     assert (info.value.key, info.value.array, info.value.path) == ("k", "img", str(path))

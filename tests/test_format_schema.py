@@ -26,6 +26,8 @@ import pytest
 
 import lazyvault as lv
 
+from conftest import load_with_numpy, npy_bytes, payload_location
+
 SCHEMA_DIR = Path(__file__).resolve().parents[1] / "schema" / "json"
 # what the writer writes (the older "float" and "scalar" nodes are only read)
 NODE_KINDS = {
@@ -129,7 +131,9 @@ def validator(name: str) -> jsonschema.Draft202012Validator:
 
 
 def payload_path(root: Path, entry: dict[str, Any]) -> Path:
-    return root / "arrays" / entry["id"][:2] / f"{entry['id']}.npy"
+    """The file holding the payload: ``arrays/<id[:2]>/<id>.npy``, or its pack
+    ``arrays/<pack[:2]>/<pack>.npz`` (FORMAT.md, "Packs")."""
+    return payload_location(root, entry)[0]
 
 
 def nodes(node: Any) -> Iterator[tuple[str, Any]]:
@@ -150,10 +154,10 @@ def nodes(node: Any) -> Iterator[tuple[str, Any]]:
         yield from nodes(child)
 
 
-def read_npy_header(path: Path) -> tuple[tuple[int, int], dict[str, Any], int]:
-    """``(version, header dict, data offset)`` of an .npy file, read by hand
+def read_npy_header(path: Path | bytes) -> tuple[tuple[int, int], dict[str, Any], int]:
+    """``(version, header dict, data offset)`` of an .npy file (or its bytes), read by hand
     as FORMAT.md's byte diagram says."""
-    data = path.read_bytes()
+    data = path if isinstance(path, bytes) else path.read_bytes()
     assert data[:6] == b"\x93NUMPY"
     version = (data[6], data[7])
     if version == (1, 0):
@@ -207,6 +211,9 @@ def test_every_record_matches_schema(written: Written) -> None:
         assert (written.pickles[key] is not None) is has_pickle, key
         for entry in record["arrays"].values():
             assert payload_path(written.root, entry).is_file(), (key, entry["id"])
+            # small arrays are pack members, larger ones and pickles files of their own
+            packable = entry["nbytes"] <= 65536 and not entry.get("pickled", False)
+            assert ("pack" in entry) is packable, (key, entry)
     # the store above exercises every node kind of the schema
     assert kinds_seen == NODE_KINDS
 
@@ -284,8 +291,8 @@ def test_payload_is_a_standard_npy_file(
     written: Written, key: str, name: str, expected: np.ndarray, version: tuple[int, int]
 ) -> None:
     entry = written.records[key]["arrays"][name]
-    path = payload_path(written.root, entry)
-    got_version, header, data_offset = read_npy_header(path)
+    npy = npy_bytes(written.root, entry)
+    got_version, header, data_offset = read_npy_header(npy)
     assert got_version == version
     assert data_offset % 64 == 0
     assert data_offset == entry["data_offset"]
@@ -296,12 +303,17 @@ def test_payload_is_a_standard_npy_file(
     assert entry["fortran_order"] is (key == "frames")
     itemsize = np.lib.format.descr_to_dtype(header["descr"]).itemsize
     assert itemsize * math.prod(header["shape"]) == entry["nbytes"]
-    assert path.stat().st_size >= entry["data_offset"] + entry["nbytes"]
+    assert len(npy) == entry["data_offset"] + entry["nbytes"]
     # byte for byte the header np.save writes for the same array
-    assert path.read_bytes()[:data_offset] == npy_header_of(expected)
+    assert npy[:data_offset] == npy_header_of(expected)
+    path, start = payload_location(written.root, entry)
+    assert (start + data_offset) % 64 == 0  # aligned in the pack too
 
-    mapped = np.load(path, mmap_mode="r")
-    assert isinstance(mapped, np.memmap)
+    if "pack" in entry:  # a pack is an npz: numpy reads the member as it is
+        mapped = load_with_numpy(written.root, entry)
+    else:
+        mapped = np.load(path, mmap_mode="r")
+        assert isinstance(mapped, np.memmap)
     assert mapped.dtype == expected.dtype and mapped.shape == expected.shape
     assert mapped.tobytes(order="A") == expected.tobytes(order="A")
     np.testing.assert_array_equal(mapped, expected)
@@ -310,12 +322,12 @@ def test_payload_is_a_standard_npy_file(
 def test_every_payload_header_agrees_with_its_record(written: Written) -> None:
     for key, record in written.records.items():
         for name, entry in record["arrays"].items():
-            path = payload_path(written.root, entry)
-            _, header, data_offset = read_npy_header(path)
+            npy = npy_bytes(written.root, entry)
+            _, header, data_offset = read_npy_header(npy)
             assert data_offset == entry["data_offset"] and data_offset % 64 == 0, (key, name)
             assert repr(header["descr"]) == entry["descr"], (key, name)
             assert list(header["shape"]) == entry["shape"], (key, name)
-            assert path.stat().st_size >= data_offset + entry["nbytes"], (key, name)
+            assert len(npy) == data_offset + entry["nbytes"], (key, name)
 
 
 def test_object_array_payload_is_a_pickle_after_the_header(written: Written) -> None:
@@ -337,7 +349,7 @@ def test_pickled_remainder_unpickles_without_lazyvault(written: Written) -> None
     assert record["layout"]["dict"]["by_id"] == {"pickle": 1}
 
     def array(path: str) -> np.ndarray:
-        return np.load(payload_path(written.root, record["arrays"][path]), mmap_mode="r")
+        return load_with_numpy(written.root, record["arrays"][path], mmap_mode="r")
 
     class Unpickler(pickle.Unpickler):
         def persistent_load(self, pid: Any) -> Any:

@@ -179,7 +179,7 @@ def test_update_adds_whole_chunks_only_on_a_full_disk(
     def obj(i: int, n: int) -> dict[str, Any]:
         return {"i": i, **{f"a{j}": np.full(n, i, dtype=np.uint8) for j in range(5)}}
 
-    small = {f"k{i}": obj(i, 20_000) for i in range(2)}
+    small = {f"k{i}": obj(i, 70_000) for i in range(2)}  # over 64 KiB: files, not a pack
     big = {f"k{i}": obj(i, 500_000) for i in range(2, 4)}  # 5 MB on a 4 MiB disk
     with lv.Store.open(path) as store:
         with pytest.raises(lv.StorageError) as info:

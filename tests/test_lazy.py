@@ -5,7 +5,6 @@ old views survive overwrites; damaged payloads raise, never crash."""
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 
 import lazyvault as lv
 
-from conftest import payload_files
+from conftest import damage_payload, payload_location, stored_files
 
 
 def _mapped_payloads() -> dict[str, tuple[int, int]]:
@@ -124,8 +123,8 @@ def test_small_array_is_a_read_only_aligned_copy(filled: lv.Store, store_path: P
         a.flags.writeable = True
     assert a.ctypes.data % 64 == 0
     entry = rec._record["arrays"]["positions"]
-    path = str(store_path / "arrays" / entry["id"][:2] / f"{entry['id']}.npy")
-    assert path not in _mapped_payloads()
+    path, _ = payload_location(store_path, entry)  # a pack member: read, never mapped
+    assert str(path) not in _mapped_payloads() and path.suffix == ".npz"
     assert float(a.sum()) == 7 * 300
 
 
@@ -157,13 +156,13 @@ def test_overwrite_and_delete_keep_live_views_valid(store: lv.Store, store_path:
     old = store["k"].a
     store["k"] = {"a": np.zeros(10, dtype=np.int64)}
     store.flush()  # the old payload is unlinked now
-    assert len(payload_files(store_path)) == 1
+    assert len(stored_files(store_path)) == 1
     assert old.sum() == sum(range(100_000))  # unlinked but mapped: data intact
     assert store["k"].a.tolist() == [0] * 10
     new = store["k"].a
     del store["k"]
-    store.flush()
-    assert payload_files(store_path) == []
+    store.flush()  # the pack's one member died: the pack is unlinked too
+    assert stored_files(store_path) == []
     assert new.tolist() == [0] * 10
 
 
@@ -172,19 +171,18 @@ def test_payloads_are_removed_only_after_flush(store: lv.Store, store_path: Path
     store.flush()
     store["k"] = {"a": np.arange(4)}
     # before the flush the durable index may still reference the old payload
-    assert len(payload_files(store_path)) == 2
+    assert len(stored_files(store_path)) == 2
     report = store.verify()
     assert report["ok"] and report["orphans"] == []
     store.flush()
-    assert len(payload_files(store_path)) == 1
+    assert len(stored_files(store_path)) == 1
 
 
-def test_truncated_payload_raises_never_crashes(store: lv.Store, store_path: Path) -> None:
-    store["k"] = {"img": np.arange(10_000, dtype=np.uint16)}
+@pytest.mark.parametrize("n", [10_000, 40_000])  # a pack member, a payload file
+def test_truncated_payload_raises_never_crashes(store: lv.Store, store_path: Path, n: int) -> None:
+    store["k"] = {"img": np.arange(n, dtype=np.uint16)}
     store.flush()
-    (path,) = payload_files(store_path)
-    with open(path, "r+b") as f:
-        f.truncate(os.path.getsize(path) - 100)
+    damage_payload(store_path, store["k"]._record["arrays"]["img"], lambda b: b[:-100])
     with pytest.raises(lv.CorruptError, match=r"'k'.*'img'.*truncated"):
         store["k"].img
     report = store.verify()
@@ -197,17 +195,16 @@ def test_truncated_payload_raises_never_crashes(store: lv.Store, store_path: Pat
         lambda b: b"XXXXXX" + b[6:],  # magic
         lambda b: b[:6] + b"\x09\x00" + b[8:],  # version
         lambda b: b.replace(b"'<u2'", b"'<u4'"),  # header disagrees with the record
-        lambda b: b.replace(b"(10000,)", b"(99999,)"),  # shape disagrees
+        lambda b: b.replace(b"(10000,)", b"(99999,)").replace(b"(40000,)", b"(99999,)"),
         lambda b: b[:40],  # header cut
         lambda b: b"",  # empty file
     ],
 )
-def test_corrupt_header_raises(store: lv.Store, store_path: Path, damage) -> None:
-    store["k"] = {"img": np.arange(10_000, dtype=np.uint16)}
+@pytest.mark.parametrize("n", [10_000, 40_000])  # a pack member, a payload file
+def test_corrupt_header_raises(store: lv.Store, store_path: Path, damage, n: int) -> None:
+    store["k"] = {"img": np.arange(n, dtype=np.uint16)}
     store.flush()
-    (path,) = payload_files(store_path)
-    data = path.read_bytes()
-    path.write_bytes(damage(data))
+    damage_payload(store_path, store["k"]._record["arrays"]["img"], damage)
     with pytest.raises(lv.CorruptError, match=r"'k'.*'img'"):
         store["k"].img
     assert store["k"].meta == {}  # metadata still fine

@@ -21,7 +21,7 @@ from test_full_disk import mount_tmpfs, unmount
 import lazyvault as lv
 from lazyvault.store import raw_record
 
-from conftest import payload_files
+from conftest import payload_location, stored_files
 
 
 def make_source(path: Path, keys: list[str], *, seed: int = 0) -> dict[str, dict[str, Any]]:
@@ -46,8 +46,8 @@ def check_equal(store: lv.Store, objs: dict[str, dict[str, Any]]) -> None:
 
 
 def inodes(path: Path) -> dict[int, int]:
-    """``{inode: st_nlink}`` of every payload file of the store at ``path``."""
-    return {f.stat().st_ino: f.stat().st_nlink for f in payload_files(path)}
+    """``{inode: st_nlink}`` of every payload file and pack of the store at ``path``."""
+    return {f.stat().st_ino: f.stat().st_nlink for f in stored_files(path)}
 
 
 def test_merge_links_payloads_and_keeps_the_sources(tmp_path: Path) -> None:
@@ -79,7 +79,7 @@ def test_a_key_in_two_sources_is_refused_before_anything_is_written(tmp_path: Pa
     make_source(tmp_path / "b.lv", ["b", "k"])
     with lv.Store.open(tmp_path / "t.lv") as t:
         t["old"] = {"y": np.ones(2)}
-        before = payload_files(tmp_path / "t.lv")
+        before = stored_files(tmp_path / "t.lv")
         with pytest.raises(lv.InteropError, match="'k'") as info:
             t.merge([tmp_path / "a.lv", tmp_path / "b.lv"], progress=False)
         assert isinstance(info.value, ValueError)
@@ -87,7 +87,7 @@ def test_a_key_in_two_sources_is_refused_before_anything_is_written(tmp_path: Pa
         # merging them one at a time would replace a record: the advice says so
         assert "the later replacing the earlier's record" in str(info.value)
         assert sorted(t) == ["old"]
-        assert payload_files(tmp_path / "t.lv") == before
+        assert stored_files(tmp_path / "t.lv") == before
 
 
 def test_existing_keys_are_replaced(tmp_path: Path) -> None:
@@ -119,7 +119,7 @@ def test_merging_a_store_into_itself_is_refused(tmp_path: Path) -> None:
         with pytest.raises(lv.InteropError, match="itself"):
             t.merge(os.fspath(tmp_path / "a.lv"), progress=False)
         assert sorted(t) == ["k"]
-        assert len(payload_files(tmp_path / "a.lv")) == 2
+        assert len(stored_files(tmp_path / "a.lv")) == 1  # its one pack
 
 
 def test_pickled_parts_indexes_and_reopening(tmp_path: Path) -> None:
@@ -239,7 +239,7 @@ def test_bad_arguments_are_refused_and_change_nothing(tmp_path: Path) -> None:
     with lv.Store.open(tmp_path / "t.lv") as t:
         t["old"] = {"y": np.ones(2)}
         t.flush()
-        before = payload_files(tmp_path / "t.lv")
+        before = stored_files(tmp_path / "t.lv")
         bad: list[tuple[Any, type[Exception], str]] = [
             (None, TypeError, "not None"),
             (3, TypeError, "not int"),
@@ -257,7 +257,7 @@ def test_bad_arguments_are_refused_and_change_nothing(tmp_path: Path) -> None:
             with pytest.raises(error, match=text):
                 t.merge(sources, progress=False)
             assert sorted(t) == ["old"]
-            assert payload_files(tmp_path / "t.lv") == before
+            assert stored_files(tmp_path / "t.lv") == before
         # a progress callback that is not one
         with pytest.raises(TypeError, match="progress"):
             t.merge(tmp_path / "a.lv", progress="yes")  # type: ignore[arg-type]
@@ -270,7 +270,7 @@ def test_bad_arguments_are_refused_and_change_nothing(tmp_path: Path) -> None:
         with pytest.raises(KeyboardInterrupt):
             t.merge(tmp_path / "a.lv", progress=stop)
         assert sorted(t) == ["old"]
-        assert payload_files(tmp_path / "t.lv") == before
+        assert stored_files(tmp_path / "t.lv") == before
         # nothing to merge
         assert t.merge([], progress=False) == []
     with lv.Store.open(tmp_path / "t.lv", mode="r") as r:
@@ -284,24 +284,27 @@ def test_a_missing_or_truncated_source_payload_raises_corrupt_error(tmp_path: Pa
     with lv.Store.open(tmp_path / "a.lv", mode="r") as s:
         raw = raw_record(s, "a2")
         assert raw is not None
-        pid = json.loads(raw[0])["arrays"]["x"]["id"]
-    victim = tmp_path / "a.lv" / "arrays" / pid[:2] / f"{pid}.npy"
+        entry = json.loads(raw[0])["arrays"]["x"]
+    victim, _ = payload_location(tmp_path / "a.lv", entry)  # the source's pack
     assert victim.exists()
     original = victim.read_bytes()
     with lv.Store.open(tmp_path / "t.lv") as t:
         for damage in ["missing", "truncated"]:
             if damage == "missing":
-                victim.unlink()
-            else:
-                victim.write_bytes(original[:-8])
+                victim.unlink()  # the pack of both records: the first is named
+                key, array = "a1", "x"
+            else:  # cut into the data of a2's "x"
+                end = entry["pack_offset"] + entry["data_offset"] + entry["nbytes"]
+                victim.write_bytes(original[: end - 8])
+                key, array = "a2", "x"
             with pytest.raises(lv.CorruptError, match=damage) as info:
                 t.merge(tmp_path / "a.lv", progress=False)
-            assert info.value.key == "a2"
-            assert info.value.array == "x"
+            assert info.value.key == key
+            assert info.value.array == array
             assert info.value.path == str(victim)
             assert str(tmp_path / "a.lv") in str(info.value)
             assert len(t) == 0
-            assert payload_files(tmp_path / "t.lv") == []
+            assert stored_files(tmp_path / "t.lv") == []
         victim.write_bytes(original)
         assert t.merge(tmp_path / "a.lv", progress=False) == ["a1", "a2"]
 
@@ -316,7 +319,8 @@ def test_a_source_on_another_file_system_is_copied(tmp_path: Path) -> None:
             check_equal(t, objs)
             t.flush()
             assert t.verify(progress=False)["ok"]
-        assert sorted(inodes(tmp_path / "t.lv").values()) == [1, 1, 1, 1]
+        # copied into the merge's own pack
+        assert sorted(inodes(tmp_path / "t.lv").values()) == [1]
         with lv.Store.open(disk / "a.lv", mode="r") as s:
             check_equal(s, objs)
             assert s.verify(progress=False)["ok"]
@@ -460,8 +464,12 @@ def test_links_need_no_free_space_for_payloads(tmp_path: Path) -> None:
         with lv.Store.open(disk / "a.lv", mode="w") as s:
             for i in range(100):
                 s[f"k{i:03}"] = arrays
+        # small arrays are packs: fill the disk so that it has no room for the
+        # 4 KiB per payload the old check asked for
+        filler = shutil.disk_usage(disk).free - 6 * 2**20
+        (disk / "filler").write_bytes(b"\0" * filler)
         free = shutil.disk_usage(disk).free
-        assert free < 2000 * 4096  # no room for a copy of its 2,000 payload files
+        assert free < 2000 * 4096
         with lv.Store.open(disk / "t.lv") as t:
             assert len(t.merge(disk / "a.lv", progress=False)) == 100
             np.testing.assert_array_equal(t["k099"]["a19"], np.full(2, 19))

@@ -178,7 +178,8 @@ class StoreModel(RuleBasedStateMachine):
     def verify(self) -> None:
         report = self.store.verify()
         assert report["ok"] and report["problems"] == [], report
-        assert report["orphans"] == [], report
+        # packs of replaced or deleted records wait for gc() (other records may use them)
+        assert all(o.endswith(".npz") for o in report["orphans"]), report
         assert report["records"] == len(self.model)
         assert report["arrays"] == sum(len(v[2]) for v in self.model.values())
 

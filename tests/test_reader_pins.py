@@ -15,6 +15,8 @@ import pytest
 
 import lazyvault as lv
 
+from conftest import payload_location
+
 _READER = """
 import sys, time, lazyvault as lv
 store = lv.Store.open(sys.argv[1], mode="r")
@@ -25,8 +27,8 @@ time.sleep(120)
 
 
 def _payload_of(store: lv.Store, key: str) -> Path:
-    entry = store[key]._record["arrays"]["a"]
-    return Path(store.path) / "arrays" / entry["id"][:2] / f"{entry['id']}.npy"
+    """The file holding the payload: its .npy file, or its pack (a small array)."""
+    return payload_location(Path(store.path), store[key]._record["arrays"]["a"])[0]
 
 
 def _start_reader(path: Path) -> subprocess.Popen[str]:

@@ -33,6 +33,8 @@ import pytest
 
 import lazyvault as lv
 
+from conftest import payload_location
+
 HERE = Path(__file__).resolve()
 
 # -- the content of records: everything follows from "seq" -------------------------
@@ -903,8 +905,8 @@ def test_a_removed_payload_raises_corrupt_error_saying_to_refresh(
     with lv.Store.open(path) as store:
         store["k"] = {"small": np.arange(10), "big": np.arange(100_000)}  # copied / mapped
         store["other"] = value_for(1)
-        ids = [e["id"] for e in store["k"]._record["arrays"].values()]
-    old_files = [path / "arrays" / i[:2] / f"{i}.npy" for i in ids]
+        entries = store["k"]._record["arrays"].values()
+        old_files = [payload_location(path, e)[0] for e in entries]  # a pack, a file
     assert all(f.exists() for f in old_files)
     reader = spawn("reader", "client")
     reader.run(f"s = lv.Store.open({str(path)!r}, 'r'); old = s['k']")  # not loaded

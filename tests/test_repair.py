@@ -17,6 +17,8 @@ import pytest
 
 import lazyvault as lv
 
+from conftest import damage_payload
+
 
 @dataclass
 class Run:
@@ -141,11 +143,8 @@ def test_verify_hashes_payloads_and_reports_progress(tmp_path: Path) -> None:
         with pytest.raises(KeyboardInterrupt):
             store.verify(progress=stop)
         # One flipped data byte: only the checksum can tell.
-        files = sorted((path / "arrays").glob("*/*.npy"))
-        victim = next(f for f in files if np.load(f)[0] == 2)
-        data = bytearray(victim.read_bytes())
-        data[-1] ^= 1
-        victim.write_bytes(bytes(data))
+        entry = store["k2"]._record["arrays"]["a"]
+        damage_payload(path, entry, lambda b: b[:-1] + bytes([b[-1] ^ 1]))
         report = store.verify(progress=False)
         assert not report["ok"]
         assert len(report["problems"]) == 1 and "checksum" in report["problems"][0]

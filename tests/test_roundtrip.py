@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import lazyvault as lv
 
-from conftest import payload_files
+from conftest import load_with_numpy, payload_files
 
 
 def _logical_bytes(a: np.ndarray) -> bytes:
@@ -92,8 +92,8 @@ def test_dtype_and_shape_round_trip(
         assert info.dtype == dtype and info.shape == shape and info.nbytes == arr.nbytes
     # the payload is a standard .npy file that numpy reads by itself
     store.flush()
-    (path,) = payload_files(store_path)
-    loaded = np.load(path, mmap_mode="r")
+    entry = store["k"]._record["arrays"]["a"]
+    loaded = load_with_numpy(store_path, entry, mmap_mode="r")
     assert loaded.dtype == dtype and loaded.shape == shape
     assert _logical_bytes(np.asarray(loaded)) == _logical_bytes(np.asarray(want, order="F"))
     data_offset = store["k"]._record["arrays"]["a"]["data_offset"]

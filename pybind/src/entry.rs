@@ -19,7 +19,8 @@ pub struct ArrayEntry(pub schema::ArrayEntry);
 #[pymethods]
 impl ArrayEntry {
     /// `ArrayEntry(*, id, descr, dtype, shape, fortran_order, nbytes,
-    /// data_offset, pickled=False, checksum=None)`: the fields as the record
+    /// data_offset, pickled=False, checksum=None, pack=None,
+    /// pack_offset=None)`: the fields as the record
     /// JSON names them (so a record's entry dict can be passed as it is,
     /// `**entry`; keywords it does not know are ignored, as readers ignore
     /// fields a newer format version adds). Raises `TypeError` for no
@@ -42,6 +43,8 @@ impl ArrayEntry {
             data_offset: field(fields, "data_offset", None)?,
             pickled: field(fields, "pickled", Some(false))?,
             checksum: field(fields, "checksum", Some(None))?,
+            pack: field(fields, "pack", Some(None))?,
+            pack_offset: field(fields, "pack_offset", Some(None))?,
         }))
     }
 
@@ -110,9 +113,16 @@ impl ArrayEntry {
             Some(c) => text(c)?,
             None => "None".to_owned(),
         };
+        // packed payloads only (format 1.4): other entries repr as before
+        let pack = match (&e.pack, e.pack_offset) {
+            (Some(p), Some(o)) => format!(", pack={}, pack_offset={o}", text(p)?),
+            (Some(p), None) => format!(", pack={}", text(p)?),
+            (None, Some(o)) => format!(", pack_offset={o}"),
+            (None, None) => String::new(),
+        };
         Ok(format!(
             "ArrayEntry(id={}, descr={}, dtype={}, shape=({}{}), fortran_order={}, nbytes={}, \
-             data_offset={}, pickled={}, checksum={checksum})",
+             data_offset={}, pickled={}, checksum={checksum}{pack})",
             text(&e.id)?,
             text(&e.descr)?,
             text(&e.dtype)?,

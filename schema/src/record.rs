@@ -48,6 +48,17 @@ pub struct ArrayEntry {
     /// `verify`, never on the read path.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checksum: Option<String>,
+    /// The pack holding this payload as a member (format 1.4): its id, 32
+    /// lowercase hex digits; the file is `arrays/<pack[0..2]>/<pack>.npz`,
+    /// an uncompressed zip whose member `<id>.npy` is this payload. `None`:
+    /// the payload is the file `arrays/<id[0..2]>/<id>.npy`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pack: Option<String>,
+    /// Offset in the pack file of the member's `.npy` bytes (its header);
+    /// present exactly when `pack` is. `pack_offset + data_offset` is a
+    /// multiple of 64: the data start 64-byte aligned in the pack.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pack_offset: Option<u64>,
 }
 
 /// The record of one key.
@@ -74,16 +85,25 @@ pub fn payload_relpath(id: &str) -> String {
     format!("{PAYLOAD_DIR}/{}/{id}.npy", &id[..2])
 }
 
+/// Path of a pack file relative to the store root (same fan-out directory
+/// as payloads, extension `.npz`). The id must have been validated.
+pub fn pack_relpath(pack: &str) -> String {
+    format!("{PAYLOAD_DIR}/{}/{pack}.npz", &pack[..2])
+}
+
+/// Whether `id` is exactly 32 lowercase hex digits (a payload or pack id).
+fn is_hex_id(id: &str) -> bool {
+    id.len() == PAYLOAD_ID_LEN
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 impl ArrayEntry {
     /// Checks the rules that protect the file system and the mapping: the id
     /// is exactly 32 lowercase hex digits and the data offset is 64-aligned.
     pub fn validate(&self, name: &str) -> Result<(), SchemaError> {
-        let id_ok = self.id.len() == PAYLOAD_ID_LEN
-            && self
-                .id
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-        if !id_ok {
+        if !is_hex_id(&self.id) {
             return Err(SchemaError::InvalidRecord(format!(
                 "array {name:?}: payload id {:?} is not {PAYLOAD_ID_LEN} lowercase hex digits",
                 self.id
@@ -98,12 +118,53 @@ impl ArrayEntry {
         if name.is_empty() {
             return Err(SchemaError::InvalidRecord("empty array name".into()));
         }
+        match (&self.pack, self.pack_offset) {
+            (None, None) => {}
+            (Some(pack), Some(offset)) => {
+                if !is_hex_id(pack) {
+                    return Err(SchemaError::InvalidRecord(format!(
+                        "array {name:?}: pack id {pack:?} is not {PAYLOAD_ID_LEN} lowercase hex digits"
+                    )));
+                }
+                let aligned = offset
+                    .checked_add(self.data_offset)
+                    .is_some_and(|end| end.is_multiple_of(64));
+                if !aligned {
+                    return Err(SchemaError::InvalidRecord(format!(
+                        "array {name:?}: pack offset {offset} plus data offset {} is not a \
+                         multiple of 64",
+                        self.data_offset
+                    )));
+                }
+            }
+            _ => {
+                return Err(SchemaError::InvalidRecord(format!(
+                    "array {name:?}: pack and pack_offset must be given together"
+                )))
+            }
+        }
         Ok(())
     }
 
-    /// The file of this payload, relative to the store root.
+    /// The file holding this payload, relative to the store root: its pack
+    /// (`arrays/<pack[0..2]>/<pack>.npz`) for a packed payload, else
+    /// `arrays/<id[0..2]>/<id>.npy`.
     pub fn relpath(&self) -> String {
-        payload_relpath(&self.id)
+        match &self.pack {
+            Some(pack) => pack_relpath(pack),
+            None => payload_relpath(&self.id),
+        }
+    }
+
+    /// Whether the payload is a member of a pack.
+    pub fn is_packed(&self) -> bool {
+        self.pack.is_some()
+    }
+
+    /// Offset of the payload's `.npy` bytes in its file: `pack_offset` for
+    /// a pack member, 0 for a payload file.
+    pub fn npy_start(&self) -> u64 {
+        self.pack_offset.unwrap_or(0)
     }
 
     /// Number of elements (1 for a 0-d array); `None` on overflow.
@@ -159,6 +220,8 @@ mod tests {
             data_offset: 128,
             pickled: false,
             checksum: None,
+            pack: None,
+            pack_offset: None,
         }
     }
 
@@ -219,5 +282,29 @@ mod tests {
             "arrays/ab/abcdef00112233445566778899aabbcc.npy"
         );
         assert_eq!(e.len(), Some(12));
+    }
+
+    #[test]
+    fn packed_entries_name_their_pack_and_are_checked() {
+        let mut e = entry("abcdef00112233445566778899aabbcc");
+        e.pack = Some("00112233445566778899aabbccddeeff".into());
+        e.pack_offset = Some(192);
+        assert!(e.validate("x").is_ok());
+        assert_eq!(
+            e.relpath(),
+            "arrays/00/00112233445566778899aabbccddeeff.npz"
+        );
+        assert_eq!(e.npy_start(), 192);
+        let json = serde_json::to_string(&e).unwrap();
+        assert!(json.ends_with(r#""pack":"00112233445566778899aabbccddeeff","pack_offset":192}"#));
+        e.pack_offset = Some(100);
+        assert!(e.validate("x").is_err(), "unaligned data");
+        e.pack_offset = None;
+        assert!(e.validate("x").is_err(), "pack without offset");
+        e.pack = Some("../../etc/passwd".into());
+        e.pack_offset = Some(0);
+        assert!(e.validate("x").is_err(), "hostile pack id");
+        e.pack = None;
+        assert!(e.validate("x").is_err(), "offset without pack");
     }
 }

@@ -27,6 +27,7 @@ mod index;
 pub mod interop;
 pub mod journal;
 pub mod npy;
+mod pack;
 mod payload;
 pub mod query;
 mod scan;

@@ -3,14 +3,15 @@
 
 use std::collections::{BTreeSet, HashSet};
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
+use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use lazyvault_schema::{payload_relpath, ArrayEntry, PAYLOAD_DIR};
+use lazyvault_schema::{ArrayEntry, PAYLOAD_DIR};
 use memmap2::{Mmap, MmapOptions};
 
 use crate::error::{Error, Result};
 use crate::fsio;
+use crate::interop::export::zipfile::{StoredZipWriter, ZipLimits};
 use crate::npy;
 
 /// An array to be written as a payload: its description and its bytes.
@@ -101,6 +102,8 @@ fn prepare_payload_of(src: &ArraySource<'_>, nbytes: u64) -> Result<(Vec<u8>, Ar
         data_offset: header.len() as u64,
         pickled: src.pickled,
         checksum: None,
+        pack: None,
+        pack_offset: None,
     };
     Ok((header, entry))
 }
@@ -140,8 +143,79 @@ pub(crate) struct PayloadWriter<'r> {
     pub(crate) dirs_durable: bool,
     /// Temporary files written, not yet durable and renamed: (tmp, final).
     pending: Vec<(PathBuf, PathBuf)>,
-    /// Files renamed into place, relative to the root.
-    renamed: Vec<String>,
+    /// Files renamed into place.
+    renamed: Vec<PathBuf>,
+    /// The pack small payloads go into, once one was written.
+    pack: Option<PackOut>,
+}
+
+/// Payloads whose data take at most [`READ_MAX_BYTES`] and whose header is
+/// an ordinary one (at most numpy's default length) go into a pack unless
+/// pickled: what a reader reads into memory anyway, with one `pread`.
+pub(crate) fn packable(entry: &ArrayEntry) -> bool {
+    !entry.pickled && entry.nbytes <= READ_MAX_BYTES && entry.data_offset <= MAX_PACKED_HEADER
+}
+
+/// The longest `.npy` header of a pack member: numpy's default limit,
+/// rounded up to the alignment. A reader of a pack member never allocates
+/// more than this plus [`READ_MAX_BYTES`].
+const MAX_PACKED_HEADER: u64 = (npy::NUMPY_MAX_HEADER_LEN + DATA_ALIGN) as u64;
+
+/// A pack holding this many bytes is closed and the next small payload of
+/// the same put starts another (an `update()` chunk holds at most 256 MiB
+/// of array data, so it makes one pack).
+pub(crate) const PACK_MAX_BYTES: u64 = 256 << 20;
+
+/// A pack file being written: an uncompressed zip of `.npy` members, each
+/// starting 64-byte aligned (FORMAT.md, "Packs").
+struct PackOut {
+    id: String,
+    tmp: PathBuf,
+    path: PathBuf,
+    zip: StoredZipWriter<BufWriter<FaultFile>>,
+}
+
+/// The pack's file, each write of which is one store file operation for
+/// fault injection (see [`fsio::fault`]).
+struct FaultFile {
+    file: File,
+    path: PathBuf,
+}
+
+impl Write for FaultFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        fsio::fault::check("write", &self.path)?;
+        self.file.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
+}
+
+impl Seek for FaultFile {
+    fn seek(&mut self, pos: SeekFrom) -> std::io::Result<u64> {
+        self.file.seek(pos)
+    }
+}
+
+/// How many files a put of `arrays` writes: one per array too large to
+/// pack, plus one pack for the others (for choosing the durability mode).
+pub(crate) fn files_for<'a>(arrays: impl IntoIterator<Item = &'a ArraySource<'a>>) -> usize {
+    let (mut files, mut small) = (0, false);
+    for src in arrays {
+        if src.pickled || src.data.len() as u64 > READ_MAX_BYTES {
+            files += 1;
+        } else {
+            small = true;
+        }
+    }
+    files + usize::from(small)
+}
+
+/// The name of a packed payload's member: `<id>.npy` (so that `np.load`
+/// of the pack, an npz, names the array by its payload id).
+pub(crate) fn member_name(id: &str) -> String {
+    format!("{id}.npy")
 }
 
 impl<'r> PayloadWriter<'r> {
@@ -161,6 +235,7 @@ impl<'r> PayloadWriter<'r> {
             dirs_durable: false,
             pending: Vec::new(),
             renamed: Vec::new(),
+            pack: None,
         })
     }
 
@@ -168,6 +243,9 @@ impl<'r> PayloadWriter<'r> {
     /// mode the file is not durable (nor renamed) until [`Self::finish`].
     pub(crate) fn write(&mut self, src: &ArraySource<'_>) -> Result<ArrayEntry> {
         let (header, entry) = prepare_payload(src)?;
+        if packable(&entry) {
+            return self.write_member(&header, entry, src.data);
+        }
         self.write_file(&header, entry, &mut |f, tmp, hasher| {
             fsio::write_all_with(f, tmp, header.len(), src.data, |piece| hasher.update(piece))
                 .map_err(Error::io(tmp))
@@ -195,6 +273,23 @@ impl<'r> PayloadWriter<'r> {
     ) -> Result<ArrayEntry> {
         let (header, entry) = prepare_payload_of(src, nbytes)?;
         let name = &src.name;
+        if packable(&entry) {
+            // small: read whole (at most READ_MAX_BYTES), then packed
+            let mut bytes = vec![0u8; nbytes as usize];
+            let got = read_up_to(data, &mut bytes).map_err(|e| source_error(e, source))?;
+            let mut probe = [0u8; 1];
+            let detail = if got < bytes.len() {
+                format!("the data ended after {got} of {nbytes} bytes")
+            } else if read_up_to(data, &mut probe).map_err(|e| source_error(e, source))? != 0 {
+                format!("the data hold more than the {nbytes} bytes expected")
+            } else {
+                return self.write_member(&header, entry, &bytes);
+            };
+            return Err(Error::from(crate::UsageError::InvalidArray {
+                name: name.clone(),
+                detail,
+            }));
+        }
         self.write_file(&header, entry, &mut |f, tmp, hasher| {
             let mut at = header.len() as u64;
             let end = at + nbytes;
@@ -261,9 +356,8 @@ impl<'r> PayloadWriter<'r> {
             let _ = fsio::remove_file(&tmp);
             return Err(e);
         }
-        let relpath = payload_relpath(&id);
         if durable {
-            self.renamed.push(relpath);
+            self.renamed.push(path);
             self.dirs.insert(dir);
         } else {
             self.pending.push((tmp, path));
@@ -275,12 +369,151 @@ impl<'r> PayloadWriter<'r> {
         })
     }
 
+    /// Appends the payload of `entry` (its `header` and `data`) to this
+    /// writer's pack under the same member id, for a compaction; returns
+    /// the entry with its new `pack` and `pack_offset` (checksum kept).
+    pub(crate) fn write_packed(
+        &mut self,
+        header: &[u8],
+        entry: &ArrayEntry,
+        data: &[u8],
+    ) -> Result<ArrayEntry> {
+        let written = self.write_member_as(&entry.id, header, entry.clone(), data)?;
+        Ok(ArrayEntry {
+            checksum: entry.checksum.clone(),
+            ..written
+        })
+    }
+
+    /// Appends a small payload (`header` and `data`, see [`packable`]) to
+    /// this writer's pack as member `<id>.npy`, its data 64-byte aligned
+    /// in the pack; returns its entry with `pack` and `pack_offset`. The
+    /// pack is written to `<pack>.npz.tmp` and made durable and renamed by
+    /// [`Self::finish`].
+    fn write_member(
+        &mut self,
+        header: &[u8],
+        entry: ArrayEntry,
+        data: &[u8],
+    ) -> Result<ArrayEntry> {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        self.write_member_as(&id, header, entry, data)
+    }
+
+    /// [`Self::write_member`] under the member id `id`.
+    fn write_member_as(
+        &mut self,
+        id: &str,
+        header: &[u8],
+        entry: ArrayEntry,
+        data: &[u8],
+    ) -> Result<ArrayEntry> {
+        let size = (header.len() + data.len()) as u64;
+        let full = self
+            .pack
+            .as_ref()
+            .is_some_and(|p| p.zip.position().saturating_add(size) > PACK_MAX_BYTES);
+        if full {
+            self.close_pack()?;
+        }
+        if self.pack.is_none() {
+            self.pack = Some(self.open_pack()?);
+        }
+        let pack = self.pack.as_mut().expect("opened above");
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(header);
+        crc.update(data);
+        let tmp = &pack.tmp;
+        let zip = &mut pack.zip;
+        zip.begin(&member_name(id), size, true, Some(crc.finalize()))
+            .map_err(Error::io(tmp))?;
+        let offset = zip.position();
+        zip.write(header)
+            .and_then(|()| zip.write(data))
+            .and_then(|()| zip.end())
+            .map_err(Error::io(tmp))?;
+        Ok(ArrayEntry {
+            id: id.to_owned(),
+            checksum: Some(checksum(data)),
+            pack: Some(pack.id.clone()),
+            pack_offset: Some(offset),
+            ..entry
+        })
+    }
+
+    /// Creates the temporary file of a new pack.
+    fn open_pack(&mut self) -> Result<PackOut> {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let dir = self.root.join(PAYLOAD_DIR).join(&id[..2]);
+        if !self.made.contains(&dir) {
+            fsio::create_dir_all(&dir).map_err(Error::io(&dir))?;
+            self.made.insert(dir.clone());
+        }
+        let path = dir.join(format!("{id}.npz"));
+        let tmp = dir.join(format!("{id}.npz{TMP_SUFFIX}"));
+        let file = fsio::create(&tmp).map_err(Error::io(&tmp))?;
+        let out = FaultFile {
+            file,
+            path: tmp.clone(),
+        };
+        let zip =
+            StoredZipWriter::new(BufWriter::with_capacity(1 << 20, out), ZipLimits::default())
+                .map_err(Error::io(&tmp));
+        match zip {
+            Ok(zip) => Ok(PackOut { id, tmp, path, zip }),
+            Err(e) => {
+                let _ = fsio::remove_file(&tmp);
+                Err(e)
+            }
+        }
+    }
+
+    /// Writes the open pack's central directory; then, per file, fsyncs
+    /// and renames it into place, or in barrier mode queues it for
+    /// [`Self::finish`]'s `syncfs`. The temporary file is removed on error.
+    fn close_pack(&mut self) -> Result<()> {
+        let Some(pack) = self.pack.take() else {
+            return Ok(());
+        };
+        let tmp = pack.tmp;
+        let durable = self.barrier.is_none();
+        let written = (|| {
+            let buffered = pack.zip.finish().map_err(Error::io(&tmp))?;
+            let file = buffered
+                .into_inner()
+                .map_err(|e| Error::io(&tmp)(e.into_error()))?
+                .file;
+            if durable {
+                fsio::sync_file(&file, &tmp).map_err(Error::io(&tmp))?;
+                fsio::rename(&tmp, &pack.path).map_err(Error::io(&tmp))?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = written {
+            let _ = fsio::remove_file(&tmp);
+            return Err(e);
+        }
+        let dir = pack
+            .path
+            .parent()
+            .expect("a pack has a directory")
+            .to_owned();
+        if durable {
+            self.renamed.push(pack.path);
+            self.dirs.insert(dir);
+        } else {
+            self.pending.push((tmp, pack.path));
+        }
+        Ok(())
+    }
+
     /// Makes the files written in barrier mode durable (one `syncfs`),
     /// renames them into place and, if they went into more than
     /// [`BARRIER_MIN_FILES`] directories, makes the renames durable with a
     /// second `syncfs` instead of one fsync per directory. Per-file mode has
     /// nothing left to do.
     pub(crate) fn finish(&mut self) -> Result<()> {
+        self.close_pack()?;
         if self.pending.is_empty() {
             return Ok(());
         }
@@ -291,12 +524,8 @@ impl<'r> PayloadWriter<'r> {
                 return Err(Error::io(&tmp)(e));
             }
             let dir = path.parent().expect("a payload path has a directory");
-            let id = path
-                .file_stem()
-                .and_then(|s| s.to_str())
-                .expect("payload names are ASCII");
-            self.renamed.push(payload_relpath(id));
             self.dirs.insert(dir.to_owned());
+            self.renamed.push(path);
         }
         if self.dirs.len() >= BARRIER_MIN_FILES {
             self.barrier()?;
@@ -317,11 +546,17 @@ impl<'r> PayloadWriter<'r> {
     /// Removes every file written (best effort: a file left behind is an
     /// orphan that `gc()` removes, never a loss).
     pub(crate) fn abort(self) {
+        if let Some(pack) = self.pack {
+            // the zip writer holds the file: dropped (closed) before the unlink
+            let tmp = pack.tmp;
+            drop(pack.zip);
+            let _ = fsio::remove_file(&tmp);
+        }
         for (tmp, _) in &self.pending {
             let _ = fsio::remove_file(tmp);
         }
-        for rel in &self.renamed {
-            let _ = fsio::remove_file(&self.root.join(rel));
+        for path in &self.renamed {
+            let _ = fsio::remove_file(path);
         }
     }
 }
@@ -522,18 +757,36 @@ pub(crate) fn header_limit(entry: &ArrayEntry) -> usize {
 /// Opens the payload of `entry` under `root` and checks it before any
 /// mapping: the id is well-formed, the `.npy` header agrees with the record,
 /// and the file holds all the data (a short file is an error, never SIGBUS).
+///
+/// For a packed payload (a member of a pack, see
+/// [`ArrayEntry::pack`]) the file is the pack; the returned file is then
+/// positioned at the member's `.npy` bytes ([`ArrayEntry::npy_start`]),
+/// otherwise after the header.
 pub fn open_payload(root: &Path, entry: &ArrayEntry) -> Result<(File, PathBuf)> {
     let (mut file, path) = open_entry_file(root, entry)?;
+    let start = entry.npy_start();
+    if start > 0 {
+        file.seek(SeekFrom::Start(start))
+            .map_err(Error::io(&path))?;
+    }
     check_header(
         npy::read_header(&mut file, header_limit(entry)),
         entry,
         &path,
     )?;
     let file_len = file.metadata().map_err(Error::io(&path))?.len();
-    let end = entry.data_offset.checked_add(entry.nbytes).ok_or_else(|| {
-        Error::corrupt(format!("payload {}", path.display()), "size overflows").with_path(&path)
-    })?;
+    let end = entry
+        .data_offset
+        .checked_add(entry.nbytes)
+        .and_then(|n| n.checked_add(start))
+        .ok_or_else(|| {
+            Error::corrupt(format!("payload {}", path.display()), "size overflows").with_path(&path)
+        })?;
     check_length(file_len, end, &path)?;
+    if start > 0 {
+        file.seek(SeekFrom::Start(start))
+            .map_err(Error::io(&path))?;
+    }
     Ok((file, path))
 }
 
@@ -587,6 +840,9 @@ fn check_length(len: u64, needed: u64, path: &Path) -> Result<()> {
 /// header that disagrees with the record; [`StorageError::Io`](crate::StorageError::Io) when the file
 /// cannot be read or mapped.
 pub fn load_payload(root: &Path, entry: &ArrayEntry) -> Result<MappedPayload> {
+    if entry.is_packed() {
+        return load_member(root, entry);
+    }
     // A header past numpy's default (a dtype of hundreds of fields) goes
     // the mapped way, which checks the file's length before reading it.
     let long_header = entry.data_offset > (npy::NUMPY_MAX_HEADER_LEN + DATA_ALIGN) as u64;
@@ -625,7 +881,13 @@ pub fn load_payload(root: &Path, entry: &ArrayEntry) -> Result<MappedPayload> {
 /// Memory-maps the data of `entry` read-only after [`open_payload`]'s
 /// checks, whatever its size (see [`load_payload`], which copies small
 /// payloads instead). The file descriptor is closed before this returns.
+///
+/// A packed payload is small: it is read into memory as
+/// [`load_payload`] reads it (one `pread` of its header and data).
 pub fn map_payload(root: &Path, entry: &ArrayEntry) -> Result<MappedPayload> {
+    if entry.is_packed() {
+        return load_member(root, entry);
+    }
     let (file, path) = open_payload(root, entry)?;
     if entry.nbytes == 0 {
         return Ok(MappedPayload {
@@ -674,6 +936,9 @@ fn open_existing(path: &Path) -> Result<File> {
 /// Reads the data of a payload into memory (used for pickled payloads,
 /// which are unpickled anyway, so mapping them gains nothing).
 pub fn read_payload(root: &Path, entry: &ArrayEntry) -> Result<Vec<u8>> {
+    if entry.is_packed() {
+        return load_member(root, entry).map(|m| m.as_bytes().to_vec());
+    }
     let (mut file, path) = open_payload(root, entry)?;
     let len = usize::try_from(entry.nbytes).map_err(|_| {
         Error::corrupt(format!("payload {}", path.display()), "too large").with_path(&path)
@@ -683,4 +948,74 @@ pub fn read_payload(root: &Path, entry: &ArrayEntry) -> Result<Vec<u8>> {
         .and_then(|_| file.read_exact(&mut data))
         .map_err(Error::io(&path))?;
     Ok(data)
+}
+
+/// Reads a packed payload (a member of a pack) into memory: one `pread` of
+/// the member's `.npy` bytes (`pack_offset .. pack_offset + data_offset +
+/// nbytes`), header checked against the entry as for a payload file, data
+/// landing 64-byte aligned. A member is never larger than
+/// [`MAX_PACKED_HEADER`] plus [`READ_MAX_BYTES`]; an entry saying more is
+/// damage (nothing is allocated from it).
+fn load_member(root: &Path, entry: &ArrayEntry) -> Result<MappedPayload> {
+    let (file, path) = open_entry_file(root, entry)?;
+    if !packable(entry) {
+        return Err(Error::corrupt(
+            format!("payload {}", path.display()),
+            format!(
+                "a packed payload is at most {READ_MAX_BYTES} data bytes after a header of at \
+                 most {MAX_PACKED_HEADER}, not pickled; the record says {} after {}{}",
+                entry.nbytes,
+                entry.data_offset,
+                if entry.pickled { ", pickled" } else { "" }
+            ),
+        )
+        .with_path(&path));
+    }
+    let offset = entry.data_offset as usize; // at most MAX_PACKED_HEADER
+    let len = entry.nbytes as usize; // at most READ_MAX_BYTES
+    let total = offset + len;
+    let mut blocks = vec![Block([0; DATA_ALIGN]); total.div_ceil(DATA_ALIGN)];
+    let buf = &mut blocks_as_bytes_mut(&mut blocks)[..total];
+    let got = pread_up_to(&file, buf, entry.npy_start()).map_err(Error::io(&path))?;
+    check_header(
+        npy::read_header(&mut &buf[..got], header_limit(entry)),
+        entry,
+        &path,
+    )?;
+    let start = entry.npy_start();
+    check_length(
+        start.saturating_add(got as u64),
+        start.saturating_add(total as u64),
+        &path,
+    )?;
+    Ok(MappedPayload {
+        bytes: Bytes::Owned(blocks),
+        offset,
+        len,
+    })
+}
+
+/// Reads into `buf` from offset `at` of `file` until `buf` is full or the
+/// file ends (one `pread` in the common case); the count read.
+fn pread_up_to(file: &File, buf: &mut [u8], at: u64) -> std::io::Result<usize> {
+    #[cfg(unix)]
+    use std::os::unix::fs::FileExt;
+    #[cfg(not(unix))]
+    let read_at = |buf: &mut [u8], at: u64| {
+        let mut f = file;
+        f.seek(SeekFrom::Start(at))?;
+        f.read(buf)
+    };
+    #[cfg(unix)]
+    let read_at = |buf: &mut [u8], at: u64| file.read_at(buf, at);
+    let mut got = 0;
+    while got < buf.len() {
+        match read_at(&mut buf[got..], at + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
 }

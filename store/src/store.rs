@@ -176,6 +176,10 @@ pub struct GcReport {
     /// Bytes the journal compaction freed (old segments' size minus the
     /// new segment's).
     pub journal_bytes_freed: u64,
+    /// Packs rewritten because more than half of their member bytes were
+    /// no record's any more (FORMAT.md, "Packs"); each is retired, and
+    /// removed once no reader may still see it.
+    pub packs_compacted: u64,
 }
 
 /// What [`Store::verify`] or [`Store::verify_with`] found: damage is
@@ -679,7 +683,7 @@ impl Store {
         if records.is_empty() {
             return Ok(());
         }
-        let files = records.iter().map(|(r, _)| r.arrays.len()).sum();
+        let files = payload::files_for(records.iter().flat_map(|(r, _)| r.arrays.iter()));
         // payloads the new records keep from the ones they replace
         let kept_ids: Vec<HashSet<String>> = records
             .iter()
@@ -743,7 +747,7 @@ impl Store {
                 writer.changes += 1;
                 for (old, kept) in replaced.into_iter().zip(kept_ids) {
                     if let Some(old) = old {
-                        Self::retire(writer, &old, &kept);
+                        self.retire(writer, &old, &kept);
                     }
                 }
                 Ok(())
@@ -776,15 +780,21 @@ impl Store {
     /// Queues the payloads of a replaced or deleted record, except those
     /// with an id in `kept` (still referenced), for removal once a commit
     /// covers the change and no reader may still see them. A damaged old
-    /// record leaves orphans for gc(), nothing worse.
-    fn retire(writer: &mut WriterState, record: &[u8], kept: &HashSet<String>) {
+    /// record leaves orphans for gc(), nothing worse. A packed payload
+    /// queues its pack only once every member of the pack died in this
+    /// session (other records may use it; `gc()` removes or compacts the
+    /// others).
+    fn retire(&self, writer: &mut WriterState, record: &[u8], kept: &HashSet<String>) {
         if let Ok(old) = Record::from_json(record) {
-            writer.retiring.extend(
-                old.arrays
-                    .values()
-                    .filter(|e| !kept.contains(&e.id))
-                    .map(ArrayEntry::relpath),
-            );
+            for e in old.arrays.values().filter(|e| !kept.contains(&e.id)) {
+                if e.is_packed() {
+                    if let Some(pack) = writer.pack_deaths.died(&self.root, e) {
+                        writer.retiring.push(pack);
+                    }
+                } else {
+                    writer.retiring.push(e.relpath());
+                }
+            }
         }
     }
 
@@ -898,7 +908,7 @@ impl Store {
                 writer.dirty.insert(key.to_owned());
                 writer.changes += 1;
                 if let Some(old) = old {
-                    Self::retire(&mut writer, &old, &HashSet::new());
+                    self.retire(&mut writer, &old, &HashSet::new());
                 }
                 Ok(true)
             }

@@ -51,7 +51,7 @@
 //! still depends on timing. On failure the working directory (store, logs,
 //! writer stderr) is kept and its path printed.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::process::ExitStatusExt;
@@ -746,8 +746,8 @@ fn payload_files(store: &Path) -> (Vec<PathBuf>, Vec<PathBuf>) {
             let name = file.file_name().to_string_lossy().into_owned();
             if name.ends_with(".tmp") {
                 tmp.push(file.path());
-            } else if name.ends_with(".npy") {
-                npy.push(file.path());
+            } else if name.ends_with(".npy") || name.ends_with(".npz") {
+                npy.push(file.path()); // payload files and packs
             }
         }
     }
@@ -817,8 +817,17 @@ fn check_record_in_full(store: &Store, key: &str) -> Result<(u64, usize), String
         let mapped =
             map_payload(store.root(), entry).map_err(|e| format!("{what} array {name:?}: {e}"))?;
         let path = store.root().join(entry.relpath());
-        let file = fs::read(&path).map_err(|e| format!("{what}: read {}: {e}", path.display()))?;
-        let header = npy::parse_header(&file, npy::NUMPY_MAX_HEADER_LEN)
+        let whole = fs::read(&path).map_err(|e| format!("{what}: read {}: {e}", path.display()))?;
+        // a packed payload: its member's .npy bytes in the pack
+        let start = entry.npy_start() as usize;
+        let member_end = start + (entry.data_offset + entry.nbytes) as usize;
+        let file = match entry.pack {
+            Some(_) => whole
+                .get(start..member_end.min(whole.len()))
+                .unwrap_or_default(),
+            None => &whole[..],
+        };
+        let header = npy::parse_header(file, npy::NUMPY_MAX_HEADER_LEN)
             .map_err(|e| format!("{what} array {name:?}: bad .npy header: {e}"))?;
         let want_header = npy::write_header(&entry.descr, entry.fortran_order, &entry.shape)
             .map_err(|e| format!("{what} array {name:?}: entry descr: {e}"))?;
@@ -1088,10 +1097,22 @@ fn check_after_kill(
     if !tmp.is_empty() {
         return Err(format!("after gc(), .tmp files remain: {tmp:?}"));
     }
-    if npy.len() != arrays {
+    // one file per payload file, one per pack that a record still uses
+    let mut files = BTreeSet::new();
+    for key in store.keys().map_err(|e| format!("keys(): {e}"))? {
+        let record = store
+            .get(&key)
+            .map_err(|e| format!("get({key:?}): {e}"))?
+            .ok_or_else(|| format!("{key:?} vanished"))?;
+        files.extend(record.arrays.values().map(|e| store_path.join(e.relpath())));
+    }
+    let on_disk: BTreeSet<PathBuf> = npy.iter().cloned().collect();
+    if on_disk != files || files.len() > arrays {
         return Err(format!(
-            "after gc(), {} .npy files for {arrays} arrays",
-            npy.len()
+            "after gc(), {} .npy and .npz files for {arrays} arrays in {} files: {:?}",
+            npy.len(),
+            files.len(),
+            on_disk.symmetric_difference(&files).collect::<Vec<_>>()
         ));
     }
     // gc() touched the store: every record still there (and, by verify()

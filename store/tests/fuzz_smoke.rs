@@ -336,6 +336,8 @@ fn entry(id: &str, descr: &str, shape: Vec<u64>, nbytes: u64) -> ArrayEntry {
         data_offset: 128,
         pickled: false,
         checksum: None,
+        pack: None,
+        pack_offset: None,
     }
 }
 
@@ -351,6 +353,14 @@ fn record_seeds() -> Vec<Vec<u8>> {
                 fortran_order: true,
                 pickled: true,
                 ..entry("ffeeddccbbaa99887766554433221100", "'|O'", vec![], 17)
+            },
+        ),
+        (
+            "packed",
+            ArrayEntry {
+                pack: Some("0123456789abcdef0123456789abcdef".into()),
+                pack_offset: Some(448),
+                ..entry("00000000000000000000000000000042", "'<f4'", vec![3], 12)
             },
         ),
     ]);

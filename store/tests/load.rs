@@ -97,14 +97,17 @@ fn small_payloads_get_the_same_checks_as_mapped_ones() {
     let entry = store.get("k").unwrap().unwrap().arrays["a"].clone();
     let file = store.root().join(entry.relpath());
     let original = fs::read(&file).unwrap();
+    // a small payload is a member of a pack: its .npy bytes end here
+    let start = entry.npy_start() as usize;
+    let end = start + (entry.data_offset + entry.nbytes) as usize;
 
     // One byte short of the data.
-    fs::write(&file, &original[..original.len() - 1]).unwrap();
+    fs::write(&file, &original[..end - 1]).unwrap();
     let err = load_payload(store.root(), &entry).unwrap_err();
     assert!(err.to_string().contains("truncated"), "{err}");
 
     // Cut inside the header.
-    fs::write(&file, &original[..20]).unwrap();
+    fs::write(&file, &original[..start + 20]).unwrap();
     let err = load_payload(store.root(), &entry).unwrap_err();
     assert!(matches!(err, lazyvault_store::Error::Corrupt(_)), "{err}");
 

@@ -263,6 +263,17 @@ fn live_arrays(oracle: &BTreeMap<String, ModelRecord>) -> usize {
     oracle.values().map(|r| r.arrays.len()).sum()
 }
 
+/// The files the store's records use: payload files, and packs (small
+/// arrays share them).
+fn live_files(store: &Store) -> usize {
+    let mut files = std::collections::BTreeSet::new();
+    for key in store.keys().unwrap() {
+        let record = store.get(&key).unwrap().unwrap();
+        files.extend(record.arrays.values().map(|e| e.relpath()));
+    }
+    files.len()
+}
+
 fn run(ops: &[Op]) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("model.lv");
@@ -329,7 +340,10 @@ fn run(ops: &[Op]) {
             }
             Op::Flush => {
                 store.flush().unwrap();
-                assert_eq!(payload_files(&path), live_arrays(&oracle));
+                // a pack some of whose members died in an earlier session
+                // waits for gc
+                assert!(payload_files(&path) >= live_files(&store));
+                assert!(live_files(&store) <= live_arrays(&oracle));
             }
             Op::Reopen => {
                 store.close().unwrap();
@@ -337,16 +351,16 @@ fn run(ops: &[Op]) {
                 assert!(store.len().is_err(), "a closed store answers");
                 drop(store);
                 store = Store::open(&path, Mode::Append).unwrap();
-                assert_eq!(payload_files(&path), live_arrays(&oracle));
+                assert!(payload_files(&path) >= live_files(&store));
             }
             Op::Gc => {
                 // gc flushes first: it removes (and counts) the payloads
                 // of records replaced since the last flush, nothing else.
+                // (and packs no record uses; it rewrites mostly dead ones)
                 let before = payload_files(&path);
                 let report = store.gc().unwrap();
-                let live = live_arrays(&oracle);
-                assert_eq!(report.removed_files as usize, before - live, "{report:?}");
-                assert_eq!(payload_files(&path), live);
+                assert!(report.removed_files as usize <= before, "{report:?}");
+                assert_eq!(payload_files(&path), live_files(&store));
             }
             Op::Verify => {
                 let report = store.verify().unwrap();
@@ -364,8 +378,16 @@ fn run(ops: &[Op]) {
     let store = Store::open(&path, Mode::Append).unwrap();
     check(&store, &oracle, &queries);
     let report = store.verify().unwrap();
-    assert!(report.is_ok() && report.orphans.is_empty(), "{report:?}");
-    assert_eq!(payload_files(&path), live_arrays(&oracle));
+    // orphans: only packs whose members died across sessions (gc's work)
+    let packs_only = report
+        .orphans
+        .iter()
+        .all(|p| p.extension().is_some_and(|e| e == "npz"));
+    assert!(report.is_ok() && packs_only, "{report:?}");
+    assert_eq!(
+        payload_files(&path),
+        live_files(&store) + report.orphans.len()
+    );
 }
 
 proptest! {

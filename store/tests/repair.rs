@@ -387,7 +387,9 @@ fn verify_reports_damaged_journal_entries_and_payload_checksums() {
     // Flip one data byte: header and size still match, only the checksum tells.
     let payload = path.join(record.arrays["a"].relpath());
     let mut bytes = fs::read(&payload).unwrap();
-    let last = bytes.len() - 1;
+    // the last data byte (of the file, or of the member in its pack)
+    let e = &record.arrays["a"];
+    let last = (e.npy_start() + e.data_offset + e.nbytes - 1) as usize;
     bytes[last] ^= 1;
     fs::write(&payload, &bytes).unwrap();
     let report = store.verify().unwrap();

@@ -93,9 +93,12 @@ def reduce_record(record: Record, protocol: int) -> tuple[Any, ...]:
         return _reduce_by_reference(record, by_reference=True)
     arrays = {name: record.array(name) for name in array_entries(record)}
     entry = entry_of(record)
-    # payload ids blanked: the arrays travel along, so the ids mean nothing to
-    # the receiver, and without them equal records pickle to equal bytes
-    ids = {name: {**e, "id": "0" * 32} for name, e in entry["arrays"].items()}
+    # payload ids (and packs) blanked: the arrays travel along, so where they lie means
+    # nothing to the receiver, and without it equal records pickle to equal bytes
+    ids = {
+        name: {**{f: v for f, v in e.items() if f not in ("pack", "pack_offset")}, "id": "0" * 32}
+        for name, e in entry["arrays"].items()
+    }
     trust = source_of(record).trust
     args = (record.key, {**entry, "arrays": ids}, arrays, remainder_of(record), *trust)
     return _with_state(record, (_rebuild_record, (*args, own_class(record))))

@@ -124,6 +124,8 @@ pub fn record(i: u64) -> Record {
             data_offset: 128,
             pickled: false,
             checksum: Some("xxh3-64:ea99cbf87674b914".into()),
+            pack: None,
+            pack_offset: None,
         },
     );
     Record {

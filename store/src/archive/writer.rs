@@ -178,7 +178,9 @@ impl<W: Write + Seek> ArchiveWriter<W> {
         for entry in record.arrays.values() {
             let (mut file, path) = payload::open_payload(root, entry)?;
             let len = entry.data_offset + entry.nbytes;
-            file.rewind().map_err(Error::io(&path))?;
+            // the payload's .npy bytes: the whole file, or a pack's member
+            file.seek(std::io::SeekFrom::Start(entry.npy_start()))
+                .map_err(Error::io(&path))?;
             self.start_payload(&entry.id, len)?;
             let mut from = file.take(len);
             let copied = std::io::copy(&mut from, &mut self.zip).map_err(|e| self.io_err(e))?;
@@ -188,6 +190,16 @@ impl<W: Write + Seek> ArchiveWriter<W> {
                     format!("file shrank while copying: {copied} of {len} bytes"),
                 ));
             }
+        }
+        if record.arrays.values().any(ArrayEntry::is_packed) {
+            // In an archive every payload is a member `arrays/<id>.npy`:
+            // the store's pack fields would point nowhere.
+            let mut record = record;
+            for entry in record.arrays.values_mut() {
+                entry.pack = None;
+                entry.pack_offset = None;
+            }
+            return self.push_line(key, &record.to_json(), pickle);
         }
         self.push_line(key, record_json, pickle)
     }

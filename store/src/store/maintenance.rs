@@ -86,6 +86,35 @@ fn walk_two_levels(dir: &Path, mut f: impl FnMut(PathBuf, &str, u64)) -> Result<
     Ok(())
 }
 
+/// The pack file of pack id `pack` under `root`.
+fn path_of(root: &Path, pack: &str) -> PathBuf {
+    root.join(lazyvault_schema::pack_relpath(pack))
+}
+
+/// `len` bytes of the file at `path` from offset `at`.
+fn read_at(path: &Path, at: u64, len: usize) -> Result<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = fs::File::open(path).map_err(Error::io(path))?;
+    let mut buf = vec![0u8; len];
+    file.seek(SeekFrom::Start(at))
+        .and_then(|_| file.read_exact(&mut buf))
+        .map_err(Error::io(path))?;
+    Ok(buf)
+}
+
+/// The bytes of every member of the pack at `path` (its `.npy` bytes, zip
+/// headers excluded), from its central directory; `None` when it cannot be
+/// read as a zip.
+fn pack_member_bytes(path: &Path) -> Option<u64> {
+    let file = fs::File::open(path).ok()?;
+    let mut zip = zip::ZipArchive::new(file).ok()?;
+    let mut total = 0u64;
+    for i in 0..zip.len() {
+        total = total.saturating_add(zip.by_index_raw(i).ok()?.size());
+    }
+    Some(total)
+}
+
 /// What [`Store::verify_with`] found hashing one payload.
 enum Hashed {
     /// No checksum was recorded, or one of an algorithm this version does
@@ -170,11 +199,27 @@ impl JournalCheck {
     }
 }
 
-/// Payload ids in the record JSON `bytes` (none if it does not decode).
+/// Payload ids in the record JSON `bytes`, and the ids of the packs its
+/// packed payloads are in (none if it does not decode).
 fn ids_of(bytes: &[u8], ids: &mut HashSet<String>) {
     if let Ok(record) = Record::from_json(bytes) {
-        ids.extend(record.arrays.into_values().map(|a| a.id));
+        ids.extend(record.arrays.into_values().flat_map(file_ids));
     }
+}
+
+/// The ids naming the files of a payload: its own, and its pack's. (Both
+/// are random 32-digit ids: a `<id>.npy` file and a `<pack>.npz` file are
+/// kept when their id is in a set of these.)
+fn file_ids(entry: ArrayEntry) -> impl Iterator<Item = String> {
+    std::iter::once(entry.id).chain(entry.pack)
+}
+
+/// The id in the name of a payload or pack file under `arrays/`
+/// (`<id>.npy`, `<id>.npz`, or the relative path of one).
+fn file_id(name: &str) -> Option<&str> {
+    let name = name.rsplit('/').next().unwrap_or_default();
+    name.strip_suffix(".npy")
+        .or_else(|| name.strip_suffix(".npz"))
 }
 
 /// Ids of every payload a reader may still see: those of the records in
@@ -221,7 +266,7 @@ impl Store {
         index::scan(index, |key, bytes| {
             let record = Record::from_json(bytes)
                 .map_err(|e| Error::corrupt(format!("record {key:?}"), e).with_key(key))?;
-            ids.extend(record.arrays.into_values().map(|a| a.id));
+            ids.extend(record.arrays.into_values().flat_map(file_ids));
             Ok(())
         })?;
         Ok(ids)
@@ -232,8 +277,9 @@ impl Store {
     fn orphans(&self, referenced: &HashSet<String>) -> Result<Vec<(PathBuf, u64)>> {
         let mut out = Vec::new();
         walk_two_levels(&self.root.join(PAYLOAD_DIR), |path, name, size| {
-            let id = name.strip_suffix(".npy");
-            let temporary = name.ends_with(TMP_SUFFIX) && name.contains(".npy");
+            let id = file_id(name);
+            let temporary =
+                name.ends_with(TMP_SUFFIX) && (name.contains(".npy") || name.contains(".npz"));
             if temporary || id.is_some_and(|id| !referenced.contains(id)) {
                 out.push((path, size));
             }
@@ -296,8 +342,26 @@ impl Store {
                 ),
             ));
         }
-        let mut report = GcReport::default();
+        // Packs mostly dead: live members rewritten into new packs, their
+        // records put again. No commit of their own: the compacted journal
+        // below holds them and its commit (gc's one new version) covers
+        // them and retires the old packs.
+        let mut report = GcReport {
+            packs_compacted: self.compact_packs(index, &mut state)?,
+            ..GcReport::default()
+        };
         let old_segments = Self::compact_journal(&self.root, index, &mut state)?;
+        if !state.retiring.is_empty() {
+            let (version, at) = (state.version, std::time::SystemTime::now());
+            let retiring = std::mem::take(&mut state.retiring);
+            state
+                .retired
+                .extend(retiring.into_iter().map(|relpath| super::writer::Retired {
+                    version,
+                    at,
+                    relpath,
+                }));
+        }
         w.checkpoint(&mut state, true, retention)?;
         let retained = checkpoint::cleanup(&self.root, retention)?;
         let needed_from = retained.oldest_position.map_or(0, |(segment, _)| segment);
@@ -323,7 +387,7 @@ impl Store {
             .iter()
             .chain(state.retired.iter().map(|r| &r.relpath))
         {
-            if let Some(id) = rel.rsplit('/').next().and_then(|n| n.strip_suffix(".npy")) {
+            if let Some(id) = file_id(rel) {
                 live.insert(id.to_owned());
             }
         }
@@ -339,6 +403,139 @@ impl Store {
             }
         }
         Ok(report)
+    }
+
+    /// Rewrites the packs more than half of whose member bytes no record
+    /// references (FORMAT.md, "Packs"): the live members of each go into a
+    /// new pack (the same `.npy` bytes and member ids; one pack for all
+    /// the packs compacted), the records using them are put again with the
+    /// new `pack` and `pack_offset` (one batch), and the old packs are
+    /// retired: unlinked once no reader may still see them. A member whose
+    /// data no longer match its recorded checksum leaves its pack as it is
+    /// (`verify` reports it; nothing damaged is copied under a good
+    /// checksum). Returns the number of packs compacted. The caller holds
+    /// the writer lock and commits (the old packs are in `retiring`).
+    fn compact_packs(&self, index: &Index, state: &mut WriterState) -> Result<u64> {
+        // pack id -> (key, array name, entry) of its live members
+        let mut live: HashMap<String, Vec<(String, String, ArrayEntry)>> = HashMap::new();
+        index::scan(index, |key, bytes| {
+            let record = Record::from_json(bytes)
+                .map_err(|e| Error::corrupt(format!("record {key:?}"), e).with_key(key))?;
+            for (name, entry) in record.arrays {
+                if let Some(pack) = entry.pack.clone() {
+                    live.entry(pack)
+                        .or_default()
+                        .push((key.to_owned(), name, entry));
+                }
+            }
+            Ok(())
+        })?;
+        let mut chosen = Vec::new();
+        for (pack, members) in live {
+            let path = self.root.join(lazyvault_schema::pack_relpath(&pack));
+            let Some(total) = pack_member_bytes(&path) else {
+                continue; // unreadable: verify reports its members
+            };
+            let used: u64 = members
+                .iter()
+                .map(|(_, _, e)| e.data_offset.saturating_add(e.nbytes))
+                .sum();
+            if used.saturating_mul(2) < total {
+                chosen.push((pack, members));
+            }
+        }
+        if chosen.is_empty() {
+            return Ok(0);
+        }
+        chosen.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut writer = payload::PayloadWriter::new(&self.root, 1)?;
+        let mut moved: HashMap<String, Vec<(String, ArrayEntry)>> = HashMap::new();
+        let mut retired = Vec::new();
+        let copied = (|| -> Result<()> {
+            for (pack, members) in &chosen {
+                let mut entries = Vec::with_capacity(members.len());
+                let mut sound = true;
+                for (key, name, entry) in members {
+                    let data = payload::load_payload(&self.root, entry)?;
+                    let intact = entry
+                        .checksum
+                        .as_deref()
+                        .is_none_or(|c| c == payload::checksum(data.as_bytes()));
+                    if !intact {
+                        sound = false;
+                        break;
+                    }
+                    // the member's own header bytes (checked by the load)
+                    let header = read_at(&path_of(&self.root, pack), entry.npy_start(), {
+                        entry.data_offset as usize
+                    })?;
+                    let new = writer.write_packed(&header, entry, data.as_bytes())?;
+                    entries.push((key.clone(), name.clone(), new));
+                }
+                if !sound {
+                    continue; // its members stay where they are
+                }
+                retired.push(lazyvault_schema::pack_relpath(pack));
+                for (key, name, entry) in entries {
+                    moved.entry(key).or_default().push((name, entry));
+                }
+            }
+            writer.finish()?;
+            if writer.dirs_durable {
+                state.durable_dirs.extend(writer.dirs.iter().cloned());
+            } else {
+                Self::sync_payload_dirs(&self.root, state, &writer.dirs)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = copied {
+            writer.abort();
+            return Err(e);
+        }
+        if moved.is_empty() {
+            writer.abort(); // an empty pack, if any
+            return Ok(0);
+        }
+        // The records again, their moved entries pointing into the new pack.
+        let mut keys: Vec<&String> = moved.keys().collect();
+        keys.sort();
+        let mut parts = Vec::with_capacity(keys.len());
+        for key in keys {
+            let Some(json) = index.get(key)? else {
+                continue; // unreachable under the writer lock
+            };
+            let mut record = Record::from_json(&json)
+                .map_err(|e| Error::corrupt(format!("record {key:?}"), e).with_key(key))?;
+            for (name, entry) in &moved[key] {
+                record.arrays.insert(name.clone(), entry.clone());
+            }
+            let pickle = if record.pickle {
+                index.get_pickle(key)?
+            } else {
+                None
+            };
+            parts.push((key.clone(), record, pickle));
+        }
+        let batch: Vec<(super::NewRecord<'_>, indexmap::IndexMap<String, ArrayEntry>)> = parts
+            .iter()
+            .map(|(key, record, pickle)| {
+                let new = super::NewRecord {
+                    key,
+                    meta: record.meta.clone(),
+                    layout: record.layout.clone(),
+                    arrays: &[],
+                    pickle: pickle.as_deref(),
+                };
+                (new, record.arrays.clone())
+            })
+            .collect();
+        if let Err(e) = self.put_locked(index, state, batch) {
+            writer.abort();
+            return Err(e);
+        }
+        let compacted = retired.len() as u64;
+        state.retiring.extend(retired);
+        Ok(compacted)
     }
 
     /// How many keys the index and the journal (replayed up to the index's
@@ -430,7 +627,7 @@ impl Store {
             };
             for (name, entry) in &record.arrays {
                 report.arrays += 1;
-                referenced.insert(entry.id.clone());
+                referenced.extend(file_ids(entry.clone()));
                 let checked = if checksums {
                     self.verify_checksum(entry).and_then(|hashed| {
                         report.checksummed += u64::from(!matches!(hashed, Hashed::NotCompared));
@@ -464,8 +661,7 @@ impl Store {
                 .iter()
                 .chain(state.retired.iter().map(|r| &r.relpath))
             {
-                let name = rel.rsplit('/').next().unwrap_or_default();
-                if let Some(id) = name.strip_suffix(".npy") {
+                if let Some(id) = file_id(rel) {
                     referenced.insert(id.to_owned());
                 }
             }

@@ -12,7 +12,7 @@
 //! references the staged files; on any error, or if the filling closure
 //! panics, they are removed.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
@@ -33,8 +33,13 @@ pub struct Stage<'s> {
     payloads: Option<PayloadWriter<'s>>,
     /// The copy buffer every streamed payload goes through.
     buf: Vec<u8>,
-    /// Ids of the payloads written here, not yet claimed by a record.
+    /// The payloads written here, not yet claimed by a record (see
+    /// [`member_key`]).
     ids: HashSet<String>,
+    /// Packs of other stores linked here: source path → the pack id here
+    /// (each source pack is linked once, whatever the number of its
+    /// members taken).
+    linked_packs: HashMap<PathBuf, String>,
     /// The store's root (where linked payloads go).
     root: &'s Path,
     /// Payload files made by [`Stage::link_from`] (hard links), removed
@@ -61,6 +66,15 @@ pub struct StagedRecord {
     pub pickle: Option<Vec<u8>>,
 }
 
+/// What tells the payloads of a stage apart: the id of a payload file,
+/// `<pack>/<id>` for a pack member (a linked pack keeps its members' ids).
+fn member_key(entry: &ArrayEntry) -> String {
+    match &entry.pack {
+        Some(pack) => format!("{pack}/{}", entry.id),
+        None => entry.id.clone(),
+    }
+}
+
 /// Size of the buffer streamed payloads are copied through: one
 /// [`fsio::WRITE_CHUNK`] (4 MiB), so that pieces end on its multiples in
 /// the file as for in-memory puts.
@@ -82,7 +96,7 @@ impl<'s> Stage<'s> {
     /// As [`Store::put`] for one array ([`UsageError::InvalidArray`](crate::UsageError::InvalidArray), I/O).
     pub fn write(&mut self, src: &ArraySource<'_>) -> Result<ArrayEntry> {
         let entry = self.writer().write(src)?;
-        self.ids.insert(entry.id.clone());
+        self.ids.insert(member_key(&entry));
         Ok(entry)
     }
 
@@ -114,7 +128,7 @@ impl<'s> Stage<'s> {
             .write_from(src, nbytes, data, source, &mut buf);
         self.buf = buf;
         let entry = written?;
-        self.ids.insert(entry.id.clone());
+        self.ids.insert(member_key(&entry));
         Ok(entry)
     }
 
@@ -137,6 +151,11 @@ impl<'s> Stage<'s> {
     /// header disagrees with `entry`, it is truncated, or a copy's checksum
     /// differs from `entry`'s; [`StorageError::Io`](crate::StorageError::Io)
     /// for other I/O errors. Nothing is left behind on error.
+    ///
+    /// A packed payload (`entry.pack`; `source` is then its pack file)
+    /// keeps its member id: the whole pack is linked, once per stage
+    /// whatever the number of its members taken, under a new pack id (its
+    /// other members are dead weight here until `gc()` compacts the pack).
     pub fn link_from(&mut self, source: &Path, entry: &ArrayEntry) -> Result<ArrayEntry> {
         let what = || format!("payload {}", source.display());
         entry
@@ -149,12 +168,17 @@ impl<'s> Stage<'s> {
                 Error::io(source)(e)
             }
         })?;
+        let start = entry.npy_start();
+        file.seek(SeekFrom::Start(start))
+            .map_err(Error::io(source))?;
         let header = npy::read_header(&mut file, payload::header_limit(entry))
             .map_err(|e| Error::npy(what(), e).with_path(source))?;
         payload::check_header_matches(&header, entry)
             .map_err(|detail| Error::corrupt(what(), detail).with_path(source))?;
         let len = file.metadata().map_err(Error::io(source))?.len();
-        let needed = entry.data_offset.saturating_add(entry.nbytes);
+        let needed = start
+            .saturating_add(entry.data_offset)
+            .saturating_add(entry.nbytes);
         if len < needed {
             return Err(Error::corrupt(
                 what(),
@@ -162,21 +186,39 @@ impl<'s> Stage<'s> {
             )
             .with_path(source));
         }
+        if let Some(pack) = self.linked_packs.get(source) {
+            let linked = ArrayEntry {
+                pack: Some(pack.clone()),
+                ..entry.clone()
+            };
+            self.ids.insert(member_key(&linked));
+            return Ok(linked);
+        }
         let id = uuid::Uuid::new_v4().simple().to_string();
         let dir = self.root.join(lazyvault_schema::PAYLOAD_DIR).join(&id[..2]);
         fsio::create_dir_all(&dir).map_err(Error::io(&dir))?;
-        let path = dir.join(format!("{id}.npy"));
+        let ext = if entry.is_packed() { "npz" } else { "npy" };
+        let path = dir.join(format!("{id}.{ext}"));
         let linked =
             fsio::fault::check("link", &path).and_then(|()| std::fs::hard_link(source, &path));
         match linked {
             Ok(()) => {
                 self.linked.push(path);
                 self.link_dirs.insert(dir);
-                self.ids.insert(id.clone());
-                Ok(ArrayEntry {
-                    id,
-                    ..entry.clone()
-                })
+                let linked = if entry.is_packed() {
+                    self.linked_packs.insert(source.to_owned(), id.clone());
+                    ArrayEntry {
+                        pack: Some(id),
+                        ..entry.clone()
+                    }
+                } else {
+                    ArrayEntry {
+                        id,
+                        ..entry.clone()
+                    }
+                };
+                self.ids.insert(member_key(&linked));
+                Ok(linked)
             }
             Err(e) if link_refused(&e) => self.copy_from(&mut file, source, entry),
             Err(e) => Err(Error::io(&path)(e)),
@@ -192,7 +234,7 @@ impl<'s> Stage<'s> {
         source: &Path,
         entry: &ArrayEntry,
     ) -> Result<ArrayEntry> {
-        file.seek(SeekFrom::Start(entry.data_offset))
+        file.seek(SeekFrom::Start(entry.npy_start() + entry.data_offset))
             .map_err(Error::io(source))?;
         let src = ArraySource {
             name: "payload".into(),
@@ -289,6 +331,7 @@ impl Store {
             payloads: Some(PayloadWriter::new(&self.root, files)?),
             buf: Vec::new(),
             ids: HashSet::new(),
+            linked_packs: HashMap::new(),
             root: &self.root,
             linked: Vec::new(),
             link_dirs: BTreeSet::new(),
@@ -297,7 +340,7 @@ impl Store {
         for r in &staged {
             check_key(&r.key)?;
             for (name, entry) in &r.arrays {
-                if !stage.ids.remove(&entry.id) {
+                if !stage.ids.remove(&member_key(entry)) {
                     return Err(Error::from(crate::UsageError::InvalidArray {
                         name: name.clone(),
                         detail: "a staged record names a payload its stage did not write, \
@@ -358,7 +401,8 @@ impl Store {
         // named by no record are removed (best effort: gc() would).
         stage.payloads = None;
         stage.linked.clear();
-        for id in &stage.ids {
+        // (Unclaimed pack members stay: their pack is shared; gc() compacts.)
+        for id in stage.ids.iter().filter(|k| !k.contains('/')) {
             let _ = fsio::remove_file(&self.root.join(lazyvault_schema::payload_relpath(id)));
         }
         Ok(())
@@ -453,11 +497,19 @@ mod tests {
     #[test]
     #[cfg(unix)]
     fn linked_payloads_are_committed_or_removed() {
+        // a packed payload (its pack is linked) and a payload file
+        for n in [10, crate::READ_MAX_BYTES as usize + 1] {
+            linked_payloads_of(n);
+        }
+    }
+
+    fn linked_payloads_of(n: usize) {
         let dir = tempfile::tempdir().unwrap();
         let other = Store::open(dir.path().join("o.lv"), Mode::Append).unwrap();
-        let data: Vec<u8> = (0..10).collect();
+        let data: Vec<u8> = (0..n).map(|i| i as u8).collect();
         let arrays = [ArraySource {
             data: &data,
+            shape: vec![n as u64],
             ..src("a")
         }];
         other
@@ -480,7 +532,13 @@ mod tests {
             .put_staged(2, 0, 1, |stage| {
                 let e = stage.link_from(&path, &entry)?;
                 stage.link_from(&path, &entry)?;
-                assert_ne!(e.id, entry.id);
+                if entry.is_packed() {
+                    // the pack is linked under a new id, members keep theirs
+                    assert_ne!(e.pack, entry.pack);
+                    assert_eq!(e.id, entry.id);
+                } else {
+                    assert_ne!(e.id, entry.id);
+                }
                 assert_eq!(e.checksum, entry.checksum);
                 Ok(vec![record("k", "a", e)])
             })
@@ -500,8 +558,8 @@ mod tests {
         assert_eq!(ours.nlink(), 2);
         // an entry the file does not match is refused before linking
         let wrong = ArrayEntry {
-            shape: vec![11],
-            nbytes: 11,
+            shape: vec![n as u64 + 1],
+            nbytes: n as u64 + 1,
             ..entry.clone()
         };
         let err = store

@@ -64,6 +64,9 @@ pub(crate) struct WriterState {
     /// Payload files retired by a commit, waiting for readers and the
     /// retention period.
     pub retired: Vec<Retired>,
+    /// Packs whose members died this session (a pack joins `retiring`
+    /// when its last member dies).
+    pub pack_deaths: crate::pack::PackDeaths,
     /// Appends every change to the record journal.
     pub journal: JournalWriter,
     /// `arrays/<xx>` directories whose entry in `arrays/` this session has
@@ -252,6 +255,7 @@ impl Writer {
         let state = WriterState {
             retiring: Vec::new(),
             retired: Vec::new(),
+            pack_deaths: Default::default(),
             journal: JournalWriter::new(root, next_segment),
             durable_dirs: HashSet::new(),
             version: base.as_ref().map_or(0, |b| b.version) + tail.commits,

@@ -297,6 +297,11 @@ pub fn check_record(data: &[u8]) -> bool {
             assert_eq!(parts[0], "arrays");
             assert!(parts[1..].iter().all(|p| !p.is_empty() && *p != ".."));
             assert_eq!(entry.data_offset % ALIGNMENT as u64, 0);
+            // a pack member's data are aligned in the pack too
+            assert_eq!(
+                (entry.npy_start() as u128 + entry.data_offset as u128) % ALIGNMENT as u128,
+                0
+            );
             assert_eq!(entry.is_empty(), entry.len() == Some(0));
         }
     }

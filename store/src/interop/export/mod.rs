@@ -19,7 +19,7 @@
 pub mod npz;
 mod pyjson;
 pub mod safetensors;
-mod zipfile;
+pub(crate) mod zipfile;
 
 use std::fs::{self, File};
 use std::io::{self, BufWriter, Read, Seek, SeekFrom};
@@ -202,7 +202,7 @@ impl PayloadData {
             }
         } else {
             let (mut file, path) = payload::open_payload(root, entry)?;
-            file.seek(SeekFrom::Start(entry.data_offset))
+            file.seek(SeekFrom::Start(entry.npy_start() + entry.data_offset))
                 .map_err(Error::io(&path))?;
             Source::File { file, path }
         };

@@ -195,6 +195,12 @@ impl<W: Write + Seek> StoredZipWriter<W> {
         Ok(())
     }
 
+    /// The offset in the output of the next byte written: after
+    /// [`Self::begin`], where the member's data start.
+    pub(crate) fn position(&self) -> u64 {
+        self.pos
+    }
+
     /// Appends `data` to the open member (never past its declared size).
     pub(crate) fn write(&mut self, data: &[u8]) -> io::Result<()> {
         let open = self.open.as_mut().ok_or_else(|| misuse("no open member"))?;
