@@ -4,6 +4,7 @@ its checks across systems and its RESULTS section (no timing is asserted)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -14,7 +15,6 @@ import pytest
 HARNESS = Path(__file__).resolve().parents[1] / "benches" / "peers"
 
 
-
 def _skip_without(*modules: str) -> None:
     """Skips the test when a peer is not installed, without importing it here: lance
     warns at every later fork of this process (it is not fork-safe), which fails the fork
@@ -22,6 +22,7 @@ def _skip_without(*modules: str) -> None:
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
         pytest.skip(f"not installed: {', '.join(missing)}")
+
 
 def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, str(HARNESS), "--data", str(tmp_path / "data"), *args]
