@@ -4,6 +4,7 @@ its checks across systems and its RESULTS section (no timing is asserted)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -12,6 +13,15 @@ from pathlib import Path
 import pytest
 
 HARNESS = Path(__file__).resolve().parents[1] / "benches" / "peers"
+
+
+def _skip_without(*modules: str) -> None:
+    """Skips the test when a peer is not installed, without importing it here: lance
+    warns at every later fork of this process (it is not fork-safe), which fails the fork
+    tests that run after this one."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"not installed: {', '.join(missing)}")
 
 
 def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -53,8 +63,7 @@ def test_a_tiny_run_writes_every_workload_into_the_results_file(tmp_path: Path) 
 def test_the_issue_15_workloads_check_every_system_against_the_same_answers(
     tmp_path: Path,
 ) -> None:
-    for module in ("duckdb", "polars", "pyarrow", "lance"):
-        pytest.importorskip(module)
+    _skip_without("duckdb", "polars", "pyarrow", "lance")
     args = ["--workloads", "kl", "--scan-n", "500", "--small-n", "60", "--repeat", "1"]
     args += ["--limits-mib", "1", "--no-results"]
     args += ["--systems", "lazyvault", "DuckDB+Parquet", "polars", "SQLite", "Lance"]
@@ -120,8 +129,7 @@ def test_the_dask_sum_bench_runs_on_tiny_sizes(tmp_path: Path) -> None:
 
 
 def test_lance_takes_part_in_every_workload_it_can_hold(tmp_path: Path) -> None:
-    for module in ("pyarrow", "lance"):
-        pytest.importorskip(module)
+    _skip_without("pyarrow", "lance")
     args = ["--workloads", "abcdefhij", "--sizes", "20", "--big-gib", "0.002", "--many", "10"]
     args += ["--repeat", "1", "--limits-mib", "1", "--no-results"]
     out = _run(tmp_path, *args, "--systems", "lazyvault", "Lance")

@@ -40,11 +40,13 @@ PROBES = (
 
 
 def _mapped_npy(prefix: Path) -> list[str]:
+    """Payload files (under ``arrays/``) this process maps; checkpoint runs and column
+    files are metadata, mapped by queries."""
     with open("/proc/self/maps") as f:
         return [
             line.split()[5]
             for line in f
-            if len(line.split()) >= 6 and line.split()[5].startswith(str(prefix))
+            if len(line.split()) >= 6 and line.split()[5].startswith(str(prefix / "arrays"))
         ]
 
 

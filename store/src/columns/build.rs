@@ -22,6 +22,14 @@ use super::{field_meta, Columns, FactName, Kind, UTC};
 use crate::error::{Error, Result};
 use crate::query::tagged::{tag, Tag};
 
+/// At most this many metadata paths get columns in one batch, and at
+/// most this many array names get fact columns: past that (records with
+/// thousands of fields or arrays), the rest are left to the records
+/// (queries on them read the records), so that a column file stays a few
+/// hundred columns at most. The schema says when some were left out.
+pub(crate) const MAX_PATHS: usize = 1024;
+pub(crate) const MAX_ARRAYS: usize = 64;
+
 /// Ints of at most this magnitude are exact in an f64: a path holding
 /// ints and floats stores such ints in its Float64 column.
 const EXACT_F64_INT: i64 = 1 << 53;
@@ -209,9 +217,21 @@ pub(crate) struct ColumnBuilder {
     live: Vec<bool>,
     paths: IndexMap<Vec<String>, PathValues>,
     arrays: IndexMap<String, ArrayValues>,
+    /// Every path and array gets columns, past [`MAX_PATHS`] and
+    /// [`MAX_ARRAYS`] too (a table for a user, not a column file).
+    unlimited: bool,
 }
 
 impl ColumnBuilder {
+    /// A builder that gives every path and array its columns, however
+    /// many (for `to_arrow`: the user asked for all of them).
+    pub(crate) fn unlimited() -> ColumnBuilder {
+        ColumnBuilder {
+            unlimited: true,
+            ..ColumnBuilder::default()
+        }
+    }
+
     /// Adds the next row: `record` is the record JSON, `None` a deleted key.
     ///
     /// # Errors
@@ -284,7 +304,14 @@ impl ColumnBuilder {
         );
         arrays.push(Arc::new(live.finish()));
 
-        for (path, values) in &self.paths {
+        let (max_paths, max_arrays) = if self.unlimited {
+            (usize::MAX, usize::MAX)
+        } else {
+            (MAX_PATHS, MAX_ARRAYS)
+        };
+        let paths_complete = self.paths.len() <= max_paths;
+        let facts_complete = self.arrays.len() <= max_arrays;
+        for (path, values) in self.paths.iter().take(max_paths) {
             let name = path.join(".");
             let typed = values.typed();
             let mut json = StringBuilder::new();
@@ -441,7 +468,7 @@ impl ColumnBuilder {
             }
         }
 
-        for (name, values) in &self.arrays {
+        for (name, values) in self.arrays.iter().take(max_arrays) {
             let mut shape = ListBuilder::new(UInt64Builder::new());
             let mut dtype = StringDictionaryBuilder::<Int32Type>::new();
             let mut descr = StringDictionaryBuilder::<Int32Type>::new();
@@ -490,7 +517,14 @@ impl ColumnBuilder {
                 arrays.push(array);
             }
         }
-        let schema = Arc::new(Schema::new(fields));
+        let mut schema_meta = std::collections::HashMap::new();
+        if !paths_complete {
+            schema_meta.insert(super::PATHS_COMPLETE.to_owned(), "false".to_owned());
+        }
+        if !facts_complete {
+            schema_meta.insert(super::FACTS_COMPLETE.to_owned(), "false".to_owned());
+        }
+        let schema = Arc::new(Schema::new_with_metadata(fields, schema_meta));
         let batch = RecordBatch::try_new(schema, arrays).map_err(arrow_err)?;
         Columns::new(batch)
     }

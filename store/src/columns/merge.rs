@@ -2,6 +2,7 @@
 //! row is one input row (the newest entry of its key), so the merged
 //! columns are the inputs' columns interleaved, without reading a record.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow_array::{new_null_array, Array, ArrayRef, RecordBatch};
@@ -15,13 +16,22 @@ use super::{field_meta, Columns, Kind};
 /// inputs, a column that cannot be read): the caller builds them from the
 /// records instead.
 pub(crate) fn interleave(inputs: &[Arc<Columns>], picks: &[(usize, usize)]) -> Option<Columns> {
-    // Every output column: its kind and type, in first-seen order.
+    if inputs
+        .iter()
+        .any(|c| !c.paths_complete || !c.facts_complete)
+    {
+        return None; // the records have what the columns left out
+    }
+    // Every output column: its kind and type, in first-seen order; and
+    // where each input has it.
     let mut out: IndexMap<Kind, (String, DataType)> = IndexMap::new();
-    for c in inputs {
-        for field in c.schema().fields() {
+    let mut at: Vec<HashMap<Kind, usize>> = vec![HashMap::new(); inputs.len()];
+    for (c, at) in inputs.iter().zip(&mut at) {
+        for (i, field) in c.schema().fields().iter().enumerate() {
             let Some(kind) = super::kind_of(field.metadata()) else {
                 continue;
             };
+            at.insert(kind.clone(), i);
             match out.get(&kind) {
                 Some((_, t)) if t != field.data_type() => return None,
                 Some(_) => {}
@@ -31,17 +41,31 @@ pub(crate) fn interleave(inputs: &[Arc<Columns>], picks: &[(usize, usize)]) -> O
             }
         }
     }
+    let paths = out
+        .keys()
+        .filter_map(|k| match k {
+            Kind::Meta(p) | Kind::Json(p) => Some(p),
+            _ => None,
+        })
+        .collect::<std::collections::HashSet<_>>()
+        .len();
+    let arrays = out
+        .keys()
+        .filter_map(|k| match k {
+            Kind::Fact { array, .. } => Some(array),
+            _ => None,
+        })
+        .collect::<std::collections::HashSet<_>>()
+        .len();
+    if paths > super::build::MAX_PATHS || arrays > super::build::MAX_ARRAYS {
+        return None;
+    }
     let mut fields = Vec::with_capacity(out.len());
     let mut arrays: Vec<ArrayRef> = Vec::with_capacity(out.len());
     for (kind, (name, data_type)) in &out {
         let mut sources: Vec<ArrayRef> = Vec::with_capacity(inputs.len());
-        for c in inputs {
-            let at = c
-                .schema()
-                .fields()
-                .iter()
-                .position(|f| super::kind_of(f.metadata()).as_ref() == Some(kind));
-            sources.push(match at {
+        for (c, at) in inputs.iter().zip(&at) {
+            sources.push(match at.get(kind).copied() {
                 Some(i) => c.column(i)?.clone(),
                 None => new_null_array(data_type, c.len()),
             });

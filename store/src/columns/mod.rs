@@ -43,6 +43,11 @@ use crate::error::{Error, Result};
 /// The time zone of aware datetime columns: instants in UTC.
 pub(crate) const UTC: &str = "+00:00";
 
+/// Schema metadata: `"false"` when some metadata paths, or some arrays'
+/// facts, have no columns (too many in one batch, see `build`).
+pub(crate) const PATHS_COMPLETE: &str = "lazyvault.paths_complete";
+pub(crate) const FACTS_COMPLETE: &str = "lazyvault.facts_complete";
+
 /// Field metadata keys.
 const KIND: &str = "lazyvault.kind";
 const PATH: &str = "lazyvault.path";
@@ -163,6 +168,11 @@ pub(crate) struct Columns {
     pub paths: indexmap::IndexMap<Vec<String>, PathColumns>,
     /// Array facts by array name, then fact.
     pub facts: HashMap<String, HashMap<FactName, usize>>,
+    /// Every metadata path of the rows has its columns (else a path
+    /// without columns may still be in a record).
+    pub paths_complete: bool,
+    /// Every array of the rows has its fact columns.
+    pub facts_complete: bool,
 }
 
 impl std::fmt::Debug for Columns {
@@ -244,7 +254,11 @@ impl Columns {
         let (Some(key), Some(live)) = (key, live) else {
             return Err(bad("no key or live column".into()));
         };
+        let complete = |key: &str| schema.metadata().get(key).is_none_or(|v| v != "false");
+        let (paths_complete, facts_complete) = (complete(PATHS_COMPLETE), complete(FACTS_COMPLETE));
         Ok(Columns {
+            paths_complete,
+            facts_complete,
             cells: (0..schema.fields().len())
                 .map(|_| OnceLock::new())
                 .collect(),

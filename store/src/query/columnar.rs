@@ -288,8 +288,26 @@ fn resolve<'c>(path: &'c PathExpr, cols: &'c Columns) -> Resolved<'c> {
                 present = or(&present, &valid(column.as_ref()));
                 r.typed = Some(column);
             }
+            if !cols.paths_complete {
+                // A path left out of the columns may be at or under this
+                // one in the rows where it has no value.
+                unknown = or(&unknown, &and_not(&all(n), &present));
+                present = all(n);
+                r.reasons.push(format!(
+                    "the columns leave out some fields of these records ({} may be one)",
+                    path_text(path)
+                ));
+            }
             r.unknown = unknown;
             r.meta_present = present;
+        }
+        if indexed && !cols.paths_complete && exact.typed.is_none() && exact.json.is_none() {
+            r.unknown = all(n);
+            r.meta_present = all(n);
+            r.reasons.push(format!(
+                "the columns leave out some fields of these records ({} may be one)",
+                path_text(path)
+            ));
         }
     }
     if path.root == Root::Field {
@@ -297,6 +315,14 @@ fn resolve<'c>(path: &'c PathExpr, cols: &'c Columns) -> Resolved<'c> {
             match fact_columns(cols, &fact.array) {
                 Some(Ok(fc)) => r.fact = Some((fact, fc)),
                 Some(Err(())) => return damaged(r),
+                None if !cols.facts_complete => {
+                    // The array may be one whose facts were left out.
+                    r.unknown = or(&r.unknown, &and_not(&all(n), &r.meta_present));
+                    r.reasons.push(format!(
+                        "the columns leave out the facts of some arrays ({} may be one)",
+                        fact.array
+                    ));
+                }
                 None => {}
             }
         }
@@ -738,7 +764,18 @@ impl<'c> Ctx<'c> {
             if let Some((fact, fc)) = r.fact {
                 t = or(&t, &bits_where(n, |i| fact_value(fact, fc, i).is_some()));
             }
-            match path.array.as_deref().and_then(|a| fact_columns(cols, a)) {
+            let array = path.array.as_deref();
+            match array.and_then(|a| fact_columns(cols, a)) {
+                None if array.is_some() && !cols.facts_complete => {
+                    // Maybe an array whose facts were left out: where the
+                    // metadata has no value, the record decides.
+                    let unknown = or(&r.unknown, &and_not(&all(n), &r.meta_present));
+                    let f = and_not(&and_not(&all(n), &t), &unknown);
+                    return Tri {
+                        t: and_not(&t, &unknown),
+                        f,
+                    };
+                }
                 Some(Ok(fc)) => t = or(&t, &valid(fc.nbytes.as_ref())),
                 Some(Err(())) => {
                     return self

@@ -1035,3 +1035,38 @@ fn style_all_off() -> Style {
         escape_unicode: false,
     }
 }
+
+/// Records with more fields or arrays than a column file keeps columns for:
+/// queries on the ones left out read the records, with the same answers.
+#[test]
+fn columns_left_out_are_read_from_the_records() {
+    let mut records: Vec<TestRecord> = (0..1100)
+        .map(|i| {
+            let mut meta = Map::new();
+            meta.insert(format!("f{i}"), json!(i));
+            meta.insert("common".into(), json!(i % 7));
+            TestRecord::keyed(&format!("k{i:05}"), Value::Object(meta))
+        })
+        .collect();
+    for (i, r) in records.iter_mut().enumerate().take(80) {
+        *r = r
+            .clone()
+            .with_array(&format!("a{i}"), &[2, 3], "float64", "'<f8'");
+    }
+    for src in [
+        "f3 == 3",
+        "f1050 == 1050",
+        "exists(f1050)",
+        "not exists(f1050)",
+        "f1050 > 1 or common == 2",
+        "common == 2",
+        "a3.shape[0] == 2",
+        "a75.shape[0] == 2",
+        "exists(a75)",
+        "not exists(a75)",
+        "a75.nbytes > 0 and common < 3",
+    ] {
+        let q = Query::parse(src).unwrap();
+        assert_columns_agree(&q, &records);
+    }
+}

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::{State, Store};
 use crate::checkpoint::base::Base;
-use crate::columns::Columns;
+use crate::columns::{ColumnBuilder, Columns};
 use crate::error::Result;
 use crate::query::columnar::{count, ones, Bits};
 use crate::query::Query;
@@ -142,7 +142,11 @@ impl Layered {
             .collect();
         let changed = self.changed_matching(query)?;
         if !changed.is_empty() {
-            let columns = Columns::build(changed.iter().map(|(k, r)| (*k, Some(*r))))?;
+            let mut builder = ColumnBuilder::unlimited();
+            for (key, record) in &changed {
+                builder.push(key, Some(record))?;
+            }
+            let columns = builder.finish()?;
             parts.push(Part {
                 rows: (0..columns.len() as u32).collect(),
                 columns: Arc::new(columns),
@@ -202,11 +206,20 @@ impl Store {
     #[allow(dead_code)] // used by to_arrow (being built)
     pub(crate) fn select(&self, query: Option<&Query>) -> Result<Vec<Part>> {
         if let Some(layered) = self.layered()? {
-            return layered.select(query);
+            // Column files that left some fields or arrays out (records
+            // with thousands of them) do not make the whole table.
+            let complete = layered
+                .base
+                .runs
+                .iter()
+                .all(|r| r.columns.paths_complete && r.columns.facts_complete);
+            if complete {
+                return layered.select(query);
+            }
         }
         let view = self.view()?;
         let scan = query.map(ScanQuery::new);
-        let mut builder = crate::columns::ColumnBuilder::default();
+        let mut builder = ColumnBuilder::unlimited();
         crate::index::scan(view.index(), |key, record| {
             if scan.as_ref().map_or(Ok(true), |s| s.matches(key, record))? {
                 builder.push(key, Some(record))?;
