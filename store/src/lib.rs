@@ -1,6 +1,8 @@
 //! lazyvault's engine: a store of records (JSON metadata indexed in sled)
 //! whose numpy arrays live in standard `.npy` payload files, memory-mapped on
-//! first access.
+//! first access; arrays of at most 64 KiB are members of packs (one
+//! uncompressed zip of aligned `.npy` members per put) and read with one
+//! `pread`.
 //!
 //! ```no_run
 //! use lazyvault_store::{ArraySource, Mode, Store, query::Query};

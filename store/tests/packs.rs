@@ -635,3 +635,69 @@ fn a_pack_beside_many_files_takes_the_barrier_and_a_failure_leaves_nothing() {
     store.flush().unwrap();
     assert!(store.verify().unwrap().is_ok());
 }
+
+#[test]
+fn a_merged_pack_is_linked_once_and_compacted_in_the_target_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, dst) = (dir.path().join("src.lv"), dir.path().join("dst.lv"));
+    let datas: Vec<Vec<u8>> = (0..10).map(|i| vec![i as u8; 500]).collect();
+    let srcs: Vec<[ArraySource; 1]> = datas.iter().map(|d| [u8_array("x", d)]).collect();
+    let keys: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
+    {
+        let source = Store::open(&src, Mode::Create).unwrap();
+        let batch = keys
+            .iter()
+            .zip(&srcs)
+            .map(|(key, arrays)| NewRecord {
+                key,
+                meta: Map::new(),
+                layout: Value::Null,
+                arrays,
+                pickle: None,
+            })
+            .collect();
+        source.put_many(batch).unwrap();
+        source.close().unwrap();
+        // a later session deletes most: the pack stays (gc's work)
+        let source = Store::open(&src, Mode::Append).unwrap();
+        for key in &keys[..8] {
+            source.delete(key).unwrap();
+        }
+        source.close().unwrap();
+    }
+    let (_, src_packs) = files(&src);
+    assert_eq!(src_packs.len(), 1);
+    let target = Store::open(&dst, Mode::Append).unwrap();
+    target.set_retention(std::time::Duration::ZERO);
+    assert_eq!(
+        target
+            .merge(std::slice::from_ref(&src), &mut |_, _| Ok(()))
+            .unwrap(),
+        ["k8", "k9"]
+    );
+    // the source's pack under a second name, linked once for both records
+    let (_, linked) = files(&dst);
+    assert_eq!(linked.len(), 1);
+    use std::os::unix::fs::MetadataExt;
+    let ino = |p: &Path| fs::metadata(p).unwrap().ino();
+    assert_eq!(ino(&linked[0]), ino(&src_packs[0]));
+    // 2 of its 10 members are used here: gc rewrites it, the source keeps its own
+    assert_eq!(target.gc().unwrap().packs_compacted, 1);
+    let (_, now) = files(&dst);
+    assert_eq!(now.len(), 1);
+    assert_ne!(ino(&now[0]), ino(&src_packs[0]));
+    assert!(src_packs[0].exists());
+    for (i, key) in keys.iter().enumerate().skip(8) {
+        let record = target.get(key).unwrap().unwrap();
+        let got = load_payload(&dst, &record.arrays["x"]).unwrap();
+        assert_eq!(got.as_bytes(), &datas[i][..]);
+    }
+    assert!(target.verify().unwrap().is_ok());
+    let source = Store::open(&src, Mode::ReadOnly).unwrap();
+    assert!(source.verify().unwrap().is_ok());
+    for (i, key) in keys.iter().enumerate().skip(8) {
+        let record = source.get(key).unwrap().unwrap();
+        let got = load_payload(&src, &record.arrays["x"]).unwrap();
+        assert_eq!(got.as_bytes(), &datas[i][..]);
+    }
+}

@@ -347,7 +347,7 @@ impl Store {
         // below holds them and its commit (gc's one new version) covers
         // them and retires the old packs.
         let mut report = GcReport {
-            packs_compacted: self.compact_packs(index, &mut state)?,
+            packs_compacted: self.compact_packs(&w, &mut state)?,
             ..GcReport::default()
         };
         let old_segments = Self::compact_journal(&self.root, index, &mut state)?;
@@ -413,9 +413,12 @@ impl Store {
     /// retired: unlinked once no reader may still see them. A member whose
     /// data no longer match its recorded checksum leaves its pack as it is
     /// (`verify` reports it; nothing damaged is copied under a good
-    /// checksum). Returns the number of packs compacted. The caller holds
-    /// the writer lock and commits (the old packs are in `retiring`).
-    fn compact_packs(&self, index: &Index, state: &mut WriterState) -> Result<u64> {
+    /// checksum). Nothing is compacted when the disk has no room for the
+    /// copies (gc then frees what it can without). Returns the number of
+    /// packs compacted. The caller holds the writer lock and commits (the
+    /// old packs are in `retiring`).
+    fn compact_packs(&self, w: &super::writer::Writer, state: &mut WriterState) -> Result<u64> {
+        let index = w.index();
         // pack id -> (key, array name, entry) of its live members
         let mut live: HashMap<String, Vec<(String, String, ArrayEntry)>> = HashMap::new();
         index::scan(index, |key, bytes| {
@@ -445,6 +448,18 @@ impl Store {
             }
         }
         if chosen.is_empty() {
+            return Ok(0);
+        }
+        // The live members are written anew before the old packs go: on a
+        // disk without room for them, gc frees what it can without this.
+        let copied: u64 = chosen
+            .iter()
+            .flat_map(|(_, members)| members.iter())
+            .map(|(_, _, e)| e.data_offset.saturating_add(e.nbytes).saturating_add(256))
+            .sum();
+        if w.check_space_for(chosen.iter().map(|(_, m)| m.len()).sum(), copied)
+            .is_err()
+        {
             return Ok(0);
         }
         chosen.sort_by(|a, b| a.0.cmp(&b.0));
