@@ -20,6 +20,7 @@
 
 pub mod archive;
 mod checkpoint;
+mod columns;
 mod error;
 mod fsio;
 mod index;

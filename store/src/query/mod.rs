@@ -39,6 +39,7 @@
 //! language against a reference evaluator, with fixtures from `test_support`.
 
 mod ast;
+pub(crate) mod columnar;
 mod error;
 mod eval;
 mod lexer;

@@ -816,6 +816,68 @@ proptest! {
     }
 
     #[test]
+    fn columns_agree_with_records(
+        expr in expr_strategy(),
+        style in style_strategy(),
+        records in prop::collection::vec(record_strategy(), 1..40),
+        arrays in prop::collection::vec(prop::option::of((0usize..4, prop::collection::vec(0u64..4, 0..3))), 1..40),
+    ) {
+        let mut src = String::new();
+        render(&expr, style, &mut src);
+        let q = Query::parse(&src).map_err(|e| TestCaseError::fail(format!("{src:?}: {e}")))?;
+        let records: Vec<TestRecord> = records
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut r)| {
+                r.key = format!("k{i:03}");
+                match arrays.get(i).cloned().flatten() {
+                    Some((name, shape)) => r.with_array(FIELDS[name], &shape, "float64", "'<f8'"),
+                    None => r,
+                }
+            })
+            .collect();
+        assert_columns_agree(&q, &records);
+    }
+
+    #[test]
+    fn number_and_string_columns_agree_with_records(
+        values in prop::collection::vec(prop_oneof![
+            4 => scalar_strategy(),
+            1 => tagged_strategy(),
+            1 => Just(Value::Null),
+        ], 1..60),
+        op in op_strategy(),
+        literal in scalar_strategy(),
+        flip in any::<bool>(),
+        nested in any::<bool>(),
+    ) {
+        let records: Vec<TestRecord> = values
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let meta = if nested { json!({"p": {"a": v}}) } else { json!({"a": v}) };
+                TestRecord::keyed(&format!("k{i:03}"), meta)
+            })
+            .collect();
+        let mut lit = String::new();
+        render_value(&literal, style_all_off(), &mut lit);
+        let path = if nested { "p.a" } else { "a" };
+        let src = if flip {
+            format!("{lit} {} {path}", op_text(op))
+        } else {
+            format!("{path} {} {lit}", op_text(op))
+        };
+        let q = Query::parse(&src).map_err(|e| TestCaseError::fail(format!("{src:?}: {e}")))?;
+        assert_columns_agree(&q, &records);
+        for src in [format!("{path} in [{lit}, 1, 'a']"), format!("{path} not in [{lit}]"),
+                    format!("not ({path} == {lit})"), format!("exists({path})"), format!("isnan({path})"),
+                    format!("{path}.startswith('a')"), format!("{path}.contains({lit})")] {
+            let q = Query::parse(&src).map_err(|e| TestCaseError::fail(format!("{src:?}: {e}")))?;
+            assert_columns_agree(&q, &records);
+        }
+    }
+
+    #[test]
     fn arbitrary_strings_never_panic(src in any::<String>()) {
         parse_never_panics(&src);
     }

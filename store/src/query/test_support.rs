@@ -137,3 +137,67 @@ pub(super) fn assert_err(src: &str, column: usize, fragment: &str) {
     );
     assert_eq!(e.expression, src);
 }
+
+impl TestRecord {
+    /// The record as the store keeps it (FORMAT.md, "Record"), for the
+    /// column builder.
+    pub(super) fn to_json(&self) -> Vec<u8> {
+        let arrays: Map<String, Value> = self
+            .arrays
+            .iter()
+            .map(|a| {
+                (
+                    a.name.clone(),
+                    json!({
+                        "id": "0".repeat(32), "descr": a.descr, "dtype": a.dtype,
+                        "shape": a.shape, "fortran_order": false, "nbytes": a.nbytes,
+                        "data_offset": 128,
+                    }),
+                )
+            })
+            .collect();
+        serde_json::to_vec(&json!({"meta": self.meta, "arrays": arrays, "layout": null}))
+            .expect("serializes")
+    }
+}
+
+/// Asserts that `q` over the columns of `records` (rows the columns leave
+/// unknown checked against the record) gives what `q.matches` gives for
+/// each record; returns the number of unknown rows.
+pub(super) fn assert_columns_agree(q: &Query, records: &[TestRecord]) -> usize {
+    let jsons: Vec<Vec<u8>> = records.iter().map(TestRecord::to_json).collect();
+    let cols = crate::columns::Columns::build(
+        records
+            .iter()
+            .zip(&jsons)
+            .map(|(r, j)| (r.key.as_str(), Some(j.as_slice()))),
+    )
+    .expect("builds");
+    let verdict = q.eval_columns(&cols);
+    let bit = |b: &[u64], i: usize| (b[i / 64] >> (i % 64)) & 1 == 1;
+    let mut unknown = 0;
+    for (i, rec) in records.iter().enumerate() {
+        let expected = q.matches(rec);
+        let got = if bit(&verdict.unknown, i) {
+            unknown += 1;
+            assert!(!bit(&verdict.yes, i), "row {i} both yes and unknown");
+            expected
+        } else {
+            bit(&verdict.yes, i)
+        };
+        assert_eq!(
+            got,
+            expected,
+            "query {:?} on row {i} {:?} (columns {:?})",
+            q.source(),
+            rec.meta,
+            cols.batch
+                .schema()
+                .fields()
+                .iter()
+                .map(|f| f.name())
+                .collect::<Vec<_>>()
+        );
+    }
+    unknown
+}

@@ -271,7 +271,7 @@ fn cmp_big_float(big: BigInt<'_>, f: f64) -> Option<Ordering> {
 }
 
 /// The exact order of two numbers of any kinds; `None` when one is NaN.
-fn cmp_num(a: Num<'_>, b: Num<'_>) -> Option<Ordering> {
+pub(super) fn cmp_num(a: Num<'_>, b: Num<'_>) -> Option<Ordering> {
     let int = |n: Num<'_>| match n {
         Num::I(i) => Some(i128::from(i)),
         Num::U(u) => Some(i128::from(u)),

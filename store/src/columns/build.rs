@@ -1,0 +1,530 @@
+//! Building a column batch from records (see the module docs of
+//! [`super`] for the conventions): one pass over `(key, record JSON)`
+//! pairs collects each metadata path's leaves, sparse, then each path gets
+//! its typed column (the most common scalar kind) and, where other kinds
+//! occur, a JSON-text sibling.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow_array::builder::{
+    BooleanBuilder, Float64Builder, Int64Builder, ListBuilder, StringBuilder,
+    StringDictionaryBuilder, TimestampMicrosecondBuilder, UInt64Builder,
+};
+use arrow_array::types::Int32Type;
+use arrow_array::{ArrayRef, RecordBatch};
+use arrow_schema::{DataType, Field, Schema};
+use indexmap::IndexMap;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use super::{field_meta, Columns, FactName, Kind, UTC};
+use crate::error::{Error, Result};
+use crate::query::tagged::{tag, Tag};
+
+/// Ints of at most this magnitude are exact in an f64: a path holding
+/// ints and floats stores such ints in its Float64 column.
+const EXACT_F64_INT: i64 = 1 << 53;
+
+/// A leaf value as the builder sorts it.
+#[derive(Debug, Clone)]
+enum Leaf {
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+    /// Index into the path's string table.
+    Str(u32),
+    /// Microseconds since the epoch (UTC for aware, wall clock for naive).
+    Time {
+        micros: i64,
+        aware: bool,
+    },
+    /// Any other value: its JSON text.
+    Other(String),
+}
+
+/// The scalar kinds a typed column can have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Scalar {
+    Num,
+    Bool,
+    Str,
+    NaiveTime,
+    AwareTime,
+}
+
+#[derive(Default)]
+struct PathValues {
+    rows: Vec<(u32, Leaf)>,
+    /// The record's own JSON text of tagged leaves (`$float`, `$numpy`,
+    /// `$datetime`...), by row: what their JSON-text cell shows.
+    raw: HashMap<u32, String>,
+    strings: Vec<String>,
+    string_ids: HashMap<String, u32>,
+    ints: usize,
+    floats: usize,
+    inexact_ints: usize,
+    counts: HashMap<Scalar, usize>,
+}
+
+impl PathValues {
+    fn push(&mut self, row: u32, value: &Value) {
+        let leaf = match (leaf_of(value), value) {
+            (Some(Leaf::Other(_)) | None, _) => Leaf::Other(value.to_string()),
+            (Some(Leaf::Str(_)), Value::String(text)) => {
+                let next = self.strings.len() as u32;
+                let id = *self.string_ids.entry(text.clone()).or_insert_with(|| {
+                    self.strings.push(text.clone());
+                    next
+                });
+                Leaf::Str(id)
+            }
+            (Some(Leaf::Str(_)), _) => Leaf::Other(value.to_string()),
+            (Some(other), _) => {
+                if value.is_object() {
+                    self.raw.insert(row, value.to_string());
+                }
+                other
+            }
+        };
+        let scalar = match &leaf {
+            Leaf::Int(i) => {
+                self.ints += 1;
+                if i.unsigned_abs() > EXACT_F64_INT as u64 {
+                    self.inexact_ints += 1;
+                }
+                Some(Scalar::Num)
+            }
+            Leaf::Float(_) => {
+                self.floats += 1;
+                Some(Scalar::Num)
+            }
+            Leaf::Bool(_) => Some(Scalar::Bool),
+            Leaf::Str(_) => Some(Scalar::Str),
+            Leaf::Time { aware: false, .. } => Some(Scalar::NaiveTime),
+            Leaf::Time { aware: true, .. } => Some(Scalar::AwareTime),
+            Leaf::Other(_) => None,
+        };
+        if let Some(s) = scalar {
+            *self.counts.entry(s).or_default() += 1;
+        }
+        self.rows.push((row, leaf));
+    }
+
+    /// The kind of the typed column: the scalar kind with the most rows
+    /// (ties broken in a fixed order), if any.
+    fn typed(&self) -> Option<Scalar> {
+        [
+            Scalar::Num,
+            Scalar::Str,
+            Scalar::Bool,
+            Scalar::AwareTime,
+            Scalar::NaiveTime,
+        ]
+        .into_iter()
+        .filter_map(|s| self.counts.get(&s).map(|&n| (s, n)))
+        .fold(None, |best: Option<(Scalar, usize)>, (s, n)| match best {
+            Some((_, m)) if m >= n => best,
+            _ => Some((s, n)),
+        })
+        .map(|(s, _)| s)
+    }
+}
+
+/// How a leaf value (not an object the walk descends into) is kept;
+/// `None` for what only JSON text holds.
+fn leaf_of(value: &Value) -> Option<Leaf> {
+    Some(match value {
+        Value::Bool(b) => Leaf::Bool(*b),
+        Value::Number(n) => match n.as_i64() {
+            Some(i) => Leaf::Int(i),
+            // A u64 past i64: JSON text (an Int64 column cannot hold it).
+            None if n.is_u64() => return None,
+            None => Leaf::Float(n.as_f64()?),
+        },
+        Value::String(_) => Leaf::Str(0),
+        Value::Object(map) => match tag(map)? {
+            Tag::Float(f) => Leaf::Float(f),
+            // A numpy scalar reads as its plain value (as queries see it).
+            Tag::Plain(inner) => match inner {
+                Value::Object(_) => leaf_of(inner)?,
+                Value::Bool(_) | Value::Number(_) => leaf_of(inner)?,
+                _ => return None,
+            },
+            Tag::Time(t) => {
+                if t.nanos % 1000 != 0 {
+                    return None;
+                }
+                Leaf::Time {
+                    micros: i64::try_from(t.nanos / 1000).ok()?,
+                    aware: t.aware,
+                }
+            }
+            _ => return None,
+        },
+        Value::Null | Value::Array(_) => return None,
+    })
+}
+
+/// An object the walk descends into: a plain non-empty object that is not
+/// a tag, or a `$dict` tag's object (what query paths step into).
+fn descend(value: &Value) -> Option<&Map<String, Value>> {
+    let Value::Object(map) = value else {
+        return None;
+    };
+    match tag(map) {
+        Some(Tag::Dict(inner)) => Some(inner),
+        Some(_) => None,
+        None if map.is_empty() => None,
+        None => Some(map),
+    }
+}
+
+/// What the builder reads of a record: its metadata and array facts.
+#[derive(Deserialize)]
+struct Slim {
+    meta: Map<String, Value>,
+    #[serde(default)]
+    arrays: IndexMap<String, SlimArray>,
+}
+
+#[derive(Deserialize)]
+struct SlimArray {
+    dtype: String,
+    descr: String,
+    shape: Vec<u64>,
+    nbytes: u64,
+}
+
+/// Per-array facts of every row that has the array.
+#[derive(Default)]
+struct ArrayValues {
+    rows: Vec<(u32, Vec<u64>, String, String, u64)>,
+}
+
+/// Collects rows, then builds the batch.
+#[derive(Default)]
+pub(crate) struct ColumnBuilder {
+    keys: Vec<String>,
+    live: Vec<bool>,
+    paths: IndexMap<Vec<String>, PathValues>,
+    arrays: IndexMap<String, ArrayValues>,
+}
+
+impl ColumnBuilder {
+    /// Adds the next row: `record` is the record JSON, `None` a deleted key.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] naming the key when the record does not decode.
+    pub(crate) fn push(&mut self, key: &str, record: Option<&[u8]>) -> Result<()> {
+        let row = u32::try_from(self.keys.len())
+            .map_err(|_| Error::corrupt("columns", "more than 2^32 rows in one batch"))?;
+        self.keys.push(key.to_owned());
+        self.live.push(record.is_some());
+        let Some(bytes) = record else {
+            return Ok(());
+        };
+        let slim: Slim = serde_json::from_slice(bytes)
+            .map_err(|e| Error::corrupt(format!("record {key:?}"), e).with_key(key))?;
+        let mut path = Vec::new();
+        self.walk(row, crate::query::fields(&slim.meta), &mut path);
+        for (name, a) in slim.arrays {
+            self.arrays
+                .entry(name)
+                .or_default()
+                .rows
+                .push((row, a.shape, a.dtype, a.descr, a.nbytes));
+        }
+        Ok(())
+    }
+
+    fn walk(&mut self, row: u32, map: &Map<String, Value>, path: &mut Vec<String>) {
+        for (name, value) in map {
+            path.push(name.clone());
+            match descend(value) {
+                Some(inner) => self.walk(row, inner, path),
+                None => match self.paths.get_mut(path.as_slice()) {
+                    Some(values) => values.push(row, value),
+                    None => {
+                        let mut values = PathValues::default();
+                        values.push(row, value);
+                        self.paths.insert(path.clone(), values);
+                    }
+                },
+            }
+            path.pop();
+        }
+    }
+
+    /// Rows pushed so far.
+    pub(crate) fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// The batch of every row pushed.
+    ///
+    /// # Errors
+    /// Only if arrow refuses the arrays it was given (a bug, reported as
+    /// [`Error::Corrupt`] rather than a panic).
+    pub(crate) fn finish(self) -> Result<Columns> {
+        let n = self.keys.len();
+        let mut fields: Vec<Field> = Vec::new();
+        let mut arrays: Vec<ArrayRef> = Vec::new();
+
+        let mut keys = StringBuilder::with_capacity(n, self.keys.iter().map(String::len).sum());
+        for k in &self.keys {
+            keys.append_value(k);
+        }
+        fields.push(Field::new("key", DataType::Utf8, false).with_metadata(field_meta(&Kind::Key)));
+        arrays.push(Arc::new(keys.finish()));
+        let mut live = BooleanBuilder::with_capacity(n);
+        live.append_slice(&self.live);
+        fields.push(
+            Field::new("$live", DataType::Boolean, false).with_metadata(field_meta(&Kind::Live)),
+        );
+        arrays.push(Arc::new(live.finish()));
+
+        for (path, values) in &self.paths {
+            let name = path.join(".");
+            let typed = values.typed();
+            let mut json = StringBuilder::new();
+            let mut json_rows = 0usize;
+            let mut next = 0usize;
+            // JSON text for the rows the typed column does not hold.
+            let mut json_push = |row: u32, text: Option<String>| {
+                while next < row as usize {
+                    json.append_null();
+                    next += 1;
+                }
+                match text {
+                    Some(t) => {
+                        json.append_value(t);
+                        json_rows += 1;
+                    }
+                    None => json.append_null(),
+                }
+                next += 1;
+            };
+            let (data_type, array): (DataType, Option<ArrayRef>) = match typed {
+                None => {
+                    for (row, leaf) in &values.rows {
+                        json_push(*row, Some(other_text(*row, leaf, values)));
+                    }
+                    (DataType::Null, None)
+                }
+                Some(Scalar::Num) if values.floats > 0 => {
+                    let mut b = Float64Builder::with_capacity(n);
+                    let mut at = 0usize;
+                    for (row, leaf) in &values.rows {
+                        pad_to(&mut at, *row, || b.append_null());
+                        match leaf {
+                            Leaf::Float(f) => {
+                                b.append_value(*f);
+                                json_push(*row, None);
+                            }
+                            Leaf::Int(i) if i.unsigned_abs() <= EXACT_F64_INT as u64 => {
+                                b.append_value(*i as f64);
+                                json_push(*row, None);
+                            }
+                            other => {
+                                b.append_null();
+                                json_push(*row, Some(other_text(*row, other, values)));
+                            }
+                        }
+                        at += 1;
+                    }
+                    pad_to(&mut at, n as u32, || b.append_null());
+                    (DataType::Float64, Some(Arc::new(b.finish())))
+                }
+                Some(Scalar::Num) => {
+                    let mut b = Int64Builder::with_capacity(n);
+                    let mut at = 0usize;
+                    for (row, leaf) in &values.rows {
+                        pad_to(&mut at, *row, || b.append_null());
+                        match leaf {
+                            Leaf::Int(i) => {
+                                b.append_value(*i);
+                                json_push(*row, None);
+                            }
+                            other => {
+                                b.append_null();
+                                json_push(*row, Some(other_text(*row, other, values)));
+                            }
+                        }
+                        at += 1;
+                    }
+                    pad_to(&mut at, n as u32, || b.append_null());
+                    (DataType::Int64, Some(Arc::new(b.finish())))
+                }
+                Some(Scalar::Bool) => {
+                    let mut b = BooleanBuilder::with_capacity(n);
+                    let mut at = 0usize;
+                    for (row, leaf) in &values.rows {
+                        pad_to(&mut at, *row, || b.append_null());
+                        match leaf {
+                            Leaf::Bool(v) => {
+                                b.append_value(*v);
+                                json_push(*row, None);
+                            }
+                            other => {
+                                b.append_null();
+                                json_push(*row, Some(other_text(*row, other, values)));
+                            }
+                        }
+                        at += 1;
+                    }
+                    pad_to(&mut at, n as u32, || b.append_null());
+                    (DataType::Boolean, Some(Arc::new(b.finish())))
+                }
+                Some(Scalar::Str) => {
+                    let mut b = StringDictionaryBuilder::<Int32Type>::new();
+                    // The dictionary in first-seen order, every string once.
+                    let mut at = 0usize;
+                    for (row, leaf) in &values.rows {
+                        pad_to(&mut at, *row, || b.append_null());
+                        match leaf {
+                            Leaf::Str(id) => {
+                                b.append(&values.strings[*id as usize]).map_err(arrow_err)?;
+                                json_push(*row, None);
+                            }
+                            other => {
+                                b.append_null();
+                                json_push(*row, Some(other_text(*row, other, values)));
+                            }
+                        }
+                        at += 1;
+                    }
+                    pad_to(&mut at, n as u32, || b.append_null());
+                    (dict_type(), Some(Arc::new(b.finish())))
+                }
+                Some(s @ (Scalar::NaiveTime | Scalar::AwareTime)) => {
+                    let aware = s == Scalar::AwareTime;
+                    let mut b = TimestampMicrosecondBuilder::with_capacity(n);
+                    let mut at = 0usize;
+                    for (row, leaf) in &values.rows {
+                        pad_to(&mut at, *row, || b.append_null());
+                        match leaf {
+                            Leaf::Time { micros, aware: a } if *a == aware => {
+                                b.append_value(*micros);
+                                json_push(*row, None);
+                            }
+                            other => {
+                                b.append_null();
+                                json_push(*row, Some(other_text(*row, other, values)));
+                            }
+                        }
+                        at += 1;
+                    }
+                    pad_to(&mut at, n as u32, || b.append_null());
+                    let mut b = if aware { b.with_timezone(UTC) } else { b };
+                    let array: ArrayRef = Arc::new(b.finish());
+                    (array.data_type().clone(), Some(array))
+                }
+            };
+            if let Some(array) = array {
+                fields.push(
+                    Field::new(&name, data_type, true)
+                        .with_metadata(field_meta(&Kind::Meta(path.clone()))),
+                );
+                arrays.push(array);
+            }
+            if json_rows > 0 {
+                while next < n {
+                    json.append_null();
+                    next += 1;
+                }
+                fields.push(
+                    Field::new(&name, DataType::Utf8, true)
+                        .with_metadata(field_meta(&Kind::Json(path.clone()))),
+                );
+                arrays.push(Arc::new(json.finish()));
+            }
+        }
+
+        for (name, values) in &self.arrays {
+            let mut shape = ListBuilder::new(UInt64Builder::new());
+            let mut dtype = StringDictionaryBuilder::<Int32Type>::new();
+            let mut descr = StringDictionaryBuilder::<Int32Type>::new();
+            let mut nbytes = UInt64Builder::with_capacity(n);
+            let mut at = 0usize;
+            for (row, dims, dt, de, nb) in &values.rows {
+                while at < *row as usize {
+                    shape.append_null();
+                    dtype.append_null();
+                    descr.append_null();
+                    nbytes.append_null();
+                    at += 1;
+                }
+                shape.values().append_slice(dims);
+                shape.append(true);
+                dtype.append(dt).map_err(arrow_err)?;
+                descr.append(de).map_err(arrow_err)?;
+                nbytes.append_value(*nb);
+                at += 1;
+            }
+            while at < n {
+                shape.append_null();
+                dtype.append_null();
+                descr.append_null();
+                nbytes.append_null();
+                at += 1;
+            }
+            let shape = shape.finish();
+            for (fact, array) in [
+                (FactName::Shape, Arc::new(shape) as ArrayRef),
+                (FactName::Dtype, Arc::new(dtype.finish()) as ArrayRef),
+                (FactName::Descr, Arc::new(descr.finish()) as ArrayRef),
+                (FactName::Nbytes, Arc::new(nbytes.finish()) as ArrayRef),
+            ] {
+                fields.push(
+                    Field::new(
+                        format!("{name}.{}", fact.as_str()),
+                        array.data_type().clone(),
+                        true,
+                    )
+                    .with_metadata(field_meta(&Kind::Fact {
+                        array: name.clone(),
+                        fact,
+                    })),
+                );
+                arrays.push(array);
+            }
+        }
+        let schema = Arc::new(Schema::new(fields));
+        let batch = RecordBatch::try_new(schema, arrays).map_err(arrow_err)?;
+        Columns::new(batch)
+    }
+}
+
+/// Appends nulls until `at` reaches `row`.
+fn pad_to(at: &mut usize, row: u32, mut null: impl FnMut()) {
+    while *at < row as usize {
+        null();
+        *at += 1;
+    }
+}
+
+/// The JSON text of a leaf the typed column does not hold: the record's
+/// own text for a tagged value, else the value written as JSON.
+fn other_text(row: u32, leaf: &Leaf, values: &PathValues) -> String {
+    if let Some(raw) = values.raw.get(&row) {
+        return raw.clone();
+    }
+    match leaf {
+        Leaf::Int(i) => i.to_string(),
+        Leaf::Float(f) => Value::from(*f).to_string(),
+        Leaf::Bool(b) => b.to_string(),
+        Leaf::Str(id) => Value::String(values.strings[*id as usize].clone()).to_string(),
+        // Times always come from tagged values (kept in `raw`).
+        Leaf::Time { micros, .. } => micros.to_string(),
+        Leaf::Other(t) => t.clone(),
+    }
+}
+
+fn dict_type() -> DataType {
+    DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8))
+}
+
+pub(super) fn arrow_err(e: arrow_schema::ArrowError) -> Error {
+    Error::corrupt("columns", e)
+}

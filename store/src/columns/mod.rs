@@ -1,0 +1,258 @@
+//! Columns of metadata: the records of a checkpoint run (or of any set of
+//! records) as one Arrow record batch, so that queries run over typed,
+//! contiguous values instead of parsing each record's JSON, and so that
+//! `to_arrow` hands the same buffers to pyarrow, polars or DuckDB.
+//!
+//! Row `i` is the `i`-th `(key, record)` pair given to the builder, in key
+//! order. The columns, each tagged by its Arrow field metadata
+//! (`lazyvault.kind`; FORMAT.md, "Column files"):
+//!
+//! - `key` (Utf8) and `$live` (Boolean: false for a deleted key's row);
+//! - per metadata path (objects are walked, `$dict` ones too; every other
+//!   value is a leaf), one *typed* column (Int64, Float64, Boolean,
+//!   Dictionary<Int32, Utf8>, or Timestamp in microseconds, naive or UTC)
+//!   holding the leaves of the path's most common scalar kind, and, where
+//!   the path holds anything else (null, lists, other tagged values, a
+//!   second kind), a *json* sibling column of the same path holding those
+//!   values' JSON text;
+//! - per array name, its facts: `shape` (List<UInt64>), `dtype` and
+//!   `descr` (Dictionary<Int32, Utf8>), `nbytes` (UInt64).
+//!
+//! A typed cell is null where the path is absent or holds another kind;
+//! the json cell says which.
+
+// Until find, count and the checkpoint use every part (the next commits).
+#![allow(dead_code)]
+
+mod build;
+mod file;
+
+use std::collections::HashMap;
+
+use arrow_array::RecordBatch;
+
+pub(crate) use self::build::ColumnBuilder;
+#[allow(unused_imports)]
+pub(crate) use self::file::{ColumnsInfo, COLUMNS_SUFFIX};
+use crate::error::{Error, Result};
+
+/// The time zone of aware datetime columns: instants in UTC.
+pub(crate) const UTC: &str = "+00:00";
+
+/// Field metadata keys.
+const KIND: &str = "lazyvault.kind";
+const PATH: &str = "lazyvault.path";
+const ARRAY: &str = "lazyvault.array";
+const FACT: &str = "lazyvault.fact";
+
+/// An array fact kept as a column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum FactName {
+    Shape,
+    Dtype,
+    Descr,
+    Nbytes,
+}
+
+impl FactName {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            FactName::Shape => "shape",
+            FactName::Dtype => "dtype",
+            FactName::Descr => "descr",
+            FactName::Nbytes => "nbytes",
+        }
+    }
+
+    fn parse(s: &str) -> Option<FactName> {
+        Some(match s {
+            "shape" => FactName::Shape,
+            "dtype" => FactName::Dtype,
+            "descr" => FactName::Descr,
+            "nbytes" => FactName::Nbytes,
+            _ => return None,
+        })
+    }
+}
+
+/// What a column holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Key,
+    Live,
+    /// The typed column of a metadata path.
+    Meta(Vec<String>),
+    /// The JSON text of a path's values the typed column does not hold.
+    Json(Vec<String>),
+    Fact {
+        array: String,
+        fact: FactName,
+    },
+}
+
+/// The Arrow field metadata that says what a column holds.
+pub(crate) fn field_meta(kind: &Kind) -> arrow_schema::Metadata {
+    let path = |p: &Vec<String>| serde_json::to_string(p).expect("strings serialize");
+    let mut m = arrow_schema::Metadata::new();
+    match kind {
+        Kind::Key => {
+            m.insert(KIND, "key");
+        }
+        Kind::Live => {
+            m.insert(KIND, "live");
+        }
+        Kind::Meta(p) => {
+            m.insert(KIND, "meta");
+            m.insert(PATH, path(p));
+        }
+        Kind::Json(p) => {
+            m.insert(KIND, "json");
+            m.insert(PATH, path(p));
+        }
+        Kind::Fact { array, fact } => {
+            m.insert(KIND, "fact");
+            m.insert(ARRAY, array.clone());
+            m.insert(FACT, fact.as_str());
+        }
+    }
+    m
+}
+
+/// What a column holds, from its field metadata; `None` when it says
+/// nothing we know (a column another writer added: ignored).
+fn kind_of(meta: &arrow_schema::Metadata) -> Option<Kind> {
+    let path = || -> Option<Vec<String>> { serde_json::from_str(meta.get(PATH)?).ok() };
+    Some(match meta.get(KIND)?.as_str() {
+        "key" => Kind::Key,
+        "live" => Kind::Live,
+        "meta" => Kind::Meta(path()?),
+        "json" => Kind::Json(path()?),
+        "fact" => Kind::Fact {
+            array: meta.get(ARRAY)?.clone(),
+            fact: FactName::parse(meta.get(FACT)?)?,
+        },
+        _ => return None,
+    })
+}
+
+/// Where one path's columns are in the batch.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct PathColumns {
+    pub typed: Option<usize>,
+    pub json: Option<usize>,
+}
+
+/// A batch of columns and where each kind of column is in it.
+#[derive(Debug, Clone)]
+pub(crate) struct Columns {
+    pub batch: RecordBatch,
+    pub key: usize,
+    pub live: usize,
+    /// Metadata paths, in column order.
+    pub paths: indexmap::IndexMap<Vec<String>, PathColumns>,
+    /// Array facts by array name, then fact.
+    pub facts: HashMap<String, HashMap<FactName, usize>>,
+}
+
+impl Columns {
+    /// Reads the layout of `batch` from its fields' metadata.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] when the key or live column is missing or of the
+    /// wrong type, or a column's type does not fit its kind.
+    pub(crate) fn new(batch: RecordBatch) -> Result<Columns> {
+        use arrow_schema::DataType as T;
+        let bad = |what: String| Error::corrupt("columns", what);
+        let schema = batch.schema();
+        let (mut key, mut live) = (None, None);
+        let mut paths: indexmap::IndexMap<Vec<String>, PathColumns> = indexmap::IndexMap::new();
+        let mut facts: HashMap<String, HashMap<FactName, usize>> = HashMap::new();
+        for (i, field) in schema.fields().iter().enumerate() {
+            let Some(kind) = kind_of(field.metadata()) else {
+                continue;
+            };
+            let dt = field.data_type();
+            let dict_utf8 = matches!(dt, T::Dictionary(k, v) if **k == T::Int32 && **v == T::Utf8);
+            let fits = match &kind {
+                Kind::Key => *dt == T::Utf8,
+                Kind::Live => *dt == T::Boolean,
+                Kind::Meta(_) => {
+                    matches!(dt, T::Int64 | T::Float64 | T::Boolean)
+                        || dict_utf8
+                        || matches!(dt, T::Timestamp(arrow_schema::TimeUnit::Microsecond, tz)
+                            if tz.as_deref().is_none_or(|z| z == UTC))
+                }
+                Kind::Json(_) => *dt == T::Utf8,
+                Kind::Fact { fact, .. } => match fact {
+                    FactName::Shape => matches!(dt, T::List(f) if *f.data_type() == T::UInt64),
+                    FactName::Dtype | FactName::Descr => dict_utf8,
+                    FactName::Nbytes => *dt == T::UInt64,
+                },
+            };
+            if !fits {
+                return Err(bad(format!(
+                    "column {:?} has type {dt}, which does not fit what it holds",
+                    field.name()
+                )));
+            }
+            match kind {
+                Kind::Key => key = Some(i),
+                Kind::Live => live = Some(i),
+                Kind::Meta(p) => paths.entry(p).or_default().typed = Some(i),
+                Kind::Json(p) => paths.entry(p).or_default().json = Some(i),
+                Kind::Fact { array, fact } => {
+                    facts.entry(array).or_default().insert(fact, i);
+                }
+            }
+        }
+        let (Some(key), Some(live)) = (key, live) else {
+            return Err(bad("no key or live column".into()));
+        };
+        let live_array = batch.column(live);
+        if live_array.null_count() > 0 || batch.column(key).null_count() > 0 {
+            return Err(bad("null in the key or live column".into()));
+        }
+        Ok(Columns {
+            batch,
+            key,
+            live,
+            paths,
+            facts,
+        })
+    }
+
+    /// Builds the columns of `pairs` (key, record JSON or `None` for a
+    /// deleted key), in the order given.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] naming the key of a record that does not decode.
+    pub(crate) fn build<'a>(
+        pairs: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)>,
+    ) -> Result<Columns> {
+        let mut b = ColumnBuilder::default();
+        for (key, record) in pairs {
+            b.push(key, record)?;
+        }
+        b.finish()
+    }
+
+    /// Rows.
+    pub(crate) fn len(&self) -> usize {
+        self.batch.num_rows()
+    }
+
+    /// The key column.
+    pub(crate) fn keys(&self) -> &arrow_array::StringArray {
+        use arrow_array::cast::AsArray;
+        self.batch.column(self.key).as_string::<i32>()
+    }
+
+    /// The live column: false for a deleted key's row.
+    pub(crate) fn live(&self) -> &arrow_array::BooleanArray {
+        use arrow_array::cast::AsArray;
+        self.batch.column(self.live).as_boolean()
+    }
+}
+
+#[cfg(test)]
+mod tests;
