@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _frame
+from . import _arrow
 from ._pinned import PinnedSource
 from ._source import DirectorySource
 from .errors import LazyvaultError
@@ -187,7 +187,7 @@ def _frame_partition(keys: tuple[str, ...], source: PinnedSource, dtypes: dict[s
     import pandas
 
     handle = source.open()
-    part = _frame.records_frame(handle.__getitem__, keys)
+    part = _arrow.keys_frame(handle, keys)
     index = part.index
     data = {}
     for name, dtype in dtypes.items():
@@ -216,7 +216,7 @@ def to_dataframe(handle: Handle, query: str | None, npartitions: object) -> Any:
 
     source, keys, parts = _partitioned(handle, query, npartitions, "dask dataframe")
     reader = source.open()
-    whole = _frame.records_frame(reader.__getitem__, keys)
+    whole = _arrow.keys_frame(reader, keys)
     columns = dict(whole.dtypes.items())
     meta = _frame_partition((), source, columns)
     ordered = all(a < b for a, b in itertools.pairwise(keys))

@@ -22,9 +22,6 @@
 //! too. With one batch whose every row is selected, the batch's arrays go
 //! out as they are (no copy: a mapped column file stays mapped).
 
-// Used by Store::to_arrow once the column builder lands (i15-columns).
-#![allow(dead_code)]
-
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -37,7 +34,89 @@ use arrow_array::{
 };
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 
+use super::Store;
+use crate::columns::ColumnBuilder;
 use crate::error::{Error, Result};
+use crate::index;
+use crate::query::Query;
+use crate::scan::ScanQuery;
+
+/// An Arrow table: its schema and record batches (each of that schema).
+pub(crate) type Table = (SchemaRef, Vec<RecordBatch>);
+
+impl Store {
+    /// The metadata of the records matching `query` (every record with
+    /// `None`) as an Arrow table, rows in key order; no payload is read.
+    ///
+    /// Columns (field metadata `lazyvault.kind` says which is which):
+    /// - `key`: Utf8, non-null;
+    /// - one per metadata path, in first-seen order, named by its segments
+    ///   joined with "." (`params.lr`; nested objects are walked, a list
+    ///   or an empty object is a value), `lazyvault.path` the segments as a
+    ///   JSON array: Int64, Float64 (ints and floats together), Boolean,
+    ///   `Dictionary<Int32, Utf8>` (strings), Timestamp(Microsecond) naive or
+    ///   `+00:00` (aware datetimes as instants in UTC), null where a record
+    ///   lacks the path; a path holding values of several kinds, nulls,
+    ///   lists or other tagged values (schema/FORMAT.md) is Utf8: each
+    ///   value's compact JSON text, field metadata `lazyvault.json` = `"true"`;
+    /// - per array path, `<path>.shape` (`List<UInt64>`) and `<path>.dtype`
+    ///   (`Dictionary<Int32, Utf8>`, numpy's dtype name), null where a record
+    ///   lacks the array.
+    ///
+    /// Paths no matching record has are left out. When the columns of one
+    /// checkpoint run are the whole answer, its mapped buffers are the
+    /// table's (no copy).
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] (naming the key) for a record that does not
+    /// decode; those of every method (see [`Store`]).
+    pub fn to_arrow(&self, query: Option<&Query>) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+        // Until the core's select (columns of checkpoint runs plus the
+        // journal tail): the columns of the matching records, built now.
+        let view = self.view()?;
+        let scan = query.map(ScanQuery::new);
+        let mut builder = ColumnBuilder::default();
+        index::scan(view.index(), |key, bytes| {
+            if let Some(scan) = &scan {
+                if !scan.matches(key, bytes)? {
+                    return Ok(());
+                }
+            }
+            builder.push(key, Some(bytes))
+        })?;
+        table_of(builder)
+    }
+
+    /// [`Store::to_arrow`] of the records of `keys`, in the order given;
+    /// keys the store does not hold are left out.
+    ///
+    /// # Errors
+    /// As [`Store::to_arrow`]; [`UsageError::EmptyKey`](crate::UsageError::EmptyKey) for an empty key.
+    pub fn to_arrow_keys<'k>(
+        &self,
+        keys: impl IntoIterator<Item = &'k str>,
+    ) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+        let view = self.view()?;
+        let mut builder = ColumnBuilder::default();
+        for key in keys {
+            super::check_key(key)?;
+            if let Some(bytes) = view.index().get(key)? {
+                builder.push(key, Some(&bytes))?;
+            }
+        }
+        table_of(builder)
+    }
+}
+
+/// The table of every row a builder was given (in its order).
+pub(crate) fn table_of(builder: ColumnBuilder) -> Result<Table> {
+    let columns = builder.finish()?;
+    let rows: Vec<u32> = (0..columns.len() as u32).collect();
+    shape(&[Rows {
+        batch: &columns.batch,
+        rows: &rows,
+    }])
+}
 
 /// Field metadata: what a column is (`key`, `live`, `meta`, `json`, `fact`).
 pub(crate) const KIND: &str = "lazyvault.kind";
@@ -50,6 +129,13 @@ pub(crate) const FACT: &str = "lazyvault.fact";
 /// Field metadata of output columns holding JSON text (tagged values as in
 /// schema/FORMAT.md): `"true"`.
 pub(crate) const JSON: &str = "lazyvault.json";
+/// Field metadata of a typed column whose every value was a `$numpy`
+/// scalar of one dtype: its descr (`"<f4"`), so that Python can give the
+/// values back with their dtype. Passed through when every batch agrees.
+pub(crate) const NUMPY: &str = "lazyvault.numpy";
+/// Field metadata of a typed (timestamp) column whose every value was a
+/// `$date`: `"true"`. Passed through when every batch agrees.
+pub(crate) const DATE: &str = "lazyvault.date";
 
 /// Ints beyond this magnitude are not all exact as f64: a path mixing them
 /// with floats goes out as JSON text rather than rounded.
@@ -152,7 +238,7 @@ fn arrow_error(e: arrow_schema::ArrowError) -> Error {
 /// [`Error::Corrupt`] for a batch that breaks the builder's conventions
 /// (no key column, a column without its field metadata, a fact of two
 /// types, a key column that is not Utf8).
-pub(crate) fn shape(parts: &[Rows<'_>]) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+pub(crate) fn shape(parts: &[Rows<'_>]) -> Result<Table> {
     let n = parts.len();
     let mut key_cols = Vec::with_capacity(n);
     let mut gathers: Vec<Gather> = Vec::new();
@@ -353,6 +439,25 @@ impl Gather {
                 (FACT.to_owned(), fact.clone()),
             ]),
         };
+        if !matches!(unified, Unified::Json) {
+            // what the values were, when every contributing batch says the same
+            for name in [NUMPY, DATE] {
+                let mut said = typed.iter().map(|&(p, _)| {
+                    let c = self.typed[p].expect("a typed column");
+                    parts[p]
+                        .batch
+                        .schema_ref()
+                        .field(c)
+                        .metadata()
+                        .get(name)
+                        .cloned()
+                });
+                let first = said.next().flatten();
+                if let Some(value) = first.filter(|v| said.all(|s| s.as_ref() == Some(v))) {
+                    metadata.insert(name.to_owned(), value);
+                }
+            }
+        }
         let array: ArrayRef = match unified {
             Unified::Json => {
                 metadata.insert(JSON.to_owned(), "true".to_owned());
@@ -398,8 +503,15 @@ impl Gather {
         } else {
             order
         };
-        let typed: Vec<Option<&ArrayRef>> = (0..parts.len())
-            .map(|p| self.typed[p].map(|c| parts[p].batch.column(c)))
+        let typed: Vec<Option<(&ArrayRef, &Field)>> = (0..parts.len())
+            .map(|p| {
+                self.typed[p].map(|c| {
+                    (
+                        parts[p].batch.column(c),
+                        parts[p].batch.schema_ref().field(c),
+                    )
+                })
+            })
             .collect();
         let json: Vec<Option<&StringArray>> = (0..parts.len())
             .map(|p| self.json[p].map(|c| parts[p].batch.column(c).as_string::<i32>()))
@@ -409,9 +521,9 @@ impl Gather {
         for &(p, r) in order {
             if let Some(j) = json[p].filter(|j| j.is_valid(r)) {
                 out.append_value(j.value(r));
-            } else if let Some(t) = typed[p].filter(|t| t.is_valid(r)) {
+            } else if let Some((t, field)) = typed[p].filter(|(t, _)| t.is_valid(r)) {
                 text.clear();
-                render(t.as_ref(), r, &mut text)?;
+                render_tagged(t.as_ref(), field, r, &mut text)?;
                 out.append_value(&text);
             } else {
                 out.append_null();
@@ -487,6 +599,33 @@ fn gather(
         .map(|&(p, r)| slot.get(&p).map_or((nulls, 0), |&i| (i, r)))
         .collect();
     arrow_select::interleave::interleave(&arrays, &indices).map_err(arrow_error)
+}
+
+/// Row `r` of the typed column `array` (of `field`) as JSON text, as the
+/// tagged value it was when the field says so (`$date`, `$numpy`).
+fn render_tagged(array: &dyn Array, field: &Field, r: usize, out: &mut String) -> Result<()> {
+    let meta = field.metadata();
+    if meta.get(DATE).map(String::as_str) == Some("true") {
+        if let DataType::Timestamp(TimeUnit::Microsecond, None) = array.data_type() {
+            let micros = array.as_primitive::<TimestampMicrosecondType>().value(r);
+            let day = &iso_micros(micros, false)[..10];
+            write!(out, "{}", serde_json::json!({ "$date": day })).expect("writing to a String");
+            return Ok(());
+        }
+    }
+    if let Some(descr) = meta.get(NUMPY) {
+        if matches!(
+            array.data_type(),
+            DataType::Int64 | DataType::Float64 | DataType::Boolean
+        ) {
+            let mut plain = String::new();
+            render(array, r, &mut plain)?;
+            let descr = serde_json::Value::from(descr.as_str());
+            write!(out, "{{\"$numpy\": [{descr}, {plain}]}}").expect("writing to a String");
+            return Ok(());
+        }
+    }
+    render(array, r, out)
 }
 
 /// Row `r` of the typed column `array` as JSON text (as the record holds

@@ -408,3 +408,170 @@ fn a_batch_without_key_is_corrupt() {
     .unwrap_err();
     assert!(err.to_string().contains("no key column"), "{err}");
 }
+
+#[test]
+fn a_store_and_a_query() {
+    use crate::query::Query;
+    use crate::{ArraySource, Mode, Store};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("s.lv"), Mode::Append).unwrap();
+    let data = [0u8; 6];
+    let put = |key: &str, meta: serde_json::Value, arrays: &[ArraySource<'_>]| {
+        let meta = meta.as_object().unwrap().clone();
+        store
+            .put(key, meta, serde_json::Value::Null, arrays, None)
+            .unwrap();
+    };
+    let positions = ArraySource {
+        name: "positions".into(),
+        descr: "'|u1'".into(),
+        dtype: "uint8".into(),
+        shape: vec![2, 3],
+        fortran_order: false,
+        data: &data,
+        pickled: false,
+    };
+    put(
+        "b",
+        serde_json::json!({"t": 2, "p": {"lr": 0.5}, "tags": ["x"]}),
+        std::slice::from_ref(&positions),
+    );
+    put("a", serde_json::json!({"t": 1.5, "m": "Si"}), &[]);
+    put(
+        "c",
+        serde_json::json!({"t": 3, "m": {"$float": "nan"}}),
+        &[],
+    );
+    let (schema, batches) = store.to_arrow(None).unwrap();
+    let b = &batches[0];
+    assert_eq!(keys(b), ["a", "b", "c"]);
+    assert_eq!(
+        names(b),
+        [
+            "key",
+            "t",
+            "m",
+            "p.lr",
+            "tags",
+            "positions.shape",
+            "positions.dtype"
+        ]
+    );
+    let t = b.column(1).as_primitive::<Float64Type>();
+    assert_eq!(t.values().to_vec(), [1.5, 2.0, 3.0]);
+    assert_eq!(
+        texts(b.column(2)),
+        [Some("\"Si\""), None, Some(r#"{"$float": "nan"}"#)]
+    );
+    assert_eq!(schema.field(4).metadata()["lazyvault.json"], "true");
+    let (_, batches) = store
+        .to_arrow(Some(&Query::parse("t > 1.8").unwrap()))
+        .unwrap();
+    let b = &batches[0];
+    assert_eq!(keys(b), ["b", "c"]);
+    assert_eq!(
+        names(b),
+        [
+            "key",
+            "t",
+            "p.lr",
+            "tags",
+            "m",
+            "positions.shape",
+            "positions.dtype"
+        ]
+    );
+    // m: only its NaN is selected: a float
+    let m = b.column(4).as_primitive::<Float64Type>();
+    assert!(m.is_null(0) && m.value(1).is_nan());
+    let (_, batches) = store.to_arrow_keys(["c", "nope", "a"]).unwrap();
+    assert_eq!(keys(&batches[0]), ["c", "a"]);
+}
+
+/// A meta column with extra field metadata (what the values were).
+fn tagged(name: &str, array: ArrayRef, extra: (&str, &str)) -> (Field, ArrayRef) {
+    let (field, array) = meta(name, array);
+    let mut metadata = field.metadata().clone();
+    metadata.insert(extra.0.to_owned(), extra.1.to_owned());
+    (field.with_metadata(metadata), array)
+}
+
+#[test]
+fn numpy_and_date_marks_pass_through_or_render_as_tags() {
+    let day = 19_782 * 86_400_000_000; // 2024-02-29
+    let a = batch(vec![
+        key(&["a"]),
+        tagged(
+            "f",
+            Arc::new(Float64Array::from(vec![1.5])),
+            ("lazyvault.numpy", "<f4"),
+        ),
+        tagged(
+            "d",
+            Arc::new(TimestampMicrosecondArray::from(vec![day])),
+            ("lazyvault.date", "true"),
+        ),
+    ]);
+    let b = batch(vec![
+        key(&["b"]),
+        tagged(
+            "f",
+            Arc::new(Float64Array::from(vec![2.5])),
+            ("lazyvault.numpy", "<f4"),
+        ),
+        json("d", vec![Some("[1]")]),
+    ]);
+    let c = batch(vec![
+        key(&["c"]),
+        tagged(
+            "f",
+            Arc::new(Float64Array::from(vec![3.5])),
+            ("lazyvault.numpy", "<f8"),
+        ),
+    ]);
+    let (schema, out) = shape(&[
+        Rows {
+            batch: &a,
+            rows: &[0],
+        },
+        Rows {
+            batch: &b,
+            rows: &[0],
+        },
+    ])
+    .unwrap();
+    assert_eq!(schema.field(1).metadata()["lazyvault.numpy"], "<f4");
+    assert_eq!(
+        texts(out[0].column(2)),
+        [Some(r#"{"$date":"2024-02-29"}"#), Some("[1]")]
+    );
+    let (schema, _) = shape(&[
+        Rows {
+            batch: &a,
+            rows: &[0],
+        },
+        Rows {
+            batch: &c,
+            rows: &[0],
+        },
+    ])
+    .unwrap();
+    assert!(!schema.field(1).metadata().contains_key("lazyvault.numpy"));
+    // with text in the path, the numpy scalar renders as its tagged value
+    let d = batch(vec![key(&["d"]), json("f", vec![Some("\"x\"")])]);
+    let (_, out) = shape(&[
+        Rows {
+            batch: &a,
+            rows: &[0],
+        },
+        Rows {
+            batch: &d,
+            rows: &[0],
+        },
+    ])
+    .unwrap();
+    assert_eq!(
+        texts(out[0].column(1)),
+        [Some(r#"{"$numpy": ["<f4", 1.5]}"#), Some("\"x\"")]
+    );
+}
