@@ -29,7 +29,7 @@ use crate::journal::{self, JOURNAL_DIR};
 use crate::payload::{self, ArraySource, PayloadWriter, TMP_SUFFIX};
 use crate::snapshot::Snapshot;
 
-mod arrow;
+pub(crate) mod arrow;
 mod find;
 mod indexes;
 mod maintenance;
