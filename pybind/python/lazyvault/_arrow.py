@@ -120,6 +120,8 @@ def frame(stream: _lazyvault.ArrowStream) -> pd.DataFrame:
     first = {i: pc.index(t.column(i).is_valid(), True).as_py() for i in range(1, t.num_columns)}
     data: dict[str, Any] = {}
     facts: set[str] = set()
+    pa = _pyarrow("to_pandas")
+    plain = (pa.float64(), pa.int64(), pa.bool_())
     for i in sorted(first, key=first.__getitem__):
         field = t.schema.field(i)
         meta = field.metadata or {}
@@ -127,7 +129,14 @@ def frame(stream: _lazyvault.ArrowStream) -> pd.DataFrame:
             continue  # an array fact wins over a metadata field of the same name
         if meta.get(_KIND) == b"fact":
             facts.add(field.name)
-        data[field.name] = _frame.column(pd, _values(t.column(i), meta), labels)
+        column = t.column(i)
+        if column.type in plain and _NUMPY not in meta:
+            # numbers and bools: numpy's array as pandas would build it from the values (float64
+            # with NaN for ints with nulls, object for bools with nulls), without a Python object
+            # per cell
+            data[field.name] = pd.Series(column.to_numpy(), index=labels)
+        else:
+            data[field.name] = _frame.column(pd, _values(column, meta), labels)
     return pd.DataFrame(data, index=labels)
 
 
@@ -136,7 +145,11 @@ def _values(column: pa.ChunkedArray, meta: dict[bytes, bytes]) -> list[Any]:
     (tagged values too), shapes as tuples."""
     values = column.to_pylist()
     if meta.get(_JSON) == b"true":
-        return [None if v is None else _tagged.decode(json.loads(v)) for v in values]
+        # a tagged value's name starts with "$: text without it needs no decoding
+        return [
+            None if v is None else _tagged.decode(json.loads(v)) if '"$' in v else json.loads(v)
+            for v in values
+        ]
     if meta.get(_FACT) == b"shape":
         return [None if v is None else tuple(v) for v in values]
     if meta.get(_DATE) == b"true":

@@ -461,7 +461,11 @@ impl Gather {
         let array: ArrayRef = match unified {
             Unified::Json => {
                 metadata.insert(JSON.to_owned(), "true".to_owned());
-                Arc::new(self.json_text(parts, order, zero_copy)?)
+                match self.json[0] {
+                    // every value is JSON text already: the column as it is
+                    Some(c) if zero_copy && typed.is_empty() => parts[0].batch.column(c).clone(),
+                    _ => Arc::new(self.json_text(parts, order, zero_copy)?),
+                }
             }
             Unified::Same(_) if zero_copy => typed[0].1.clone(),
             Unified::Same(data_type) => gather(&typed, order, &data_type)?,

@@ -575,3 +575,21 @@ fn numpy_and_date_marks_pass_through_or_render_as_tags() {
         [Some(r#"{"$numpy": ["<f4", 1.5]}"#), Some("\"x\"")]
     );
 }
+
+#[test]
+fn a_path_of_json_text_only_goes_out_as_it_is() {
+    let a = batch(vec![
+        key(&["a", "b"]),
+        json("l", vec![Some("[1]"), Some("null")]),
+    ]);
+    let (schema, out) = shape(&[Rows {
+        batch: &a,
+        rows: &[0, 1],
+    }])
+    .unwrap();
+    let same = out[0].column(1).to_data().buffers()[1].as_ptr()
+        == a.column(1).to_data().buffers()[1].as_ptr();
+    assert!(same);
+    assert_eq!(schema.field(1).metadata()["lazyvault.json"], "true");
+    assert_eq!(schema.field(1).metadata()["lazyvault.kind"], "meta");
+}
