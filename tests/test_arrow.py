@@ -369,3 +369,26 @@ def test_to_pandas_without_pyarrow_is_the_same_frame(
     pd.testing.assert_frame_equal(without.drop(columns="at"), with_arrow)
     results = mixed.find("exists(material)").to_pandas().drop(columns="at")
     pd.testing.assert_frame_equal(results, results_with_arrow)
+
+
+def test_keys_in_their_order(mixed: lv.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    table = mixed.to_arrow(keys=["r03", "r00"])
+    assert table.column("key").to_pylist() == ["r03", "r00"]
+    same_rows(list(cells(table)), expected(mixed, ["r03", "r00"]))
+    assert mixed.to_arrow(keys=[]).num_rows == 0
+    for call in (mixed.to_arrow, mixed.to_pandas):
+        with pytest.raises(lv.MissingKeyError, match="nope"):
+            call(keys=["r00", "nope"])
+        with pytest.raises(ValueError, match="not both"):
+            call("x > 1", keys=["r00"])
+        with pytest.raises(TypeError):
+            call(keys="r00")
+    results = mixed.find("exists(material)")
+    del mixed["r01"]
+    with pytest.raises(lv.MissingKeyError):
+        results.to_arrow()
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # record by record: the same errors
+    with pytest.raises(lv.MissingKeyError):
+        results.to_pandas()
+    with pytest.raises(ValueError, match="not both"):
+        mixed.to_pandas("x > 1", keys=["r00"])

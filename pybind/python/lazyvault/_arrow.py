@@ -10,7 +10,6 @@ buffers shared, not copied. pyarrow and polars are optional: each import fails w
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -23,9 +22,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from . import _lazyvault
-    from .store import Handle
 
-__all__ = ["frame", "keys_frame", "polars_frame", "table"]
+__all__ = ["frame", "polars_frame", "table"]
 
 _PYARROW_MISSING = (
     "{what}() needs pyarrow, which is not installed: "
@@ -79,15 +77,6 @@ def has_pyarrow() -> bool:
     except ModuleNotFoundError:
         return False
     return True
-
-
-def keys_frame(handle: Handle, keys: Sequence[str]) -> pd.DataFrame:
-    """``to_pandas`` of the records ``keys`` of ``handle``, in that order: from the Arrow table when
-    pyarrow is installed, record by record otherwise (the same frame)."""
-    if has_pyarrow():
-        _frame.pandas_module()  # without pandas, say so first
-        return frame(handle._index().to_arrow_keys(list(keys)))
-    return _frame.records_frame(handle.__getitem__, keys)
 
 
 def table(stream: _lazyvault.ArrowStream) -> pa.Table:
