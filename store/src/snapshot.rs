@@ -8,12 +8,16 @@ use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
+use std::sync::{Arc, OnceLock};
+
+use crate::checkpoint::base::Base;
 use crate::checkpoint::run::{Run, RunValue};
-use crate::checkpoint::{self, CheckpointDoc, Pin};
+use crate::checkpoint::{self, CheckpointDoc, Pin, RunDoc};
 use crate::error::{Error, Result};
 use crate::index::RecordIndex;
 use crate::journal::{self, Committed, Position};
 use crate::query::IndexLookup;
+use crate::store::columnar::Layered;
 
 /// How many times opening retries when a writer removes the checkpoint or
 /// the journal segment it was about to read (each retry sees a newer one).
@@ -36,6 +40,11 @@ pub(crate) struct Snapshot {
     /// The secondary indexes the writer keeps (readers answer their
     /// queries by scanning, with the same results).
     indexes: Vec<String>,
+    /// The checkpoint's runs as its document lists them (column files).
+    run_docs: Vec<RunDoc>,
+    /// The columnar view, built at the first query after opening or
+    /// refreshing (see [`Snapshot::layered`]).
+    layered: OnceLock<Option<Arc<Layered>>>,
     _pin: Option<Pin>,
 }
 
@@ -168,6 +177,8 @@ impl Snapshot {
             version: doc.as_ref().map_or(0, |d| d.version),
             len: doc.as_ref().map_or(0, |d| d.records),
             indexes: read_index_list(root),
+            run_docs: doc.as_ref().map(|d| d.runs.clone()).unwrap_or_default(),
+            layered: OnceLock::new(),
             _pin: None, // set by the caller
         };
         let limit = at.map(|v| v.saturating_sub(snap.version));
@@ -212,6 +223,9 @@ impl Snapshot {
         }
         self.version += read.commits;
         self.end = read.end;
+        if read.commits > 0 {
+            self.layered = OnceLock::new();
+        }
         Ok(())
     }
 
@@ -238,6 +252,31 @@ impl Snapshot {
         }
         *self = Snapshot::open(&self.root, None)?;
         Ok(self.version)
+    }
+
+    /// The snapshot as columns: its checkpoint's runs with their column
+    /// files and the committed changes after the checkpoint; `None` when
+    /// the store has no checkpoint or a run has no (usable) column file.
+    pub(crate) fn layered(&self) -> Option<Arc<Layered>> {
+        self.layered
+            .get_or_init(|| {
+                self.base.as_ref()?;
+                // Columns are derived data: damaged ones (verify reports
+                // them) leave scans to the records.
+                let base = Arc::new(Base::open(&self.root, &self.run_docs).ok()??);
+                let skipped = base.skipped(self.tail.keys().map(String::as_str));
+                let changed = self
+                    .tail
+                    .iter()
+                    .map(|(k, c)| (k.clone(), c.as_ref().map(|(r, _)| r.to_vec())))
+                    .collect();
+                Some(Arc::new(Layered {
+                    base,
+                    skipped,
+                    changed,
+                }))
+            })
+            .clone()
     }
 
     /// The version (commits since the store was created) it shows.

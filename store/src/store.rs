@@ -30,6 +30,7 @@ use crate::payload::{self, ArraySource, PayloadWriter, TMP_SUFFIX};
 use crate::snapshot::Snapshot;
 
 pub(crate) mod arrow;
+pub(crate) mod columnar;
 mod find;
 mod indexes;
 mod maintenance;
@@ -740,6 +741,7 @@ impl Store {
             }
             Ok((keys, replaced)) => {
                 writer.dirty.extend(keys);
+                writer.changes += 1;
                 for (old, kept) in replaced.into_iter().zip(kept_ids) {
                     if let Some(old) = old {
                         Self::retire(writer, &old, &kept);
@@ -895,6 +897,7 @@ impl Store {
         match index.remove(key, pos) {
             Ok(old) => {
                 writer.dirty.insert(key.to_owned());
+                writer.changes += 1;
                 if let Some(old) = old {
                     Self::retire(&mut writer, &old, &HashSet::new());
                 }

@@ -15,6 +15,7 @@
 //! checkpoint (and the payloads retired after it) only when it can take an
 //! exclusive lock on it and the retention period has passed.
 
+pub(crate) mod base;
 pub(crate) mod run;
 
 use std::fs::{self, File};
@@ -23,6 +24,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
+use crate::columns::ColumnsInfo;
 use crate::error::{Error, Result};
 use crate::fsio;
 use crate::journal::Position;
@@ -53,6 +55,39 @@ pub(crate) struct RunDoc {
     pub bytes: u64,
     /// `xxh3-64:<16 hex>` of the file before its last 8 bytes.
     pub checksum: String,
+    /// Its column file (FORMAT.md, "Column files"); absent for runs
+    /// written before columns existed, or whose records did not decode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub columns: Option<ColumnsDoc>,
+    /// Entries (by position in the run) that a newer run of this
+    /// checkpoint replaces or deletes, ascending: what a columnar scan of
+    /// this run skips. Meaningful only with `columns`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shadowed: Vec<u64>,
+}
+
+/// A run's column file, as its checkpoint lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ColumnsDoc {
+    /// File name in `checkpoints/` (`<run id>.arrow`).
+    pub file: String,
+    /// Length in bytes.
+    pub bytes: u64,
+    /// `xxh3-64:<16 hex>` of the whole file.
+    pub checksum: String,
+}
+
+impl ColumnsDoc {
+    /// The file's length and checksum as [`ColumnsInfo`], when the
+    /// checksum is well formed.
+    pub(crate) fn info(&self) -> Option<ColumnsInfo> {
+        let hex = self.checksum.strip_prefix("xxh3-64:")?;
+        Some(ColumnsInfo {
+            file: self.file.clone(),
+            bytes: self.bytes,
+            checksum: u64::from_str_radix(hex, 16).ok()?,
+        })
+    }
 }
 
 impl RunDoc {
@@ -62,6 +97,12 @@ impl RunDoc {
             entries: info.entries,
             bytes: info.bytes,
             checksum: format!("xxh3-64:{:016x}", info.checksum),
+            columns: info.columns.as_ref().map(|c| ColumnsDoc {
+                file: c.file.clone(),
+                bytes: c.bytes,
+                checksum: format!("xxh3-64:{:016x}", c.checksum),
+            }),
+            shadowed: Vec::new(),
         }
     }
 }
@@ -93,7 +134,7 @@ impl CheckpointDoc {
     pub(crate) fn new(version: u64, journal: Position, records: u64, runs: Vec<RunDoc>) -> Self {
         CheckpointDoc {
             format: FORMAT.to_owned(),
-            doc_version: format!("{DOC_MAJOR}.0"),
+            doc_version: format!("{DOC_MAJOR}.1"),
             version,
             journal: [journal.0, journal.1],
             records,
@@ -158,9 +199,17 @@ impl CheckpointDoc {
 
 /// Run file names are ours (`<32 hex>.run`): never a path out of the store.
 fn valid_run_name(name: &str) -> bool {
-    name.strip_suffix(".run").is_some_and(|id| {
-        id.len() == 32 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-    })
+    name.strip_suffix(".run").is_some_and(hex_id)
+}
+
+/// Column file names are ours (`<32 hex>.arrow`).
+pub(crate) fn valid_columns_name(name: &str) -> bool {
+    name.strip_suffix(crate::columns::COLUMNS_SUFFIX)
+        .is_some_and(hex_id)
+}
+
+fn hex_id(id: &str) -> bool {
+    id.len() == 32 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// A new unique run file name.
@@ -366,13 +415,17 @@ pub(crate) fn cleanup(root: &Path, retention: Duration) -> Result<Retained> {
         if out.oldest_position.is_none() {
             out.oldest_position = Some(doc.position());
         }
-        listed.extend(doc.runs.into_iter().map(|r| r.file));
+        for r in doc.runs {
+            listed.extend(r.columns.map(|c| c.file));
+            listed.insert(r.file);
+        }
     }
     if let Ok(entries) = fs::read_dir(&dir) {
         for entry in entries.flatten() {
             let name = entry.file_name();
             let Some(name) = name.to_str() else { continue };
-            let stray_run = valid_run_name(name) && !listed.contains(name);
+            let stray_run =
+                (valid_run_name(name) || valid_columns_name(name)) && !listed.contains(name);
             if stray_run || name.ends_with(TMP_SUFFIX) {
                 let _ = fsio::remove_file(&entry.path());
             }

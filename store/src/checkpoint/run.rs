@@ -46,8 +46,17 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
+use crate::columns::{ColumnBuilder, ColumnsInfo, COLUMNS_SUFFIX};
 use crate::error::{Error, Result};
 use crate::fsio;
+
+/// The column file name of a run (`<id>.run` -> `<id>.arrow`).
+pub(crate) fn columns_name(run: &str) -> String {
+    format!(
+        "{}{COLUMNS_SUFFIX}",
+        run.strip_suffix(".run").unwrap_or(run)
+    )
+}
 
 /// The first 8 bytes of every run file (the `\x01` is the format version;
 /// the `\n` catches a text-mode transfer that rewrote line ends).
@@ -98,6 +107,9 @@ pub(crate) struct RunInfo {
     pub bytes: u64,
     /// The XXH3-64 stored at the end of the file.
     pub checksum: u64,
+    /// Its column file (`<id>.arrow` beside it), if one could be built
+    /// (a record that does not decode leaves the run without one).
+    pub columns: Option<ColumnsInfo>,
 }
 
 /// `n` rounded up to a multiple of 8, `None` on overflow.
@@ -192,6 +204,9 @@ pub(crate) struct RunWriter {
     failed: bool,
     /// Renamed into place: nothing to clean up.
     done: bool,
+    /// The columns of the entries pushed (`None` once a record failed to
+    /// decode: the run then has no column file).
+    columns: Option<ColumnBuilder>,
 }
 
 impl RunWriter {
@@ -223,6 +238,7 @@ impl RunWriter {
             pushed: Xxh3::new(),
             failed: false,
             done: false,
+            columns: Some(ColumnBuilder::default()),
         };
         // Room for the header, written by finish() once the counts are known.
         writer.write(&[0; HEADER_LEN as usize])?;
@@ -246,6 +262,14 @@ impl RunWriter {
         let pushed = self.push_entry(key, value);
         if pushed.is_err() {
             self.failed = true;
+        } else if let Some(columns) = &mut self.columns {
+            let record = match value {
+                RunValue::Put { record, .. } => Some(record),
+                RunValue::Deleted => None,
+            };
+            if columns.push(key, record).is_err() {
+                self.columns = None;
+            }
         }
         pushed
     }
@@ -383,6 +407,9 @@ impl RunWriter {
         }
         let file = self.file.as_ref().expect("open until dropped");
         fsio::sync_file(file, &self.tmp).map_err(Error::io(&self.tmp))?;
+        // The columns before the run's rename: a run in place always has
+        // its column file written (or none at all), never a partial one.
+        let columns = self.write_columns()?;
         fsio::rename(&self.tmp, &self.path).map_err(Error::io(&self.path))?;
         self.done = true;
         Ok(RunInfo {
@@ -391,6 +418,7 @@ impl RunWriter {
             puts: self.puts,
             bytes: file_len,
             checksum,
+            columns,
         })
     }
 
@@ -468,6 +496,20 @@ impl RunWriter {
             left -= n as u64;
         }
         Ok(())
+    }
+
+    /// Writes the column file of the entries pushed, named after the run.
+    /// Columns are derived data: when they cannot be built the run has
+    /// none (queries then read its records); an I/O error fails the run.
+    fn write_columns(&mut self) -> Result<Option<ColumnsInfo>> {
+        let Some(builder) = self.columns.take() else {
+            return Ok(None);
+        };
+        let Ok(columns) = builder.finish() else {
+            return Ok(None);
+        };
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        columns.write(dir, &columns_name(&self.name)).map(Some)
     }
 
     /// Gives up the run and removes its temporary file (on error paths;
@@ -1022,8 +1064,11 @@ mod tests {
                 puts: 0,
                 bytes: 72,
                 checksum: xxh3_64(&bytes[..64]),
+                columns: info.columns.clone(),
             }
         );
+        // An empty run has an empty column file beside it.
+        assert_eq!(info.columns.as_ref().unwrap().file, "empty.arrow");
         let run = Run::open(&dir.path().join("empty")).unwrap();
         assert_eq!(run.len(), 0);
         assert_eq!(run.get("a").unwrap(), None);

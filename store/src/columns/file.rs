@@ -113,14 +113,18 @@ impl Columns {
         })
     }
 
-    /// Maps the column file at `path` and reads its batch without copying
-    /// (Arrow validates every array: offsets, UTF-8, dictionary keys).
-    /// `expected_len`: the length the checkpoint recorded.
+    /// Maps the column file at `path` and reads its batch without copying,
+    /// after checking the file's length and XXH3-64 against `expected`
+    /// (what the checkpoint recorded: a flipped bit in a value would
+    /// otherwise change query results silently); Arrow then validates
+    /// every array (offsets, UTF-8, dictionary keys).
     ///
     /// # Errors
-    /// [`Error::Corrupt`] naming the file when it is not a column file of
-    /// one batch in our layout, or its length differs; I/O errors.
-    pub(crate) fn open(path: &Path, expected_len: u64) -> Result<Columns> {
+    /// [`Error::Corrupt`] naming the file when its length or checksum
+    /// differ, or it is not a column file of one batch in our layout; I/O
+    /// errors.
+    pub(crate) fn open(path: &Path, expected: &ColumnsInfo) -> Result<Columns> {
+        let expected_len = expected.bytes;
         let corrupt =
             |detail: String| Error::corrupt(format!("column file {}", path.display()), detail);
         let file = File::open(path).map_err(Error::io(path))?;
@@ -144,6 +148,13 @@ impl Columns {
         // `owner` keeps alive as long as any buffer sliced from it.
         let buffer = unsafe { Buffer::from_custom_allocation(ptr, owner.0.len(), owner.clone()) };
         let bytes = buffer.as_slice();
+        let sum = xxhash_rust::xxh3::xxh3_64(bytes);
+        if sum != expected.checksum {
+            return Err(corrupt(format!(
+                "checksum xxh3-64:{sum:016x} where the checkpoint says xxh3-64:{:016x}",
+                expected.checksum
+            )));
+        }
         if &bytes[..6] != b"ARROW1" || &bytes[bytes.len() - 6..] != b"ARROW1" {
             return Err(corrupt("no Arrow IPC file magic".into()));
         }

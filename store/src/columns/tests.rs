@@ -121,19 +121,31 @@ fn files_round_trip_mapped() {
     let path = dir.path().join("r.arrow");
     assert_eq!(std::fs::metadata(&path).unwrap().len(), info.bytes);
     assert!(!dir.path().join("r.arrow.tmp").exists());
-    let back = Columns::open(&path, info.bytes).unwrap();
+    let back = Columns::open(&path, &info).unwrap();
     assert_eq!(back.batch, c.batch);
     assert_eq!(back.paths.len(), c.paths.len());
     assert_eq!(Columns::check_file(&path, &info).unwrap(), None);
     // the wrong length, a flipped byte, garbage: errors, never a panic
-    assert!(Columns::open(&path, info.bytes + 1).is_err());
+    let longer = ColumnsInfo {
+        bytes: info.bytes + 1,
+        ..info.clone()
+    };
+    assert!(Columns::open(&path, &longer).is_err());
     let mut bytes = std::fs::read(&path).unwrap();
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0xff;
     std::fs::write(&path, &bytes).unwrap();
     assert!(Columns::check_file(&path, &info).unwrap().is_some());
+    let err = Columns::open(&path, &info).unwrap_err().to_string();
+    assert!(err.contains("checksum"), "{err}");
     for cut in [0, 8, 20, bytes.len() / 3, bytes.len() - 11] {
         std::fs::write(&path, &bytes[..cut]).unwrap();
-        assert!(Columns::open(&path, cut as u64).is_err(), "cut at {cut}");
+        // the checksum of the cut file, so that the layout checks are reached
+        let cut_info = ColumnsInfo {
+            file: info.file.clone(),
+            bytes: cut as u64,
+            checksum: xxhash_rust::xxh3::xxh3_64(&bytes[..cut]),
+        };
+        assert!(Columns::open(&path, &cut_info).is_err(), "cut at {cut}");
     }
 }

@@ -37,9 +37,7 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use super::Store;
 use crate::columns::ColumnBuilder;
 use crate::error::{Error, Result};
-use crate::index;
 use crate::query::Query;
-use crate::scan::ScanQuery;
 
 /// An Arrow table: its schema and record batches (each of that schema).
 pub(crate) type Table = (SchemaRef, Vec<RecordBatch>);
@@ -71,20 +69,15 @@ impl Store {
     /// [`Error::Corrupt`] (naming the key) for a record that does not
     /// decode; those of every method (see [`Store`]).
     pub fn to_arrow(&self, query: Option<&Query>) -> Result<(SchemaRef, Vec<RecordBatch>)> {
-        // Until the core's select (columns of checkpoint runs plus the
-        // journal tail): the columns of the matching records, built now.
-        let view = self.view()?;
-        let scan = query.map(ScanQuery::new);
-        let mut builder = ColumnBuilder::default();
-        index::scan(view.index(), |key, bytes| {
-            if let Some(scan) = &scan {
-                if !scan.matches(key, bytes)? {
-                    return Ok(());
-                }
-            }
-            builder.push(key, Some(bytes))
-        })?;
-        table_of(builder)
+        let parts = self.select(query)?;
+        let rows: Vec<Rows<'_>> = parts
+            .iter()
+            .map(|p| Rows {
+                batch: &p.columns.batch,
+                rows: &p.rows,
+            })
+            .collect();
+        shape(&rows)
     }
 
     /// [`Store::to_arrow`] of the records of `keys`, in the order given;

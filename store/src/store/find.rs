@@ -4,6 +4,7 @@
 
 use serde_json::Value;
 
+use super::columnar::Layered;
 use super::{State, Store};
 use crate::error::Result;
 use crate::index;
@@ -31,18 +32,36 @@ impl Store {
             return index::scan(index, |key, _| f(key));
         };
         let scan = ScanQuery::new(query);
-        if let Some(plan) = query.index_plan(&|segs| index.is_indexed(segs)) {
-            for key in index.lookup(&plan.field.join("."), &plan.lookup)? {
-                let Some(bytes) = index.get(&key)? else {
-                    continue;
-                };
-                if scan.matches(&key, &bytes)? {
+        let Some(plan) = query.index_plan(&|segs| index.is_indexed(segs)) else {
+            drop(view);
+            if let Some(layered) = self.layered()? {
+                for key in layered.find(query)? {
                     f(&key)?;
                 }
+                return Ok(());
             }
-            return Ok(());
+            return self.scan_matching_records(query, f);
+        };
+        for key in index.lookup(&plan.field.join("."), &plan.lookup)? {
+            let Some(bytes) = index.get(&key)? else {
+                continue;
+            };
+            if scan.matches(&key, &bytes)? {
+                f(&key)?;
+            }
         }
-        index::scan(index, |key, bytes| {
+        Ok(())
+    }
+
+    /// [`Store::scan_matching`] by reading every record (no column files).
+    fn scan_matching_records(
+        &self,
+        query: &Query,
+        mut f: impl FnMut(&str) -> Result<()>,
+    ) -> Result<()> {
+        let view = self.view()?;
+        let scan = ScanQuery::new(query);
+        index::scan(view.index(), |key, bytes| {
             if scan.matches(key, bytes)? {
                 f(key)?;
             }
@@ -76,7 +95,12 @@ impl Store {
                     indexes.join(", ")
                 )
             };
-            return Ok(format!("full scan of {} records ({why})", index.len()?));
+            let scan = format!("full scan of {} records ({why})", index.len()?);
+            drop(view);
+            return Ok(match self.layered()? {
+                Some(layered) => format!("{scan}: {}", describe_columnar(&layered, query)),
+                None => format!("{scan}, record by record (the checkpoint has no column files)"),
+            });
         };
         let field = plan.field.join(".");
         let candidates = index.lookup(&field, &plan.lookup)?.len();
@@ -94,6 +118,9 @@ impl Store {
     /// # Errors
     /// As [`Store::scan_matching`].
     pub fn find(&self, query: &Query) -> Result<Vec<String>> {
+        if let Some(layered) = self.columnar_for(query)? {
+            return layered.find(query);
+        }
         if let Some(parts) = self.scan_split(query, |key, keys: &mut Vec<String>| {
             keys.push(key.to_owned())
         })? {
@@ -113,6 +140,9 @@ impl Store {
     /// # Errors
     /// As [`Store::scan_matching`].
     pub fn count(&self, query: &Query) -> Result<u64> {
+        if let Some(layered) = self.columnar_for(query)? {
+            return layered.count(query);
+        }
         if let Some(parts) = self.scan_split(query, |_, n: &mut u64| *n += 1)? {
             return Ok(parts.iter().sum());
         }
@@ -122,6 +152,19 @@ impl Store {
             Ok(())
         })?;
         Ok(n)
+    }
+
+    /// The columnar view, when it answers `query`: no secondary index
+    /// narrows the query and every run has its column file.
+    fn columnar_for(&self, query: &Query) -> Result<Option<std::sync::Arc<Layered>>> {
+        {
+            let view = self.view()?;
+            let index = view.index();
+            if query.index_plan(&|segs| index.is_indexed(segs)).is_some() {
+                return Ok(None);
+            }
+        }
+        self.layered()
     }
 
     /// A full scan for `query` split over two threads ([`index::scan_split`]),
@@ -146,6 +189,34 @@ impl Store {
         })
         .map(Some)
     }
+}
+
+/// How a columnar scan runs `query`, for [`Store::explain`].
+fn describe_columnar(layered: &Layered, query: &Query) -> String {
+    let (rows, runs, changed) = layered.describe();
+    let mut reasons: Vec<String> = Vec::new();
+    for r in &layered.base.runs {
+        for why in query.eval_columns(&r.columns).reasons {
+            if !reasons.contains(&why) {
+                reasons.push(why);
+            }
+        }
+    }
+    let mut text = format!("{rows} rows of {runs} column file(s)");
+    if reasons.is_empty() {
+        text.push_str(", every condition answered by the columns");
+    } else {
+        text.push_str(&format!(
+            ", the records deciding the rows where {}",
+            reasons.join("; ")
+        ));
+    }
+    if changed > 0 {
+        text.push_str(&format!(
+            ", and {changed} key(s) changed since the last checkpoint, read record by record"
+        ));
+    }
+    text
 }
 
 /// A secondary index lookup in words: `equal to one of [1, 2]`,

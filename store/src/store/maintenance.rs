@@ -742,7 +742,36 @@ fn verify_checkpoints(root: &Path) -> Result<Vec<String>> {
                     "{e} (`lazyvault repair` writes a new checkpoint from the journal)"
                 ));
             }
+            if let Some(c) = &r.columns {
+                if let Some(problem) = verify_columns(root, c) {
+                    problems.push(format!(
+                        "column file {}: {problem} (queries read the records instead; \
+                         `lazyvault repair` writes a new checkpoint with new column files)",
+                        c.file
+                    ));
+                }
+            }
         }
     }
     Ok(problems)
+}
+
+/// What is wrong with a checkpoint run's column file, if anything: its
+/// checksum, then whether Arrow reads it as our column layout.
+fn verify_columns(root: &Path, doc: &checkpoint::ColumnsDoc) -> Option<String> {
+    let Some(info) = doc.info() else {
+        return Some(format!(
+            "malformed checksum {:?} in the checkpoint",
+            doc.checksum
+        ));
+    };
+    let path = root.join(CHECKPOINT_DIR).join(&doc.file);
+    match crate::columns::Columns::check_file(&path, &info) {
+        Ok(Some(problem)) => return Some(problem),
+        Err(e) => return Some(e.to_string()),
+        Ok(None) => {}
+    }
+    crate::columns::Columns::open(&path, &info)
+        .err()
+        .map(|e| e.to_string())
 }

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, SystemTime};
 
+use crate::checkpoint::base::Base;
 use crate::checkpoint::run::{merge_runs, Run, RunValue, RunWriter};
 use crate::checkpoint::{self, CheckpointDoc, RunDoc, CHECKPOINT_DIR};
 use crate::error::{Error, Result};
@@ -20,6 +21,7 @@ use crate::fsio;
 use crate::index::Index;
 use crate::journal::{self, JournalWriter, Position};
 
+use super::columnar::Layered;
 use super::{INDEX_DIR, LOCK_FILE};
 
 /// A checkpoint is written at a flush once the journal has grown this much
@@ -72,11 +74,17 @@ pub(crate) struct WriterState {
     pub committed_pos: Position,
     /// Keys changed since the last checkpoint.
     pub dirty: BTreeSet<String>,
+    /// Counts changes to `dirty` (puts and deletes), so that a columnar
+    /// view built at one count is reused until the next change.
+    pub changes: u64,
     /// [`JournalWriter::appended`] at the last checkpoint.
     pub checkpointed_bytes: u64,
     /// The runs of the newest checkpoint, newest first; `None` when the
     /// store has no checkpoint yet (the next one holds every record).
     pub runs: Option<Vec<RunDoc>>,
+    /// A run of the newest checkpoint has no column file (written before
+    /// columns existed): the next checkpoint is a full one, with columns.
+    pub columns_missing: bool,
 }
 
 /// The writer role of one store in this process.
@@ -86,7 +94,66 @@ pub(crate) struct Writer {
     /// `Option` only so that a forked child can leak it (see `Drop`).
     index: Option<Index>,
     state: Mutex<WriterState>,
+    /// The last columnar view built: reused while the runs and the
+    /// changes count are the same.
+    layered: Mutex<Option<LayeredCache>>,
     lock_file: Mutex<Option<File>>,
+}
+
+/// A columnar view of the writer's state (see [`Writer::layered`]).
+struct LayeredCache {
+    runs: Vec<String>,
+    changes: u64,
+    layered: Arc<Layered>,
+}
+
+impl Writer {
+    /// The writer's state as columns: the newest checkpoint's runs and the
+    /// keys changed since (read from the index, uncommitted changes
+    /// included, as every read of the writer's handle sees them). `None`
+    /// when a run has no column file.
+    ///
+    /// # Errors
+    /// Those of reading the index.
+    pub(crate) fn layered(&self) -> Result<Option<Arc<Layered>>> {
+        let w = self.lock();
+        let Some(docs) = w.runs.as_ref().filter(|_| !w.columns_missing) else {
+            return Ok(None);
+        };
+        let names: Vec<String> = docs.iter().map(|d| d.file.clone()).collect();
+        let mut cache = self.layered.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = cache.as_ref() {
+            if c.runs == names && c.changes == w.changes {
+                return Ok(Some(c.layered.clone()));
+            }
+        }
+        let base = match cache.as_ref().filter(|c| c.runs == names) {
+            Some(c) => c.layered.base.clone(),
+            None => match Base::open(&self.root, docs) {
+                Ok(Some(base)) => Arc::new(base),
+                // Columns are derived data: damaged ones (verify reports
+                // them) leave scans to the records.
+                Ok(None) | Err(_) => return Ok(None),
+            },
+        };
+        let index = self.index();
+        let mut changed = Vec::with_capacity(w.dirty.len());
+        for key in &w.dirty {
+            changed.push((key.clone(), index.get(key)?));
+        }
+        let skipped = base.skipped(w.dirty.iter().map(String::as_str));
+        let layered = Arc::new(Layered {
+            base,
+            skipped,
+            changed,
+        });
+        *cache = Some(LayeredCache {
+            runs: names,
+            changes: w.changes,
+            layered: layered.clone(),
+        });
+        Ok(Some(layered))
+    }
 }
 
 /// The writers of this process, by canonical store path.
@@ -187,7 +254,11 @@ impl Writer {
             version: base.as_ref().map_or(0, |b| b.version) + tail.commits,
             committed_pos: tail.end,
             dirty,
+            changes: 0,
             checkpointed_bytes: 0,
+            columns_missing: base
+                .as_ref()
+                .is_some_and(|b| b.runs.iter().any(|r| r.columns.is_none())),
             runs: base.map(|b| b.runs),
         };
         let writer = Writer {
@@ -195,6 +266,7 @@ impl Writer {
             opener_pid: std::process::id(),
             index: Some(index),
             state: Mutex::new(state),
+            layered: Mutex::new(None),
             lock_file: Mutex::new(Some(lock_file)),
         };
         // Readers pin a checkpoint to keep what they see: a store must have
@@ -314,6 +386,7 @@ impl Writer {
     ) -> Result<()> {
         let index = self.index();
         let dir = self.root.join(CHECKPOINT_DIR);
+        let full = full || w.columns_missing;
         let nothing_new = w.dirty.is_empty() && w.runs.is_some();
         if full || !nothing_new {
             // Only `checkpoints/` itself: never a store directory removed
@@ -350,7 +423,17 @@ impl Writer {
                         return Err(e);
                     }
                     let mut runs = vec![RunDoc::from_info(&run.finish()?)];
-                    runs.extend(old);
+                    // The changed keys shadow their entries in older runs:
+                    // a columnar scan skips those (found by key, so the
+                    // cost follows what changed, not the store's size).
+                    for mut doc in old {
+                        if doc.columns.is_some() {
+                            let older = Run::open(&dir.join(&doc.file))?;
+                            doc.shadowed =
+                                checkpoint::base::add_shadowed(&older, &w.dirty, &doc.shadowed)?;
+                        }
+                        runs.push(doc);
+                    }
                     merge_levels(&dir, runs)?
                 }
                 _ => vec![RunDoc::from_info(&write_full_run(index, &dir)?)],
@@ -359,6 +442,7 @@ impl Writer {
             let doc = CheckpointDoc::new(w.version, w.committed_pos, index.len()?, runs.clone());
             checkpoint::write(&self.root, &doc)?;
             w.runs = Some(runs);
+            w.columns_missing = false;
             w.dirty.clear();
             w.checkpointed_bytes = w.journal.appended();
         }

@@ -1,0 +1,210 @@
+//! Queries over columns: the newest checkpoint's runs, each scanned
+//! through its column file ([`Query::eval_columns`]), plus the records
+//! changed after that checkpoint, checked one by one. Used by `find`,
+//! `count`, `keys` and `to_arrow` whenever every run of the checkpoint has
+//! its column file; otherwise (a checkpoint written before columns
+//! existed) they scan the records as before.
+
+use std::sync::Arc;
+
+use super::{State, Store};
+use crate::checkpoint::base::Base;
+use crate::columns::Columns;
+use crate::error::Result;
+use crate::query::columnar::{count, ones, valid, Bits};
+use crate::query::Query;
+use crate::scan::ScanQuery;
+
+/// A checkpoint's runs with their columns, and the changes after it.
+pub(crate) struct Layered {
+    pub base: Arc<Base>,
+    /// Per run: rows a scan skips (replaced or deleted later).
+    pub skipped: Vec<Bits>,
+    /// Keys changed after the checkpoint, in key order, with their
+    /// records (`None`: deleted).
+    pub changed: Vec<(String, Option<Vec<u8>>)>,
+}
+
+/// Matching rows of one run, or of the changed records.
+#[allow(dead_code)] // read by to_arrow (being built)
+pub(crate) struct Part {
+    pub columns: Arc<Columns>,
+    /// Ascending rows of `columns`: live and matching.
+    pub rows: Vec<u32>,
+}
+
+impl Layered {
+    /// Per run, the rows that hold a record the query matches (rows the
+    /// columns cannot decide are checked against their records).
+    fn matching(&self, query: &Query) -> Result<Vec<Bits>> {
+        let scan = ScanQuery::new(query);
+        self.base
+            .runs
+            .iter()
+            .zip(&self.skipped)
+            .map(|(r, skipped)| {
+                let cols = &r.columns;
+                let live = live_rows(cols, skipped);
+                let verdict = query.eval_columns(cols);
+                let mut yes: Bits = verdict.yes.iter().zip(&live).map(|(a, b)| a & b).collect();
+                let unknown: Bits = verdict
+                    .unknown
+                    .iter()
+                    .zip(&live)
+                    .map(|(a, b)| a & b)
+                    .collect();
+                for row in ones(&unknown) {
+                    let (key, value) = r.run.entry(row as u64)?;
+                    if let crate::checkpoint::run::RunValue::Put { record, .. } = value {
+                        if scan.matches(key, record)? {
+                            yes[row / 64] |= 1 << (row % 64);
+                        }
+                    }
+                }
+                Ok(yes)
+            })
+            .collect()
+    }
+
+    /// The changed records that match (all, without a query), in key order.
+    fn changed_matching<'a>(&'a self, query: Option<&Query>) -> Result<Vec<(&'a str, &'a [u8])>> {
+        let scan = query.map(ScanQuery::new);
+        let mut out = Vec::new();
+        for (key, record) in &self.changed {
+            let Some(record) = record else { continue };
+            if scan.as_ref().map_or(Ok(true), |s| s.matches(key, record))? {
+                out.push((key.as_str(), record.as_slice()));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Number of records matching `query`.
+    pub(crate) fn count(&self, query: &Query) -> Result<u64> {
+        let runs: u64 = self.matching(query)?.iter().map(count).sum();
+        Ok(runs + self.changed_matching(Some(query))?.len() as u64)
+    }
+
+    /// Keys of the records matching `query`, in key order.
+    pub(crate) fn find(&self, query: &Query) -> Result<Vec<String>> {
+        let mut keys: Vec<&str> = Vec::new();
+        for (r, yes) in self.base.runs.iter().zip(self.matching(query)?) {
+            let column = r.columns.keys();
+            keys.extend(ones(&yes).map(|row| column.value(row)));
+        }
+        keys.extend(
+            self.changed_matching(Some(query))?
+                .into_iter()
+                .map(|(k, _)| k),
+        );
+        // Each source is in key order and no key is in two: one sort.
+        keys.sort_unstable();
+        Ok(keys.into_iter().map(str::to_owned).collect())
+    }
+
+    /// The matching rows of every run, and the matching changed records as
+    /// columns of their own (`None`: every record).
+    #[allow(dead_code)] // used by to_arrow (being built)
+    pub(crate) fn select(&self, query: Option<&Query>) -> Result<Vec<Part>> {
+        let per_run = match query {
+            Some(q) => self.matching(q)?,
+            None => self
+                .base
+                .runs
+                .iter()
+                .zip(&self.skipped)
+                .map(|(r, skipped)| live_rows(&r.columns, skipped))
+                .collect(),
+        };
+        let mut parts: Vec<Part> = self
+            .base
+            .runs
+            .iter()
+            .zip(per_run)
+            .map(|(r, yes)| Part {
+                columns: r.columns.clone(),
+                rows: ones(&yes).map(|i| i as u32).collect(),
+            })
+            .collect();
+        let changed = self.changed_matching(query)?;
+        if !changed.is_empty() {
+            let columns = Columns::build(changed.iter().map(|(k, r)| (*k, Some(*r))))?;
+            parts.push(Part {
+                rows: (0..columns.len() as u32).collect(),
+                columns: Arc::new(columns),
+            });
+        }
+        Ok(parts)
+    }
+
+    /// Records in the runs and changed after them.
+    pub(crate) fn describe(&self) -> (u64, usize, usize) {
+        let rows = self.base.runs.iter().map(|r| r.columns.len() as u64).sum();
+        (rows, self.base.runs.len(), self.changed.len())
+    }
+}
+
+/// Rows of `cols` holding a record that no later change replaced.
+fn live_rows(cols: &Columns, skipped: &Bits) -> Bits {
+    let live = cols.live();
+    let mut bits = valid(live);
+    let values = live.values();
+    for (i, word) in bits.iter_mut().enumerate() {
+        let base = i * 64;
+        let end = (base + 64).min(values.len());
+        let mut acc = 0u64;
+        for j in base..end {
+            acc |= u64::from(values.value(j)) << (j - base);
+        }
+        *word &= acc & !skipped[i];
+    }
+    bits
+}
+
+impl Store {
+    /// The records matching `query` (all with `None`) as columns: the
+    /// matching rows of each checkpoint run's column file (shared, not
+    /// copied), and the matching records changed since the checkpoint as
+    /// columns built for them. Each part's rows are in key order; parts
+    /// may interleave. Without column files (a checkpoint written before
+    /// them), one part built from the matching records.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`](crate::Error::Corrupt) for a record that does not
+    /// decode; those of every method (see [`Store`]).
+    #[allow(dead_code)] // used by to_arrow (being built)
+    pub(crate) fn select(&self, query: Option<&Query>) -> Result<Vec<Part>> {
+        if let Some(layered) = self.layered()? {
+            return layered.select(query);
+        }
+        let view = self.view()?;
+        let scan = query.map(ScanQuery::new);
+        let mut builder = crate::columns::ColumnBuilder::default();
+        crate::index::scan(view.index(), |key, record| {
+            if scan.as_ref().map_or(Ok(true), |s| s.matches(key, record))? {
+                builder.push(key, Some(record))?;
+            }
+            Ok(())
+        })?;
+        let columns = builder.finish()?;
+        Ok(vec![Part {
+            rows: (0..columns.len() as u32).collect(),
+            columns: Arc::new(columns),
+        }])
+    }
+
+    /// The columnar view of this handle's state, when every run of its
+    /// checkpoint has a column file; `None` otherwise (scans then read the
+    /// records).
+    ///
+    /// # Errors
+    /// Those of reading the changed records from the index.
+    pub(crate) fn layered(&self) -> Result<Option<Arc<Layered>>> {
+        let view = self.view()?;
+        match &*view.0 {
+            State::Reading(snapshot) => Ok(snapshot.layered()),
+            State::Writing(writer) => writer.layered(),
+            State::Closed => Ok(None),
+        }
+    }
+}
