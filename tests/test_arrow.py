@@ -392,3 +392,58 @@ def test_keys_in_their_order(mixed: lv.Store, monkeypatch: pytest.MonkeyPatch) -
         results.to_pandas()
     with pytest.raises(ValueError, match="not both"):
         mixed.to_pandas("x > 1", keys=["r00"])
+
+
+# -- checkpoint runs: their mapped column files -----------------------------------
+
+
+def _mapped_ranges(path_part: str) -> list[tuple[int, int]]:
+    """Address ranges of this process's mappings of files whose path contains ``path_part``."""
+    ranges = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if len(fields) >= 6 and path_part in fields[5]:
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                ranges.append((start, end))
+    return ranges
+
+
+def test_one_checkpoint_run_goes_out_without_a_copy(store_path: Path) -> None:
+    with lv.Store.open(store_path) as store:
+        store.update({f"k{i:04}": {"x": i, "y": i / 4, "name": f"n{i % 3}"} for i in range(500)})
+    with lv.Store.open(store_path, mode="r") as reader:
+        first, second = reader.to_arrow(), reader.to_arrow()
+        x1, x2 = (t.column("x").chunks[0].buffers()[1].address for t in (first, second))
+        assert x1 == x2  # the same bytes both times: the run's column file, not a fresh build
+        if Path("/proc/self/maps").exists():
+            ranges = _mapped_ranges(str(store_path))
+            assert ranges and any(a <= x1 < b for a, b in ranges)
+        same_rows(list(cells(first)), expected(reader, list(reader)))
+
+
+def test_runs_and_changes_merge_in_key_order(store_path: Path) -> None:
+    with lv.Store.open(store_path) as store:  # run 1
+        for i in range(0, 40, 2):
+            when = datetime.datetime(2024, 1, 1 + i % 28)
+            store[f"k{i:02}"] = {"x": i, "kind": "even", "t": when}
+    with lv.Store.open(store_path) as store:  # run 2: ints become floats, a key replaced
+        for i in range(1, 40, 2):
+            store[f"k{i:02}"] = {"x": i + 0.5, "kind": "odd"}
+        store["k00"] = {"x": "zero", "extra": [1, 2]}
+    with lv.Store.open(store_path) as store:
+        del store["k02"]
+        store["k41"] = {"x": 41, "kind": "tail", "t": datetime.datetime(2025, 1, 1, tzinfo=UTC)}
+        store.flush()  # the changed records, not yet in a run
+        keys = sorted(store)
+        table = store.to_arrow()
+        assert table.column("key").to_pylist() == keys
+        same_rows(list(cells(table)), expected(store, keys))
+        assert table.schema.field("x").metadata[b"lazyvault.json"] == b"true"  # "zero"
+        assert table.schema.field("t").metadata[b"lazyvault.json"] == b"true"  # naive and aware
+        odd = store.to_arrow("kind == 'odd' or kind == 'tail'")
+        assert odd.column("key").to_pylist() == [k for k in keys if int(k[1:]) % 2]
+        assert str(odd.schema.field("x").type) == "double"  # 41 and 1.5, 3.5...: floats
+        assert "extra" not in odd.column_names
+    with lv.Store.open(store_path, mode="r") as reader:
+        same_rows(list(cells(reader.to_arrow())), expected(reader, keys))
