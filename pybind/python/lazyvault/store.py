@@ -238,7 +238,8 @@ class Handle(RecordsDisplay, Mapping[str, Record]):
         ``<path>.shape`` (a tuple) and ``<path>.dtype`` (its ``str``), winning over a metadata field
         of the same name. Fields a record lacks are missing values (NaN). Built from
         :meth:`to_arrow`'s table when pyarrow is installed (JSON-text columns decoded back to the
-        values they hold), record by record otherwise. Raises ``ModuleNotFoundError`` (an
+        values they hold; aware datetimes as instants in UTC, numpy scalars as plain numbers unless
+        the table says their dtype), record by record otherwise. Raises ``ModuleNotFoundError`` (an
         ``ImportError``) naming ``pip install pandas`` when pandas is not installed,
         :class:`QueryError` for a malformed ``expr``, :class:`MissingKeyError` for a key of
         ``keys`` not held, ``ValueError`` when given both ``expr`` and ``keys``.
