@@ -15,6 +15,8 @@ from zoneinfo import ZoneInfo
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import lazyvault as lv
 from lazyvault import _lazyvault, _tagged
@@ -447,3 +449,44 @@ def test_runs_and_changes_merge_in_key_order(store_path: Path) -> None:
         assert "extra" not in odd.column_names
     with lv.Store.open(store_path, mode="r") as reader:
         same_rows(list(cells(reader.to_arrow())), expected(reader, keys))
+
+
+# -- to_pandas over Arrow is the record-by-record frame -----------------------------
+
+_plain_leaves = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**63 - 1),
+    st.integers(min_value=-(2**80), max_value=2**80),
+    st.floats(),
+    st.sampled_from(["Si", "Ge", "", "$x", "a.b"]),
+    st.text(st.characters(exclude_categories=("Cs",)), max_size=3),
+    st.datetimes(),  # naive: the same instants either way
+)
+_field_names = st.sampled_from(["a", "b", "c", "$d", "e.f", "x"])
+_meta_values = st.recursive(
+    _plain_leaves,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=2),
+        st.lists(inner, max_size=2).map(tuple),
+        st.dictionaries(_field_names, inner, max_size=3),
+    ),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.dictionaries(_field_names, _meta_values, max_size=4), min_size=1, max_size=6))
+def test_to_pandas_over_arrow_is_the_record_by_record_frame(
+    tmp_path_factory: pytest.TempPathFactory, metas: list[dict[str, Any]]
+) -> None:
+    pd = pytest.importorskip("pandas")
+    from lazyvault import _frame
+
+    path = tmp_path_factory.mktemp("prop") / "s.lv"
+    with lv.Store.open(path) as store:
+        for i, meta in enumerate(metas):
+            store[f"k{i}"] = meta
+        over_arrow = store.to_pandas()
+        by_record = _frame.records_frame(store.__getitem__, list(store))
+    pd.testing.assert_frame_equal(over_arrow, by_record)

@@ -119,7 +119,9 @@ def frame(stream: _lazyvault.ArrowStream) -> pd.DataFrame:
         if meta.get(_KIND) == b"fact":
             facts.add(field.name)
         column = t.column(i)
-        if column.type in plain and _NUMPY not in meta:
+        if pa.types.is_dictionary(column.type) and _NUMPY not in meta:
+            data[field.name] = pd.Series(_strings(column), index=labels)
+        elif column.type in plain and _NUMPY not in meta:
             # numbers and bools: numpy's array as pandas would build it from the values (float64
             # with NaN for ints with nulls, object for bools with nulls), without a Python object
             # per cell
@@ -129,16 +131,31 @@ def frame(stream: _lazyvault.ArrowStream) -> pd.DataFrame:
     return pd.DataFrame(data, index=labels)
 
 
+def _strings(column: pa.ChunkedArray) -> np.ndarray:
+    """A dictionary column of strings as an object array of str and None, through its indices
+    (no Python object per cell but the dictionary's)."""
+    parts = []
+    for chunk in column.chunks:
+        words = np.array([*chunk.dictionary.to_pylist(), None], dtype=object)
+        indices = chunk.indices.fill_null(len(chunk.dictionary)).to_numpy()
+        parts.append(words[indices])
+    return np.concatenate(parts) if parts else np.array([], dtype=object)
+
+
 def _values(column: pa.ChunkedArray, meta: dict[bytes, bytes]) -> list[Any]:
     """A column's cells as the Python values of the record-by-record frame: JSON text decoded
     (tagged values too), shapes as tuples."""
-    values = column.to_pylist()
     if meta.get(_JSON) == b"true":
-        # a tagged value's name starts with "$: text without it needs no decoding
+        texts = column.to_pylist()
+        # one parse of all cells (a JSON array of them; a null cell reads as the null it stands
+        # for, as a missing field does), then tagged values decoded where a cell has one (a tag's
+        # name starts with "$)
+        values = json.loads("[" + ",".join("null" if t is None else t for t in texts) + "]")
         return [
-            None if v is None else _tagged.decode(json.loads(v)) if '"$' in v else json.loads(v)
-            for v in values
+            _tagged.decode(v) if t is not None and '"$' in t else v
+            for v, t in zip(values, texts, strict=True)
         ]
+    values = column.to_pylist()
     if meta.get(_FACT) == b"shape":
         return [None if v is None else tuple(v) for v in values]
     if meta.get(_DATE) == b"true":
