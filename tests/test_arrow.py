@@ -490,3 +490,32 @@ def test_to_pandas_over_arrow_is_the_record_by_record_frame(
         over_arrow = store.to_pandas()
         by_record = _frame.records_frame(store.__getitem__, list(store))
     pd.testing.assert_frame_equal(over_arrow, by_record)
+
+
+def test_to_pandas_honours_the_numpy_and_date_marks() -> None:
+    """A typed column the builder marks (every value was a ``$numpy`` scalar of one dtype, or a
+    ``$date``) goes to pandas as those values would: float32, datetime64[s] from dates."""
+    pd = pytest.importorskip("pandas")
+    from lazyvault import _arrow
+
+    def field(name: str, type_: Any, **meta: str) -> Any:
+        return pa.field(name, type_, metadata={"lazyvault.kind": "meta", **meta})
+
+    schema = pa.schema(
+        [
+            pa.field("key", pa.string(), nullable=False),
+            field("f4", pa.float64(), **{"lazyvault.numpy": "<f4"}),
+            field("i2", pa.int64(), **{"lazyvault.numpy": "<i2"}),
+            field("m8", pa.timestamp("us"), **{"lazyvault.numpy": "<M8[s]"}),
+            field("day", pa.timestamp("us"), **{"lazyvault.date": "true"}),
+        ]
+    )
+    midnight = datetime.datetime(2024, 3, 1)
+    table = pa.table(
+        [["a", "b"], [1.5, 2.5], [1, 2], [midnight, midnight], [midnight, None]], schema=schema
+    )
+    df = _arrow.frame(table)
+    assert str(df["f4"].dtype) == "float32" and df["f4"].tolist() == [1.5, 2.5]
+    assert str(df["i2"].dtype) == "int16"
+    assert str(df["m8"].dtype) == "datetime64[s]"
+    assert str(df["day"].dtype) == "datetime64[s]" and pd.isna(df["day"].iloc[1])
