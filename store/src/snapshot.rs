@@ -264,7 +264,7 @@ impl Snapshot {
                 // Columns are derived data: damaged ones (verify reports
                 // them) leave scans to the records.
                 let base = Arc::new(Base::open(&self.root, &self.run_docs).ok()??);
-                let skipped = base.skipped(self.tail.keys().map(String::as_str));
+                let skipped = base.skipped(self.tail.keys().map(String::as_str))?;
                 let changed = self
                     .tail
                     .iter()

@@ -127,18 +127,25 @@ impl Base {
 
     /// Per run, the rows a scan skips: those shadowed by a newer run and
     /// those whose key is in `changed` (changes after the checkpoint).
-    pub(crate) fn skipped<'k>(&self, changed: impl Iterator<Item = &'k str> + Clone) -> Vec<Bits> {
+    /// `None` when a key column cannot be read (scans then read records).
+    pub(crate) fn skipped<'k>(
+        &self,
+        changed: impl Iterator<Item = &'k str> + Clone,
+    ) -> Option<Vec<Bits>> {
         self.runs
             .iter()
             .map(|r| {
                 let mut bits = r.shadowed.clone();
-                let keys = r.columns.keys();
-                for key in changed.clone() {
-                    if let Some(row) = find_row(keys, key) {
-                        bits[row / 64] |= 1 << (row % 64);
+                let mut changed = changed.clone().peekable();
+                if changed.peek().is_some() {
+                    let keys = r.columns.keys()?;
+                    for key in changed {
+                        if let Some(row) = find_row(keys, key) {
+                            bits[row / 64] |= 1 << (row % 64);
+                        }
                     }
                 }
-                bits
+                Some(bits)
             })
             .collect()
     }

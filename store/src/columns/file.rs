@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use arrow_buffer::Buffer;
 use arrow_ipc::convert::try_fb_to_schema;
-use arrow_ipc::reader::{read_footer_length, FileDecoder};
+use arrow_ipc::reader::read_footer_length;
 use arrow_ipc::root_as_footer;
 use arrow_ipc::writer::{FileWriter, IpcWriteOptions};
 use memmap2::Mmap;
@@ -79,12 +79,11 @@ impl Columns {
             // 64-byte aligned buffers: mapped columns are used in place.
             let options = IpcWriteOptions::try_new(64, false, arrow_ipc::MetadataVersion::V5)
                 .map_err(super::build::arrow_err)?;
-            let schema = self.batch.schema();
+            let batch = self.batch()?;
+            let schema = batch.schema();
             let mut writer = FileWriter::try_new_with_options(&mut sink, &schema, options)
                 .map_err(|e| io_or_arrow(e, &tmp))?;
-            writer
-                .write(&self.batch)
-                .map_err(|e| io_or_arrow(e, &tmp))?;
+            writer.write(&batch).map_err(|e| io_or_arrow(e, &tmp))?;
             writer.finish().map_err(|e| io_or_arrow(e, &tmp))?;
             drop(writer);
             let (bytes, checksum) = (sink.bytes, sink.hash.digest());
@@ -113,25 +112,25 @@ impl Columns {
         })
     }
 
-    /// Maps the column file at `path` and reads its batch without copying,
-    /// after checking the file's length and XXH3-64 against `expected`
-    /// (what the checkpoint recorded: a flipped bit in a value would
-    /// otherwise change query results silently); Arrow then validates
-    /// every array (offsets, UTF-8, dictionary keys).
+    /// Maps the column file at `path` (whose length must be `expected`'s)
+    /// and reads its schema, row count and dictionaries; each column is
+    /// decoded at its first use ([`Columns::column`]), without copying,
+    /// validated by Arrow (offsets, UTF-8, dictionary keys). The XXH3-64 is
+    /// not checked here (it would read every byte at open): `verify`
+    /// checks it, as it does for runs and payloads.
     ///
     /// # Errors
-    /// [`Error::Corrupt`] naming the file when its length or checksum
-    /// differ, or it is not a column file of one batch in our layout; I/O
-    /// errors.
+    /// [`Error::Corrupt`] naming the file when its length differs or it is
+    /// not a column file of one batch in our layout; I/O errors.
     pub(crate) fn open(path: &Path, expected: &ColumnsInfo) -> Result<Columns> {
-        let expected_len = expected.bytes;
         let corrupt =
             |detail: String| Error::corrupt(format!("column file {}", path.display()), detail);
         let file = File::open(path).map_err(Error::io(path))?;
         let len = file.metadata().map_err(Error::io(path))?.len();
-        if len != expected_len {
+        if len != expected.bytes {
             return Err(corrupt(format!(
-                "{len} bytes where the checkpoint says {expected_len}"
+                "{len} bytes where the checkpoint says {}",
+                expected.bytes
             )));
         }
         if len < 16 {
@@ -147,32 +146,36 @@ impl Columns {
         // SAFETY: the pointer and length are those of the mapping, which
         // `owner` keeps alive as long as any buffer sliced from it.
         let buffer = unsafe { Buffer::from_custom_allocation(ptr, owner.0.len(), owner.clone()) };
+        Columns::decode_caught(&buffer).map_err(corrupt)
+    }
+
+    /// The layout of the Arrow IPC file held in `buffer` (one record batch,
+    /// our column kinds), its dictionaries read, its columns left to decode
+    /// on first use; a description of what is wrong otherwise. Never
+    /// panics on damaged or hostile bytes (see [`Columns::decode_caught`]).
+    pub(super) fn decode(buffer: &Buffer) -> std::result::Result<Columns, String> {
         let bytes = buffer.as_slice();
-        let sum = xxhash_rust::xxh3::xxh3_64(bytes);
-        if sum != expected.checksum {
-            return Err(corrupt(format!(
-                "checksum xxh3-64:{sum:016x} where the checkpoint says xxh3-64:{:016x}",
-                expected.checksum
-            )));
+        if bytes.len() < 16 {
+            return Err("too short for an Arrow IPC file".into());
         }
         if &bytes[..6] != b"ARROW1" || &bytes[bytes.len() - 6..] != b"ARROW1" {
-            return Err(corrupt("no Arrow IPC file magic".into()));
+            return Err("no Arrow IPC file magic".into());
         }
         let trailer = bytes.len() - 10;
         let footer_len = read_footer_length(bytes[trailer..].try_into().expect("10 bytes"))
-            .map_err(|e| corrupt(e.to_string()))?;
+            .map_err(|e| e.to_string())?;
         let footer_start = trailer
             .checked_sub(footer_len)
             .filter(|s| *s >= 8)
-            .ok_or_else(|| corrupt("footer length past the start".into()))?;
-        let footer =
-            root_as_footer(&bytes[footer_start..trailer]).map_err(|e| corrupt(e.to_string()))?;
+            .ok_or_else(|| String::from("footer length past the start"))?;
+        let footer = root_as_footer(&bytes[footer_start..trailer]).map_err(|e| e.to_string())?;
         let schema = footer
             .schema()
-            .ok_or_else(|| corrupt("no schema".into()))
-            .and_then(|s| try_fb_to_schema(s).map_err(|e| corrupt(e.to_string())))?;
-        let mut decoder = FileDecoder::new(Arc::new(schema), footer.version());
-        let block_of = |offset: i64, meta: i32, body: i64| -> Result<Buffer> {
+            .ok_or_else(|| String::from("no schema"))
+            .and_then(|s| try_fb_to_schema(s).map_err(|e| e.to_string()))?;
+        let schema = Arc::new(schema);
+        let version = footer.version();
+        let block_of = |offset: i64, meta: i32, body: i64| {
             let start = usize::try_from(offset).ok();
             let len = usize::try_from(meta)
                 .ok()
@@ -180,33 +183,55 @@ impl Columns {
                 .and_then(|(m, b)| m.checked_add(b));
             match (start, len) {
                 (Some(s), Some(l)) if s.checked_add(l).is_some_and(|e| e <= footer_start) => {
+                    check_block(&bytes[s..s + l], meta, body)?;
+                    // The body, after the message.
                     Ok(buffer.slice_with_length(s, l))
                 }
-                _ => Err(corrupt("a block lies outside the file".into())),
+                _ => Err(String::from("a block lies outside the file")),
             }
         };
+        let mut dictionaries = std::collections::HashMap::new();
         for block in footer.dictionaries().iter().flatten() {
             let data = block_of(block.offset(), block.metaDataLength(), block.bodyLength())?;
-            decoder
-                .read_dictionary(block, &data)
-                .map_err(|e| corrupt(e.to_string()))?;
+            let message = message_of(data.as_slice(), block.metaDataLength())?;
+            let batch = message
+                .header_as_dictionary_batch()
+                .ok_or("a dictionary block without a dictionary batch")?;
+            let body = data.slice(block.metaDataLength() as usize);
+            arrow_ipc::reader::read_dictionary(&body, batch, &schema, &mut dictionaries, &version)
+                .map_err(|e| e.to_string())?;
         }
-        let batches = footer
-            .recordBatches()
-            .ok_or_else(|| corrupt("no record batch".into()))?;
+        let batches = footer.recordBatches().ok_or("no record batch")?;
         if batches.len() != 1 {
-            return Err(corrupt(format!(
+            return Err(format!(
                 "{} record batches where there must be one",
                 batches.len()
-            )));
+            ));
         }
         let block = batches.get(0);
         let data = block_of(block.offset(), block.metaDataLength(), block.bodyLength())?;
-        let batch = decoder
-            .read_record_batch(block, &data)
-            .map_err(|e| corrupt(e.to_string()))?
-            .ok_or_else(|| corrupt("an empty record batch message".into()))?;
-        Columns::new(batch).map_err(|e| corrupt(e.to_string()))
+        let meta_len = block.metaDataLength() as usize;
+        let message = message_of(data.as_slice(), block.metaDataLength())?;
+        let rows = message
+            .header_as_record_batch()
+            .ok_or("the record batch block holds another message")?
+            .length();
+        let rows = usize::try_from(rows).map_err(|_| format!("{rows} rows"))?;
+        let mapped = Mapped {
+            block: data,
+            meta_len,
+            dictionaries,
+            version,
+        };
+        Columns::layout(schema, rows, Some(mapped)).map_err(|e| e.to_string())
+    }
+
+    /// [`Columns::decode`], with any panic of the Arrow reader on bytes it
+    /// does not expect turned into an error (a backstop: `check_block`
+    /// refuses the damage known to panic it).
+    pub(super) fn decode_caught(buffer: &Buffer) -> std::result::Result<Columns, String> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Columns::decode(buffer)))
+            .unwrap_or_else(|_| Err("the Arrow reader could not read it".into()))
     }
 
     /// Whether the file at `path` has the length and checksum recorded
@@ -232,6 +257,99 @@ impl Columns {
         }
         Ok(None)
     }
+}
+
+/// What a mapped column file keeps to decode its columns later.
+pub(crate) struct Mapped {
+    /// The record batch's block: its message, then its body.
+    block: Buffer,
+    meta_len: usize,
+    dictionaries: std::collections::HashMap<i64, arrow_array::ArrayRef>,
+    version: arrow_ipc::MetadataVersion,
+}
+
+impl Mapped {
+    /// Decodes column `i` (Arrow validates it); never panics.
+    pub(crate) fn decode_column(
+        &self,
+        schema: &arrow_schema::SchemaRef,
+        i: usize,
+    ) -> std::result::Result<arrow_array::ArrayRef, String> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let message = message_of(self.block.as_slice(), self.meta_len as i32)?;
+            let batch = message
+                .header_as_record_batch()
+                .ok_or("the record batch block holds another message")?;
+            let body = self.block.slice(self.meta_len);
+            let decoded = arrow_ipc::reader::read_record_batch(
+                &body,
+                batch,
+                schema.clone(),
+                &self.dictionaries,
+                Some(&[i]),
+                &self.version,
+            )
+            .map_err(|e| e.to_string())?;
+            Ok(decoded.column(0).clone())
+        }))
+        .unwrap_or_else(|_| Err("the Arrow reader could not read it".into()))
+    }
+}
+
+/// The message at the start of a block (`meta` bytes, checked by
+/// [`check_block`]).
+fn message_of(block: &[u8], meta: i32) -> std::result::Result<arrow_ipc::Message<'_>, String> {
+    let meta = usize::try_from(meta).map_err(|_| "a negative metadata length")?;
+    if meta < 8 || meta > block.len() {
+        return Err(format!(
+            "a message of {meta} bytes in a block of {}",
+            block.len()
+        ));
+    }
+    let flatbuffer = if block[..4] == [0xff; 4] {
+        &block[8..meta]
+    } else {
+        &block[4..meta]
+    };
+    arrow_ipc::root_as_message(flatbuffer).map_err(|e| e.to_string())
+}
+
+/// Checks what the Arrow reader takes on trust in one block (a message
+/// and its body): the message parses, and every buffer it names lies
+/// inside the body.
+fn check_block(block: &[u8], meta: i32, body: i64) -> std::result::Result<(), String> {
+    let meta = usize::try_from(meta).map_err(|_| "a negative metadata length")?;
+    if meta < 8 || meta > block.len() {
+        return Err(format!(
+            "a message of {meta} bytes in a block of {}",
+            block.len()
+        ));
+    }
+    let flatbuffer = if block[..4] == [0xff; 4] {
+        &block[8..meta]
+    } else {
+        &block[4..meta]
+    };
+    let message = arrow_ipc::root_as_message(flatbuffer).map_err(|e| e.to_string())?;
+    let batch = match message.header_type() {
+        arrow_ipc::MessageHeader::RecordBatch => message.header_as_record_batch(),
+        arrow_ipc::MessageHeader::DictionaryBatch => {
+            message.header_as_dictionary_batch().and_then(|d| d.data())
+        }
+        other => return Err(format!("an unexpected {other:?} message")),
+    }
+    .ok_or("a message without its batch")?;
+    for b in batch.buffers().iter().flatten() {
+        let end = b.offset().checked_add(b.length());
+        if b.offset() < 0 || b.length() < 0 || b.offset() % 8 != 0 || end.is_none_or(|e| e > body) {
+            return Err(format!(
+                "a buffer at {} of {} bytes past a body of {body}",
+                b.offset(),
+                b.length()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// An Arrow error while writing: I/O ones keep their path.

@@ -29,7 +29,10 @@ mod file;
 
 use std::collections::HashMap;
 
-use arrow_array::RecordBatch;
+use std::sync::OnceLock;
+
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_schema::SchemaRef;
 
 pub(crate) use self::build::ColumnBuilder;
 #[allow(unused_imports)]
@@ -142,10 +145,17 @@ pub(crate) struct PathColumns {
     pub json: Option<usize>,
 }
 
-/// A batch of columns and where each kind of column is in it.
-#[derive(Debug, Clone)]
+/// A batch of columns and where each kind of column is in it. Columns
+/// built in memory are all there; those of a mapped column file are
+/// decoded (zero-copy, validated by Arrow) one at a time, at first use, so
+/// that a query reads and checks only the columns it names.
 pub(crate) struct Columns {
-    pub batch: RecordBatch,
+    schema: SchemaRef,
+    rows: usize,
+    /// Each column, once decoded (`None`: it could not be).
+    cells: Vec<OnceLock<Option<ArrayRef>>>,
+    /// Where undecoded columns come from.
+    source: Option<file::Mapped>,
     pub key: usize,
     pub live: usize,
     /// Metadata paths, in column order.
@@ -154,16 +164,41 @@ pub(crate) struct Columns {
     pub facts: HashMap<String, HashMap<FactName, usize>>,
 }
 
+impl std::fmt::Debug for Columns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Columns")
+            .field("rows", &self.rows)
+            .field("schema", &self.schema)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Columns {
-    /// Reads the layout of `batch` from its fields' metadata.
+    /// Columns of `batch` (all decoded).
+    ///
+    /// # Errors
+    /// As [`Columns::layout`].
+    pub(crate) fn new(batch: RecordBatch) -> Result<Columns> {
+        let mut c = Columns::layout(batch.schema(), batch.num_rows(), None)?;
+        for (cell, array) in c.cells.iter_mut().zip(batch.columns()) {
+            *cell = OnceLock::from(Some(array.clone()));
+        }
+        let (key, live) = (c.column(c.key), c.column(c.live));
+        if key.is_none_or(|a| a.null_count() > 0) || live.is_none_or(|a| a.null_count() > 0) {
+            return Err(Error::corrupt("columns", "null in the key or live column"));
+        }
+        Ok(c)
+    }
+
+    /// The layout of columns of `schema` (what each holds, from its field
+    /// metadata), none decoded yet.
     ///
     /// # Errors
     /// [`Error::Corrupt`] when the key or live column is missing or of the
     /// wrong type, or a column's type does not fit its kind.
-    pub(crate) fn new(batch: RecordBatch) -> Result<Columns> {
+    fn layout(schema: SchemaRef, rows: usize, source: Option<file::Mapped>) -> Result<Columns> {
         use arrow_schema::DataType as T;
         let bad = |what: String| Error::corrupt("columns", what);
-        let schema = batch.schema();
         let (mut key, mut live) = (None, None);
         let mut paths: indexmap::IndexMap<Vec<String>, PathColumns> = indexmap::IndexMap::new();
         let mut facts: HashMap<String, HashMap<FactName, usize>> = HashMap::new();
@@ -208,17 +243,52 @@ impl Columns {
         let (Some(key), Some(live)) = (key, live) else {
             return Err(bad("no key or live column".into()));
         };
-        let live_array = batch.column(live);
-        if live_array.null_count() > 0 || batch.column(key).null_count() > 0 {
-            return Err(bad("null in the key or live column".into()));
-        }
         Ok(Columns {
-            batch,
+            cells: (0..schema.fields().len())
+                .map(|_| OnceLock::new())
+                .collect(),
+            schema,
+            rows,
+            source,
             key,
             live,
             paths,
             facts,
         })
+    }
+
+    /// The schema of every column.
+    pub(crate) fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    /// Column `i`, decoded at first use; `None` when it cannot be (a
+    /// damaged file: the caller reads the records instead).
+    pub(crate) fn column(&self, i: usize) -> Option<&ArrayRef> {
+        self.cells
+            .get(i)?
+            .get_or_init(|| {
+                let array = self.source.as_ref()?.decode_column(&self.schema, i).ok()?;
+                (array.len() == self.rows).then_some(array)
+            })
+            .as_ref()
+    }
+
+    /// Every column as one record batch (decoding those not yet decoded).
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] when a column cannot be decoded.
+    pub(crate) fn batch(&self) -> Result<RecordBatch> {
+        let mut arrays = Vec::with_capacity(self.cells.len());
+        for (i, field) in self.schema.fields().iter().enumerate() {
+            arrays.push(self.column(i).cloned().ok_or_else(|| {
+                Error::corrupt(
+                    "column file",
+                    format!("column {:?} cannot be read", field.name()),
+                )
+            })?);
+        }
+        RecordBatch::try_new(self.schema.clone(), arrays).map_err(build::arrow_err)
     }
 
     /// Builds the columns of `pairs` (key, record JSON or `None` for a
@@ -238,19 +308,24 @@ impl Columns {
 
     /// Rows.
     pub(crate) fn len(&self) -> usize {
-        self.batch.num_rows()
+        self.rows
     }
 
-    /// The key column.
-    pub(crate) fn keys(&self) -> &arrow_array::StringArray {
+    /// The key column (`None`: it cannot be decoded).
+    pub(crate) fn keys(&self) -> Option<&arrow_array::StringArray> {
         use arrow_array::cast::AsArray;
-        self.batch.column(self.key).as_string::<i32>()
+        self.column(self.key)
+            .filter(|a| a.null_count() == 0)
+            .and_then(|a| a.as_string_opt::<i32>())
     }
 
-    /// The live column: false for a deleted key's row.
-    pub(crate) fn live(&self) -> &arrow_array::BooleanArray {
+    /// The live column, false for a deleted key's row (`None`: it cannot
+    /// be decoded).
+    pub(crate) fn live(&self) -> Option<&arrow_array::BooleanArray> {
         use arrow_array::cast::AsArray;
-        self.batch.column(self.live).as_boolean()
+        self.column(self.live)
+            .filter(|a| a.null_count() == 0)
+            .and_then(|a| a.as_boolean_opt())
     }
 }
 

@@ -168,15 +168,24 @@ struct FactColumns<'c> {
     nbytes: &'c ArrayRef,
 }
 
-fn fact_columns<'c>(cols: &'c Columns, array: &str) -> Option<FactColumns<'c>> {
+/// The fact columns of `array`: `None` when no row has it, `Some(Err)`
+/// when one cannot be decoded.
+fn fact_columns<'c>(cols: &'c Columns, array: &str) -> Option<Result<FactColumns<'c>, ()>> {
     let f = cols.facts.get(array)?;
-    let get = |name| f.get(&name).map(|&i| cols.batch.column(i));
-    Some(FactColumns {
-        shape: get(FactName::Shape),
-        dtype: get(FactName::Dtype),
-        descr: get(FactName::Descr),
-        nbytes: get(FactName::Nbytes)?,
-    })
+    let get = |name| -> Result<Option<&'c ArrayRef>, ()> {
+        match f.get(&name) {
+            None => Ok(None),
+            Some(&i) => cols.column(i).map(Some).ok_or(()),
+        }
+    };
+    Some((|| {
+        Ok(FactColumns {
+            shape: get(FactName::Shape)?,
+            dtype: get(FactName::Dtype)?,
+            descr: get(FactName::Descr)?,
+            nbytes: get(FactName::Nbytes)?.ok_or(())?,
+        })
+    })())
 }
 
 fn path_text(path: &PathExpr) -> String {
@@ -222,9 +231,22 @@ fn resolve<'c>(path: &'c PathExpr, cols: &'c Columns) -> Resolved<'c> {
         })
         .collect();
     let indexed = fields.len() < path.segs.len();
+    let damaged = |mut r: Resolved<'c>| {
+        r.typed = None;
+        r.fact = None;
+        r.unknown = all(n);
+        r.meta_present = all(n);
+        r.reasons
+            .push(format!("a column of {} cannot be read", path_text(path)));
+        r
+    };
     if !fields.is_empty() {
         let exact: PathColumns = cols.paths.get(&fields).copied().unwrap_or_default();
-        let json_valid = exact.json.map(|i| valid(cols.batch.column(i)));
+        let json_valid = match exact.json.map(|i| cols.column(i)) {
+            None => None,
+            Some(Some(a)) => Some(valid(a.as_ref())),
+            Some(None) => return damaged(r),
+        };
         if indexed {
             // Only a list (json text) can be indexed into.
             if let Some(j) = json_valid {
@@ -240,7 +262,10 @@ fn resolve<'c>(path: &'c PathExpr, cols: &'c Columns) -> Resolved<'c> {
             for (p, pc) in &cols.paths {
                 if p.len() > fields.len() && p.starts_with(&fields) {
                     for i in [pc.typed, pc.json].into_iter().flatten() {
-                        under = or(&under, &valid(cols.batch.column(i)));
+                        match cols.column(i) {
+                            Some(a) => under = or(&under, &valid(a.as_ref())),
+                            None => return damaged(r),
+                        }
                     }
                 }
             }
@@ -256,7 +281,9 @@ fn resolve<'c>(path: &'c PathExpr, cols: &'c Columns) -> Resolved<'c> {
             }
             let mut present = unknown.clone();
             if let Some(t) = exact.typed {
-                let column = cols.batch.column(t);
+                let Some(column) = cols.column(t) else {
+                    return damaged(r);
+                };
                 present = or(&present, &valid(column.as_ref()));
                 r.typed = Some(column);
             }
@@ -266,8 +293,10 @@ fn resolve<'c>(path: &'c PathExpr, cols: &'c Columns) -> Resolved<'c> {
     }
     if path.root == Root::Field {
         if let Some(fact) = &path.fact {
-            if let Some(fc) = fact_columns(cols, &fact.array) {
-                r.fact = Some((fact, fc));
+            match fact_columns(cols, &fact.array) {
+                Some(Ok(fc)) => r.fact = Some((fact, fc)),
+                Some(Err(())) => return damaged(r),
+                None => {}
             }
         }
     }
@@ -628,7 +657,9 @@ impl<'c> Ctx<'c> {
         let r = resolve(path, cols);
         self.reasons.extend(r.reasons.iter().cloned());
         if r.key {
-            let keys = cols.keys();
+            let Some(keys) = cols.keys() else {
+                return self.unknown_all("the key column cannot be read".into());
+            };
             let t = bits_where(n, |i| test(Some(V::Str(keys.value(i)))));
             let f = and_not(&all(n), &t);
             return Tri { t, f };
@@ -706,8 +737,13 @@ impl<'c> Ctx<'c> {
             if let Some((fact, fc)) = r.fact {
                 t = or(&t, &bits_where(n, |i| fact_value(fact, fc, i).is_some()));
             }
-            if let Some(fc) = path.array.as_deref().and_then(|a| fact_columns(cols, a)) {
-                t = or(&t, &valid(fc.nbytes.as_ref()));
+            match path.array.as_deref().and_then(|a| fact_columns(cols, a)) {
+                Some(Ok(fc)) => t = or(&t, &valid(fc.nbytes.as_ref())),
+                Some(Err(())) => {
+                    return self
+                        .unknown_all(format!("a column of {} cannot be read", path_text(path)))
+                }
+                None => {}
             }
         }
         let f = and_not(&and_not(&all(n), &t), &r.unknown);

@@ -191,8 +191,7 @@ pub(super) fn assert_columns_agree(q: &Query, records: &[TestRecord]) -> usize {
             "query {:?} on row {i} {:?} (columns {:?})",
             q.source(),
             rec.meta,
-            cols.batch
-                .schema()
+            cols.schema()
                 .fields()
                 .iter()
                 .map(|f| f.name())

@@ -11,7 +11,7 @@ use super::{State, Store};
 use crate::checkpoint::base::Base;
 use crate::columns::Columns;
 use crate::error::Result;
-use crate::query::columnar::{count, ones, valid, Bits};
+use crate::query::columnar::{count, ones, Bits};
 use crate::query::Query;
 use crate::scan::ScanQuery;
 
@@ -45,7 +45,12 @@ impl Layered {
             .map(|(r, skipped)| {
                 let cols = &r.columns;
                 let live = live_rows(cols, skipped);
-                let verdict = query.eval_columns(cols);
+                let mut verdict = query.eval_columns(cols);
+                if cols.live().is_none() {
+                    // Deletions unknown: every row's record decides.
+                    verdict.unknown = vec![u64::MAX; verdict.yes.len()];
+                    verdict.yes.iter_mut().for_each(|w| *w = 0);
+                }
                 let mut yes: Bits = verdict.yes.iter().zip(&live).map(|(a, b)| a & b).collect();
                 let unknown: Bits = verdict
                     .unknown
@@ -89,8 +94,14 @@ impl Layered {
     pub(crate) fn find(&self, query: &Query) -> Result<Vec<String>> {
         let mut keys: Vec<&str> = Vec::new();
         for (r, yes) in self.base.runs.iter().zip(self.matching(query)?) {
-            let column = r.columns.keys();
-            keys.extend(ones(&yes).map(|row| column.value(row)));
+            match r.columns.keys() {
+                Some(column) => keys.extend(ones(&yes).map(|row| column.value(row))),
+                None => {
+                    for row in ones(&yes) {
+                        keys.push(r.run.entry(row as u64)?.0);
+                    }
+                }
+            }
         }
         keys.extend(
             self.changed_matching(Some(query))?
@@ -144,19 +155,32 @@ impl Layered {
     }
 }
 
-/// Rows of `cols` holding a record that no later change replaced.
+/// Rows of `cols` holding a record that no later change replaced (every
+/// row not replaced when the live column cannot be read: the records then
+/// say which are deletions).
 fn live_rows(cols: &Columns, skipped: &Bits) -> Bits {
-    let live = cols.live();
-    let mut bits = valid(live);
-    let values = live.values();
-    for (i, word) in bits.iter_mut().enumerate() {
-        let base = i * 64;
-        let end = (base + 64).min(values.len());
-        let mut acc = 0u64;
-        for j in base..end {
-            acc |= u64::from(values.value(j)) << (j - base);
+    let n = cols.len();
+    let mut bits: Bits = match cols.live() {
+        Some(live) => {
+            let chunks = live.values().bit_chunks();
+            let mut words: Bits = chunks.iter().collect();
+            if chunks.remainder_len() > 0 {
+                words.push(chunks.remainder_bits());
+            }
+            words
         }
-        *word &= acc & !skipped[i];
+        None => {
+            let mut words = vec![u64::MAX; n.div_ceil(64)];
+            if !n.is_multiple_of(64) {
+                if let Some(last) = words.last_mut() {
+                    *last = (1u64 << (n % 64)) - 1;
+                }
+            }
+            words
+        }
+    };
+    for (word, skip) in bits.iter_mut().zip(skipped) {
+        *word &= !skip;
     }
     bits
 }

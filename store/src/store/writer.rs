@@ -141,7 +141,9 @@ impl Writer {
         for key in &w.dirty {
             changed.push((key.clone(), index.get(key)?));
         }
-        let skipped = base.skipped(w.dirty.iter().map(String::as_str));
+        let Some(skipped) = base.skipped(w.dirty.iter().map(String::as_str)) else {
+            return Ok(None);
+        };
         let layered = Arc::new(Layered {
             base,
             skipped,
