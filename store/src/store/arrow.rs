@@ -70,10 +70,15 @@ impl Store {
     /// decode; those of every method (see [`Store`]).
     pub fn to_arrow(&self, query: Option<&Query>) -> Result<(SchemaRef, Vec<RecordBatch>)> {
         let parts = self.select(query)?;
+        let batches = parts
+            .iter()
+            .map(|p| p.columns.batch())
+            .collect::<Result<Vec<_>>>()?;
         let rows: Vec<Rows<'_>> = parts
             .iter()
-            .map(|p| Rows {
-                batch: &p.columns.batch,
+            .zip(&batches)
+            .map(|(p, batch)| Rows {
+                batch,
                 rows: &p.rows,
             })
             .collect();
@@ -106,7 +111,7 @@ pub(crate) fn table_of(builder: ColumnBuilder) -> Result<Table> {
     let columns = builder.finish()?;
     let rows: Vec<u32> = (0..columns.len() as u32).collect();
     shape(&[Rows {
-        batch: &columns.batch,
+        batch: &columns.batch()?,
         rows: &rows,
     }])
 }
