@@ -45,6 +45,14 @@ pub use payload::{
     READ_MAX_BYTES,
 };
 pub(crate) use store::INDEXES_FILE;
+
+/// Reads `bytes` as a checkpoint column file (FORMAT.md, "Column files")
+/// and decodes every column, as a reader does: the number of rows, or
+/// what is wrong. Never panics. For the fuzz targets; not a stable API.
+#[doc(hidden)]
+pub fn read_column_file(bytes: &[u8]) -> std::result::Result<usize, String> {
+    columns::read_file_bytes(bytes)
+}
 pub use store::{
     GcReport, Mode, NewRecord, RepairReport, Stage, StagedRecord, Store, VerifyReport, INDEX_DIR,
     MAX_RECORD_BYTES,

@@ -46,7 +46,9 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
-use crate::columns::{ColumnBuilder, ColumnsInfo, COLUMNS_SUFFIX};
+use std::sync::Arc;
+
+use crate::columns::{ColumnBuilder, Columns, ColumnsInfo, COLUMNS_SUFFIX};
 use crate::error::{Error, Result};
 use crate::fsio;
 
@@ -207,6 +209,8 @@ pub(crate) struct RunWriter {
     /// The columns of the entries pushed (`None` once a record failed to
     /// decode: the run then has no column file).
     columns: Option<ColumnBuilder>,
+    /// Columns given whole instead ([`RunWriter::set_columns`]).
+    given: Option<Columns>,
 }
 
 impl RunWriter {
@@ -239,6 +243,7 @@ impl RunWriter {
             failed: false,
             done: false,
             columns: Some(ColumnBuilder::default()),
+            given: None,
         };
         // Room for the header, written by finish() once the counts are known.
         writer.write(&[0; HEADER_LEN as usize])?;
@@ -498,15 +503,29 @@ impl RunWriter {
         Ok(())
     }
 
+    /// Stops building columns from the records pushed: the caller gives
+    /// them whole with [`RunWriter::set_columns`] before finishing (or the
+    /// run gets none).
+    pub(crate) fn skip_column_builder(&mut self) {
+        self.columns = None;
+    }
+
+    /// The columns of the entries pushed, built by the caller.
+    pub(crate) fn set_columns(&mut self, columns: Columns) {
+        self.given = Some(columns);
+    }
+
     /// Writes the column file of the entries pushed, named after the run.
     /// Columns are derived data: when they cannot be built the run has
     /// none (queries then read its records); an I/O error fails the run.
     fn write_columns(&mut self) -> Result<Option<ColumnsInfo>> {
-        let Some(builder) = self.columns.take() else {
-            return Ok(None);
-        };
-        let Ok(columns) = builder.finish() else {
-            return Ok(None);
+        let columns = match (self.given.take(), self.columns.take()) {
+            (Some(given), _) if given.len() as u64 == self.count => given,
+            (_, Some(builder)) => match builder.finish() {
+                Ok(columns) => columns,
+                Err(_) => return Ok(None),
+            },
+            _ => return Ok(None),
         };
         let dir = self.path.parent().unwrap_or(Path::new("."));
         columns.write(dir, &columns_name(&self.name)).map(Some)
@@ -940,8 +959,15 @@ pub(crate) fn merge_runs<B: AsRef<[u8]>>(
     drop_tombstones: bool,
     dir: &Path,
     name: &str,
+    columns: Option<&[Arc<Columns>]>,
 ) -> Result<RunInfo> {
     let mut writer = RunWriter::create(dir, name)?;
+    // With the inputs' columns, the merged columns are theirs interleaved
+    // (no record parsed again): note which input row each entry is.
+    let mut picks: Option<Vec<(usize, usize)>> = columns.map(|_| Vec::new());
+    if picks.is_some() {
+        writer.skip_column_builder();
+    }
     let mut heap = BinaryHeap::with_capacity(runs.len());
     for run in 0..runs.len() {
         advance(&mut heap, runs, run, 0, None)?;
@@ -958,6 +984,34 @@ pub(crate) fn merge_runs<B: AsRef<[u8]>>(
         }
         if !(drop_tombstones && top.value == RunValue::Deleted) {
             writer.push(top.key, top.value)?;
+            if let Some(p) = &mut picks {
+                p.push((top.run, top.pos as usize));
+            }
+        }
+    }
+    if let (Some(inputs), Some(picks)) = (columns, &picks) {
+        let merged = match crate::columns::merge::interleave(inputs, picks) {
+            Some(merged) => Some(merged),
+            // Paths typed differently in two inputs: from the records.
+            None => {
+                let mut builder = ColumnBuilder::default();
+                let mut built = Ok(());
+                for &(run, pos) in picks {
+                    let (key, value) = runs[run].entry(pos as u64)?;
+                    let record = match value {
+                        RunValue::Put { record, .. } => Some(record),
+                        RunValue::Deleted => None,
+                    };
+                    built = builder.push(key, record);
+                    if built.is_err() {
+                        break;
+                    }
+                }
+                built.ok().and_then(|()| builder.finish().ok())
+            }
+        };
+        if let Some(merged) = merged {
+            writer.set_columns(merged);
         }
     }
     writer.finish()
@@ -1473,7 +1527,7 @@ mod tests {
         let run = Run::from_bytes(&b[..], "t").unwrap();
         assert!(run.verify().is_err());
         let dir = tempfile::tempdir().unwrap();
-        let err = merge_runs(&[&run], false, dir.path(), "m").unwrap_err();
+        let err = merge_runs(&[&run], false, dir.path(), "m", None).unwrap_err();
         assert!(err.to_string().contains("is not after"), "{err}");
         assert_eq!(
             std::fs::read_dir(dir.path()).unwrap().count(),
@@ -1501,7 +1555,7 @@ mod tests {
         write_run(dir.path(), "old", &oldest);
         let new = Run::open(&dir.path().join("new")).unwrap();
         let old = Run::open(&dir.path().join("old")).unwrap();
-        let info = merge_runs(&[&new, &old], false, dir.path(), "kept").unwrap();
+        let info = merge_runs(&[&new, &old], false, dir.path(), "kept", None).unwrap();
         let kept = Run::open(&dir.path().join("kept")).unwrap();
         let expected: BTreeMap<String, Val> = [
             ("a".into(), put("a-old")),
@@ -1513,7 +1567,7 @@ mod tests {
         .collect();
         check_matches(&kept, &expected);
         assert_eq!((info.entries, info.puts), (4, 2));
-        merge_runs(&[&new, &old], true, dir.path(), "dropped").unwrap();
+        merge_runs(&[&new, &old], true, dir.path(), "dropped", None).unwrap();
         let dropped = Run::open(&dir.path().join("dropped")).unwrap();
         let expected: BTreeMap<String, Val> =
             [("a".into(), put("a-old")), ("c".into(), put("c-new"))]
@@ -1525,7 +1579,7 @@ mod tests {
         // No runs at all: an empty run.
         let none: [&Run<Mmap>; 0] = [];
         assert_eq!(
-            merge_runs(&none, false, dir.path(), "none")
+            merge_runs(&none, false, dir.path(), "none", None)
                 .unwrap()
                 .entries,
             0
@@ -1677,7 +1731,7 @@ mod tests {
                 .map(|i| Run::open(&dir.path().join(format!("in{i}"))).unwrap())
                 .collect();
             let refs: Vec<&Run<Mmap>> = opened.iter().collect();
-            let info = merge_runs(&refs, drop_tombstones, dir.path(), "out").unwrap();
+            let info = merge_runs(&refs, drop_tombstones, dir.path(), "out", None).unwrap();
             // Model: apply the oldest run first, so newer entries overwrite.
             let mut expected = BTreeMap::new();
             for m in runs.iter().rev() {

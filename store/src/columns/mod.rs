@@ -26,6 +26,7 @@
 
 mod build;
 mod file;
+pub(crate) mod merge;
 
 use std::collections::HashMap;
 
@@ -79,7 +80,7 @@ impl FactName {
 }
 
 /// What a column holds.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) enum Kind {
     Key,
     Live,
@@ -327,6 +328,18 @@ impl Columns {
             .filter(|a| a.null_count() == 0)
             .and_then(|a| a.as_boolean_opt())
     }
+}
+
+/// [`crate::read_column_file`].
+pub(crate) fn read_file_bytes(bytes: &[u8]) -> std::result::Result<usize, String> {
+    let buffer = arrow_buffer::Buffer::from_vec(bytes.to_vec());
+    let columns = Columns::decode_caught(&buffer)?;
+    for (i, field) in columns.schema().fields().iter().enumerate() {
+        if columns.column(i).is_none() {
+            return Err(format!("column {:?} cannot be read", field.name()));
+        }
+    }
+    Ok(columns.len())
 }
 
 #[cfg(test)]

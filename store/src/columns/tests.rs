@@ -207,3 +207,29 @@ fn probe_open_phases() {
         eprintln!("column {i} {:?}", t.elapsed());
     }
 }
+
+#[test]
+#[ignore = "timing probe: cargo test --release -- --ignored probe_build"]
+fn probe_build() {
+    let mats = ["Si", "Ge", "GaAs", "InP", "C"];
+    let recs: Vec<Vec<u8>> = (0..300_000)
+        .map(|i| {
+            serde_json::to_vec(&json!({"meta": {"temperature": ((i * 7919) % 500) as f64, "material": mats[i % 5], "step": i, "ok": i % 3 == 0, "pressure": (i % 97) as f64 * 1.5},
+                "arrays": {}, "layout": {"dict": {"temperature": {"meta": "temperature"}, "material": {"meta": "material"}, "step": {"meta": "step"}, "ok": {"meta": "ok"}, "pressure": {"meta": "pressure"}}}}))
+            .unwrap()
+        })
+        .collect();
+    let keys: Vec<String> = (0..recs.len()).map(|i| format!("run-{i:07}")).collect();
+    let t = std::time::Instant::now();
+    let c = Columns::build(
+        keys.iter()
+            .map(String::as_str)
+            .zip(recs.iter().map(|r| Some(r.as_slice()))),
+    )
+    .unwrap();
+    eprintln!("build {:?} for {} rows", t.elapsed(), c.len());
+    let dir = tempfile::tempdir().unwrap();
+    let t = std::time::Instant::now();
+    c.write(dir.path(), "x.arrow").unwrap();
+    eprintln!("write {:?}", t.elapsed());
+}

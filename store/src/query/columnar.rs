@@ -99,10 +99,11 @@ pub(crate) fn count(b: &Bits) -> u64 {
     b.iter().map(|w| u64::from(w.count_ones())).sum()
 }
 
-/// The rows where `array` is not null.
+/// The rows where `array` is not null (its own validity: a dictionary's
+/// values are never null in column files, so its keys' validity says it).
 pub(crate) fn valid(array: &dyn Array) -> Bits {
     let n = array.len();
-    match array.logical_nulls() {
+    match array.nulls() {
         None => all(n),
         Some(nulls) => {
             let chunks = nulls.inner().bit_chunks();

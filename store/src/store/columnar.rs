@@ -108,8 +108,11 @@ impl Layered {
                 .into_iter()
                 .map(|(k, _)| k),
         );
-        // Each source is in key order and no key is in two: one sort.
-        keys.sort_unstable();
+        // Each source is in key order and no key is in two: one sort,
+        // unless the sources do not interleave (one run, say).
+        if !keys.is_sorted() {
+            keys.sort_unstable();
+        }
         Ok(keys.into_iter().map(str::to_owned).collect())
     }
 

@@ -16,6 +16,7 @@ use std::time::{Duration, SystemTime};
 use crate::checkpoint::base::Base;
 use crate::checkpoint::run::{merge_runs, Run, RunValue, RunWriter};
 use crate::checkpoint::{self, CheckpointDoc, RunDoc, CHECKPOINT_DIR};
+use crate::columns::Columns;
 use crate::error::{Error, Result};
 use crate::fsio;
 use crate::index::Index;
@@ -544,7 +545,24 @@ fn merge_levels(dir: &Path, mut runs: Vec<RunDoc>) -> Result<Vec<RunDoc>> {
         let older = Run::open(&dir.join(&runs[1].file))?;
         // Deletions only matter while an older run may still hold the key.
         let bottom = runs.len() == 2;
-        let merged = merge_runs(&[&newer, &older], bottom, dir, &checkpoint::new_run_name())?;
+        // Their columns, interleaved into the merged run's (else built
+        // from the records).
+        let columns: Option<Vec<Arc<Columns>>> = runs[..2]
+            .iter()
+            .map(|doc| {
+                let c = doc.columns.as_ref()?;
+                Columns::open(&dir.join(&c.file), &c.info()?)
+                    .ok()
+                    .map(Arc::new)
+            })
+            .collect();
+        let merged = merge_runs(
+            &[&newer, &older],
+            bottom,
+            dir,
+            &checkpoint::new_run_name(),
+            columns.as_deref(),
+        )?;
         runs.splice(0..2, [RunDoc::from_info(&merged)]);
     }
     Ok(runs)

@@ -581,3 +581,12 @@ pub fn check_safetensors(data: &[u8]) -> bool {
     }
     true
 }
+
+// ---------------------------------------------------------------------------
+// Checkpoint column files (Arrow IPC)
+
+/// `read_column_file` on arbitrary bytes: no panic (a damaged file is an
+/// error). Returns whether the bytes read as a column file.
+pub fn check_columns(data: &[u8]) -> bool {
+    lazyvault_store::read_column_file(data).is_ok()
+}
