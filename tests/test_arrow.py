@@ -422,6 +422,10 @@ def test_one_checkpoint_run_goes_out_without_a_copy(store_path: Path) -> None:
             ranges = _mapped_ranges(str(store_path))
             assert ranges and any(a <= x1 < b for a, b in ranges)
         same_rows(list(cells(first)), expected(reader, list(reader)))
+        want = list(cells(first))
+    del reader
+    gc.collect()
+    assert list(cells(first)) == want  # the table keeps the mapping alive
 
 
 def test_runs_and_changes_merge_in_key_order(store_path: Path) -> None:
