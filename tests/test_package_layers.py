@@ -6,7 +6,7 @@ import has to hide inside a function. Today, from the bottom:
     _arrays, _tagged, _pinned
     _layout, _source, _display
     record
-    _frame, _dataset, _dask
+    _frame, _arrow, _dataset, _dask
     store
     _archive, _pickling, _interop, _export, dask
     _cli, __init__, __main__
@@ -33,6 +33,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "pybind" / "python" / "lazyvault
 IMPORTS_IN_FUNCTIONS = {
     # optional or heavy third-party modules, imported when a feature runs
     ("_frame", "pandas"): "optional dependency, for to_pandas() only",
+    ("_arrow", "pyarrow"): "optional dependency (lazyvault[arrow]), for to_arrow() and to_pandas()",
+    ("_arrow", "pyarrow.compute"): "optional dependency, for to_pandas() over Arrow",
+    ("_arrow", "polars"): "optional dependency (lazyvault[polars]), for to_polars() only",
     ("_dask", "dask"): "optional dependency, for the to_dask_* methods only",
     ("_dask", "dask.array"): "optional dependency, for to_dask_array() only",
     ("_dask", "dask.dataframe"): "optional dependency, for to_dask_dataframe() only",

@@ -120,3 +120,24 @@ def test_scaling_out_example_runs(tmp_path: Path) -> None:
         assert len(store) == 101 and store.version == 2
         assert store["run-100"].temperature == 350.0
     assert not [p for p in os.listdir(tmp_path) if ".shards-" in p]
+
+
+def test_arrow_example_runs(tmp_path: Path) -> None:
+    """The "Metadata as Arrow tables" block runs and prints what its comments say."""
+    import contextlib
+    import io
+
+    for module in ("pyarrow", "polars", "duckdb"):
+        pytest.importorskip(module)
+    section = README.read_text().split("## Metadata as Arrow tables", 1)[1]
+    (block,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)[:1]
+    said = [line.rpartition("  # ")[2].strip() for line in block.splitlines() if "print(" in line]
+    out = io.StringIO()
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(block, "README.md", "exec"), {})
+    finally:
+        os.chdir(cwd)
+    assert out.getvalue().splitlines() == said

@@ -15,6 +15,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
+use crate::arrow::ArrowStream;
 use crate::convert::{self, ArrayArg};
 use crate::entry::ArrayEntry;
 use crate::errors::IntoPy;
@@ -168,6 +169,26 @@ impl ArchiveCore {
     fn count(&self, py: Python<'_>, expr: &str) -> PyResult<usize> {
         let query = parse_query(expr)?;
         Ok(py.detach(|| self.index().count(&query)))
+    }
+
+    /// The metadata of the records matching `expr` (all with None) as an
+    /// Arrow table (`ArchiveIndex::to_arrow`), rows in archive order.
+    #[pyo3(signature = (expr=None))]
+    fn to_arrow(&self, py: Python<'_>, expr: Option<&str>) -> PyResult<ArrowStream> {
+        let query = expr.map(parse_query).transpose()?;
+        let (schema, batches) = py
+            .detach(|| self.index().to_arrow(query.as_ref()))
+            .py_err()?;
+        Ok(ArrowStream::new(schema, batches))
+    }
+
+    /// `to_arrow` of the records of `keys`, in that order (keys the
+    /// archive lacks are left out).
+    fn to_arrow_keys(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<ArrowStream> {
+        let (schema, batches) = py
+            .detach(|| self.index().to_arrow_keys(keys.iter().map(String::as_str)))
+            .py_err()?;
+        Ok(ArrowStream::new(schema, batches))
     }
 
     /// Checks every array of every record against its member (header,

@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 
 mod archive;
 mod array;
+mod arrow;
 mod convert;
 mod entry;
 mod errors;
@@ -22,6 +23,8 @@ fn _lazyvault(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<array::MappedBuffer>()?;
     m.add_class::<archive::ArchiveCore>()?;
     m.add_class::<archive::ArchiveBuffer>()?;
+    m.add_class::<arrow::ArrowStream>()?;
+    m.add_function(wrap_pyfunction!(arrow::_arrow_example, m)?)?;
     m.add_function(wrap_pyfunction!(archive::write_store_archive, m)?)?;
     m.add_function(wrap_pyfunction!(archive::dumps_archive, m)?)?;
     m.add_function(wrap_pyfunction!(array::map_array, m)?)?;

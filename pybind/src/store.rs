@@ -7,6 +7,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
+use crate::arrow::ArrowStream;
 use crate::convert::{self, ArrayArg};
 use crate::errors::IntoPy;
 use crate::progress;
@@ -249,6 +250,28 @@ impl StoreCore {
             .map_err(lazyvault_store::Error::from)
             .py_err()?;
         py.detach(|| self.inner.count(&query)).py_err()
+    }
+
+    /// The metadata of the records matching `expr` (all with None) as an
+    /// Arrow table (`Store::to_arrow`), rows in key order.
+    #[pyo3(signature = (expr=None))]
+    fn to_arrow(&self, py: Python<'_>, expr: Option<&str>) -> PyResult<ArrowStream> {
+        let query = expr
+            .map(Query::parse)
+            .transpose()
+            .map_err(lazyvault_store::Error::from)
+            .py_err()?;
+        let (schema, batches) = py.detach(|| self.inner.to_arrow(query.as_ref())).py_err()?;
+        Ok(ArrowStream::new(schema, batches))
+    }
+
+    /// `to_arrow` of the records of `keys`, in that order (keys the store
+    /// lacks are left out).
+    fn to_arrow_keys(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<ArrowStream> {
+        let (schema, batches) = py
+            .detach(|| self.inner.to_arrow_keys(keys.iter().map(String::as_str)))
+            .py_err()?;
+        Ok(ArrowStream::new(schema, batches))
     }
 
     /// Creates a secondary index on the metadata field `field`.

@@ -29,6 +29,7 @@ use crate::journal::{self, JOURNAL_DIR};
 use crate::payload::{self, ArraySource, PayloadWriter, TMP_SUFFIX};
 use crate::snapshot::Snapshot;
 
+pub(crate) mod arrow;
 pub(crate) mod columnar;
 mod find;
 mod indexes;

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _frame
 from ._pinned import PinnedSource
 from ._source import DirectorySource
 from .errors import LazyvaultError
@@ -187,7 +186,7 @@ def _frame_partition(keys: tuple[str, ...], source: PinnedSource, dtypes: dict[s
     import pandas
 
     handle = source.open()
-    part = _frame.records_frame(handle.__getitem__, keys)
+    part = handle.to_pandas(keys=keys)
     index = part.index
     data = {}
     for name, dtype in dtypes.items():
@@ -216,7 +215,7 @@ def to_dataframe(handle: Handle, query: str | None, npartitions: object) -> Any:
 
     source, keys, parts = _partitioned(handle, query, npartitions, "dask dataframe")
     reader = source.open()
-    whole = _frame.records_frame(reader.__getitem__, keys)
+    whole = reader.to_pandas(keys=keys)
     columns = dict(whole.dtypes.items())
     meta = _frame_partition((), source, columns)
     ordered = all(a < b for a, b in itertools.pairwise(keys))

@@ -14,7 +14,7 @@ from .record import Record, array_entries
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["records_frame"]
+__all__ = ["column", "pandas_module", "records_frame"]
 
 _MISSING = (
     "to_pandas() needs pandas, which is not installed: "
@@ -22,7 +22,7 @@ _MISSING = (
 )
 
 
-def _pandas() -> Any:
+def pandas_module() -> Any:
     try:
         import pandas
     except ImportError as e:
@@ -32,7 +32,7 @@ def _pandas() -> Any:
 
 def records_frame(get: Callable[[str], Record], keys: Iterable[str]) -> pd.DataFrame:
     """``Store.to_pandas`` (see there) of the records ``keys``, each built by ``get``."""
-    pd = _pandas()
+    pd = pandas_module()
     index: list[str] = []
     rows: list[dict[str, Any]] = []
     for key in keys:
@@ -47,11 +47,11 @@ def records_frame(get: Callable[[str], Record], keys: Iterable[str]) -> pd.DataF
     names = dict.fromkeys(name for row in rows for name in row)  # first-seen order
     columns = {name: [row.get(name) for row in rows] for name in names}
     labels = pd.Index(index, name="key", dtype=str)  # pandas' str labels: str on pandas 3
-    data = {name: _column(pd, values, labels) for name, values in columns.items()}
+    data = {name: column(pd, values, labels) for name, values in columns.items()}
     return pd.DataFrame(data, index=labels)
 
 
-def _column(pd: Any, values: list[Any], labels: Any) -> pd.Series:
+def column(pd: Any, values: list[Any], labels: Any) -> pd.Series:
     """One column: object dtype for containers (tuples, lists, dicts: pandas keeps each as one
     value), datetime64 for dates (midnight; pandas infers it for datetimes and numpy scalars)."""
     if any(isinstance(v, (tuple, list, dict)) for v in values):

@@ -18,6 +18,7 @@ __all__ = [
     "ArchiveBuffer",
     "ArchiveCore",
     "ArrayEntry",
+    "ArrowStream",
     "ClosedError",
     "CorruptError",
     "ForkedStoreError",
@@ -313,6 +314,12 @@ class StoreCore:
     def keys(self) -> list[str]: ...
     def find(self, expr: str) -> list[str]: ...
     def count(self, expr: str) -> int: ...
+    def to_arrow(self, expr: str | None = None) -> ArrowStream:
+        """The metadata of the records matching ``expr`` (all with None) as an
+        Arrow table (columns: ``Store.to_arrow``)."""
+    def to_arrow_keys(self, keys: Sequence[str]) -> ArrowStream:
+        """``to_arrow`` of the records of ``keys``, in that order (keys not
+        held are left out)."""
     def create_index(self, field: str) -> None: ...
     def drop_index(self, field: str) -> bool: ...
     def indexes(self) -> list[str]: ...
@@ -342,6 +349,25 @@ class StoreCore:
         checkpoint (see ``Store.repair``)."""
 
 @final
+class ArrowStream:
+    """An Arrow table held in Rust, exported through the Arrow PyCapsule
+    interface (the Arrow C stream interface): ``pa.table(s)``,
+    ``pl.DataFrame(s)``, DuckDB. Each export is a new stream over the same
+    buffers (no copy)."""
+
+    def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:
+        """A PyCapsule "arrow_array_stream" of the table's record batches
+        (``requested_schema`` is ignored)."""
+    def __arrow_c_schema__(self) -> object:
+        """A PyCapsule "arrow_schema" of the table's schema."""
+    @property
+    def num_rows(self) -> int: ...
+
+def _arrow_example() -> ArrowStream:
+    """A small table of every column type of the metadata tables, twice
+    (two batches): the export's own test."""
+
+@final
 class ArchiveCore:
     """A ``.lvz`` archive opened for reading: a file mapped once, or the
     bytes of a caller's buffer (held, never written to). No lock."""
@@ -365,6 +391,12 @@ class ArchiveCore:
     def get_pickle(self, key: str) -> bytes | None: ...
     def find(self, expr: str) -> list[str]: ...
     def count(self, expr: str) -> int: ...
+    def to_arrow(self, expr: str | None = None) -> ArrowStream:
+        """The metadata of the records matching ``expr`` (all with None) as an
+        Arrow table (columns: ``Store.to_arrow``)."""
+    def to_arrow_keys(self, keys: Sequence[str]) -> ArrowStream:
+        """``to_arrow`` of the records of ``keys``, in that order (keys not
+        held are left out)."""
     def verify(self) -> dict[str, Any]:
         """``{"ok", "records", "arrays", "problems"}`` after checking every array."""
     def map_array(self, entry: ArrayEntry) -> ArchiveBuffer | None:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self, cast, overload
 
 import numpy as np
 
-from . import _arrays, _dask, _frame, _layout, _lazyvault
+from . import _arrays, _arrow, _dask, _frame, _layout, _lazyvault
 from ._dataset import Dataset, dataset_of
 from ._display import RecordsDisplay
 from ._progress import ProgressArg, progress_callback
@@ -45,6 +45,8 @@ if TYPE_CHECKING:
     import dask.bag as db
     import dask.dataframe as dd
     import pandas as pd
+    import polars as pl
+    import pyarrow as pa
 
 _open_stores: weakref.WeakSet[Store] = weakref.WeakSet()
 
@@ -118,6 +120,15 @@ def _query_text(expr: object) -> str:
         err.column, err.expression, err.reason = column, expr, "not valid Unicode"
         raise err
     return expr
+
+
+def _keys_arg(expr: object, keys: object) -> list[str]:
+    """``keys`` (given with no query) as a list of checked keys; ValueError / TypeError."""
+    if expr is not None:
+        raise ValueError("give a query or keys, not both")
+    if isinstance(keys, str) or not isinstance(keys, Iterable):
+        raise TypeError(f"keys is a list of str, not {type(keys).__name__}")
+    return [check_key(k) for k in keys]
 
 
 def _no_report(done: int, total: int | None) -> None:
@@ -216,18 +227,87 @@ class Handle(RecordsDisplay, Mapping[str, Record]):
             return len(self.find(expr))
         return int(self._index().count(_query_text(expr)))
 
-    def to_pandas(self, expr: str | None = None) -> pd.DataFrame:
-        """All records (or those matching the query ``expr``) as a pandas DataFrame, from the index
+    def to_pandas(
+        self, expr: str | None = None, *, keys: Sequence[str] | None = None
+    ) -> pd.DataFrame:
+        """All records (or those matching the query ``expr``, or those of ``keys`` in that order)
+        as a pandas DataFrame, from the index
         only: one row per record, index ``"key"`` (the keys, of pandas' dtype for str labels:
         ``str`` with pandas 3, ``object`` before); columns in first-seen order: the metadata, nested
         dicts flattened to dotted names (``params.lr``; lists stay values), then per array path
         ``<path>.shape`` (a tuple) and ``<path>.dtype`` (its ``str``), winning over a metadata field
-        of the same name. Fields a record lacks are missing values (NaN). Raises
-        ``ModuleNotFoundError`` (an ``ImportError``) naming ``pip install pandas`` when pandas is
-        not installed, :class:`QueryError` for a malformed ``expr``.
+        of the same name. Fields a record lacks are missing values (NaN). Built from
+        :meth:`to_arrow`'s table when pyarrow is installed (JSON-text columns decoded back to the
+        values they hold; aware datetimes as instants in UTC, numpy scalars as plain numbers unless
+        the table says their dtype), record by record otherwise. Raises ``ModuleNotFoundError`` (an
+        ``ImportError``) naming ``pip install pandas`` when pandas is not installed,
+        :class:`QueryError` for a malformed ``expr``, :class:`MissingKeyError` for a key of
+        ``keys`` not held, ``ValueError`` when given both ``expr`` and ``keys``.
         """
-        keys = self._index().keys() if expr is None else self.keys(expr)
-        return _frame.records_frame(self.__getitem__, keys)
+        if _arrow.has_pyarrow():
+            _frame.pandas_module()  # without pandas, say so first
+            return _arrow.frame(self._arrow_stream(expr, keys))
+        if keys is not None:
+            chosen = _keys_arg(expr, keys)
+        else:
+            chosen = self._index().keys() if expr is None else self.keys(expr)
+        return _frame.records_frame(self.__getitem__, chosen)
+
+    def to_arrow(self, expr: str | None = None, *, keys: Sequence[str] | None = None) -> pa.Table:
+        """All records (or those matching the query ``expr``) as a ``pyarrow.Table`` of their
+        metadata, from the index only (no payload opened), one row per record in key (archive)
+        order; with ``keys``, the records of those keys in that order. Built in Rust and handed to
+        pyarrow through the Arrow PyCapsule interface (the Arrow C stream interface): the buffers
+        are shared, not copied.
+
+        Columns (each field's metadata ``lazyvault.kind`` says which it is):
+
+        - ``key``: ``string``, never null;
+        - per metadata path, in first-seen order, named by the path's segments joined with ``.``
+          (``params.lr``: nested dicts are walked; a list or an empty dict is a value), with
+          ``lazyvault.path`` the segments as a JSON array: ``int64``, ``double`` (ints and floats
+          together), ``bool``, ``dictionary<int32, string>`` (strings), ``timestamp[us]`` (naive
+          datetimes) or ``timestamp[us, tz=+00:00]`` (aware ones, as instants in UTC), null where
+          a record lacks the path. A path holding values of several kinds, nulls, lists, dates,
+          tuples, numpy scalars or other tagged values (schema/FORMAT.md) is a ``string`` column of
+          each value's JSON text (field metadata ``lazyvault.json`` = ``"true"``;
+          :meth:`to_pandas` decodes it);
+        - per array path, ``<path>.shape`` (``list<uint64>``) and ``<path>.dtype``
+          (``dictionary<int32, string>``: numpy's dtype name), null where a record lacks the array.
+
+        Paths no selected record holds are left out. The table works with anything that reads
+        Arrow: ``pl.from_arrow(t)``, ``duckdb.sql("select ... from t")``. Raises
+        ``ModuleNotFoundError`` naming ``pip install 'lazyvault[arrow]'`` when pyarrow (>= 15) is
+        not installed, :class:`QueryError` for a malformed ``expr``, :class:`MissingKeyError` for
+        a key of ``keys`` not held, ``ValueError`` when given both ``expr`` and ``keys``.
+        """
+        _arrow.require_pyarrow("to_arrow")
+        return _arrow.table(self._arrow_stream(expr, keys))
+
+    def to_polars(
+        self, expr: str | None = None, *, keys: Sequence[str] | None = None
+    ) -> pl.DataFrame:
+        """:meth:`to_arrow`'s table as a ``polars.DataFrame`` (imported through the Arrow PyCapsule
+        interface: pyarrow is not needed): the same columns, strings as ``pl.String``, JSON-text
+        columns as text (``pl.col(name).str.json_decode()`` reads those that hold one kind).
+        ``keys`` and errors as :meth:`to_arrow`, ``ModuleNotFoundError`` naming
+        ``pip install 'lazyvault[polars]'`` when polars is not installed."""
+        _arrow.require_polars()
+        return _arrow.polars_frame(self._arrow_stream(expr, keys))
+
+    def _arrow_stream(
+        self, expr: str | None, keys: Sequence[str] | None = None
+    ) -> _lazyvault.ArrowStream:
+        """The core's Arrow C stream of the records matching ``expr`` (all without one), or of
+        ``keys``."""
+        if keys is None:
+            return self._index().to_arrow(None if expr is None else _query_text(expr))
+        chosen = _keys_arg(expr, keys)
+        index = self._index()
+        stream = index.to_arrow_keys(chosen)
+        if stream.num_rows != len(chosen):  # the core leaves out keys it does not hold
+            raise MissingKeyError(next(k for k in chosen if not index.contains(k)))
+        return stream
 
     def dataset(self, query: str | None = None, fields: Sequence[str] | None = None) -> Dataset:
         """The records matching ``query`` (all without one) as a map-style dataset for
@@ -895,8 +975,18 @@ class Results(RecordsDisplay, Sequence[Record]):
         return map(self._store.__getitem__, self._keys)
 
     def to_pandas(self) -> pd.DataFrame:
-        """These records as a pandas DataFrame, as :meth:`Store.to_pandas`."""
-        return _frame.records_frame(self._store.__getitem__, self._keys)
+        """These records as a pandas DataFrame, as :meth:`Store.to_pandas` (rows in this order)."""
+        return self._store.to_pandas(keys=self._keys)
+
+    def to_arrow(self) -> pa.Table:
+        """These records as a ``pyarrow.Table``, as :meth:`Store.to_arrow` (rows in this
+        order)."""
+        return self._store.to_arrow(keys=self._keys)
+
+    def to_polars(self) -> pl.DataFrame:
+        """These records as a ``polars.DataFrame``, as :meth:`Store.to_polars` (rows in this
+        order)."""
+        return self._store.to_polars(keys=self._keys)
 
     def _display_parts(self) -> tuple[str, Callable[[str], Record], Sequence[str]]:
         n = len(self._keys)

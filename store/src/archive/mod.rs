@@ -25,6 +25,7 @@
 //! - `index.rs`: [`ArchiveIndex`], parsing and checking an archive's bytes;
 //! - `reader.rs`: [`Archive`], a memory-mapped archive file.
 
+mod arrow;
 mod index;
 mod reader;
 mod sink;

@@ -1,0 +1,48 @@
+//! The metadata of an archive's records as an Arrow table, as
+//! [`Store::to_arrow`](crate::Store::to_arrow) gives a store's.
+
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
+
+use super::ArchiveIndex;
+use crate::columns::ColumnBuilder;
+use crate::error::Result;
+use crate::query::Query;
+use crate::store::arrow::table_of;
+
+impl ArchiveIndex {
+    /// The metadata of the records matching `query` (every record with
+    /// `None`) as an Arrow table, rows in archive order; columns as
+    /// [`Store::to_arrow`](crate::Store::to_arrow) says.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`](crate::Error::Corrupt) (naming the key) for a
+    /// record whose JSON does not decode.
+    pub fn to_arrow(&self, query: Option<&Query>) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+        let mut builder = ColumnBuilder::default();
+        for record in self.records() {
+            if query.is_none_or(|q| q.matches(record)) {
+                builder.push(&record.key, Some(&record.json))?;
+            }
+        }
+        table_of(builder)
+    }
+
+    /// [`ArchiveIndex::to_arrow`] of the records of `keys`, in the order
+    /// given; keys the archive does not hold are left out.
+    ///
+    /// # Errors
+    /// As [`ArchiveIndex::to_arrow`].
+    pub fn to_arrow_keys<'k>(
+        &self,
+        keys: impl IntoIterator<Item = &'k str>,
+    ) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+        let mut builder = ColumnBuilder::default();
+        for key in keys {
+            if let Some(record) = self.get(key) {
+                builder.push(&record.key, Some(&record.json))?;
+            }
+        }
+        table_of(builder)
+    }
+}
