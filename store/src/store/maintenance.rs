@@ -436,6 +436,11 @@ impl Store {
         let mut chosen = Vec::new();
         for (pack, members) in live {
             let path = self.root.join(lazyvault_schema::pack_relpath(&pack));
+            // every member live (the common case): its 22-byte end record
+            // says so, the central directory is not read
+            if crate::pack::member_count(&path) == Some(members.len() as u64) {
+                continue;
+            }
             let Some(total) = pack_member_bytes(&path) else {
                 continue; // unreadable: verify reports its members
             };
