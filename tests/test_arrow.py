@@ -202,18 +202,22 @@ def test_round_trip_of_mixed_metadata(mixed: lv.Store) -> None:
     assert table.schema.field("params.lr").metadata[b"lazyvault.path"] == b'["params","lr"]'
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the column builder (i15-columns) types $date and $numpy values by their plain value "
-    "without a mark (lazyvault.date / lazyvault.numpy field metadata): a date comes back as a "
-    "datetime",
-)
 def test_dates_and_numpy_scalars_come_back_as_they_were(store: lv.Store) -> None:
     store["a"] = {"day": datetime.date(2024, 1, 1), "f4": np.float32(1.5)}
     store["b"] = {"day": datetime.date(2024, 1, 2), "f4": np.float32(2.5)}
     table = store.to_arrow()
     assert table.schema.field("day").metadata.get(b"lazyvault.date") == b"true"
     assert table.schema.field("f4").metadata.get(b"lazyvault.numpy") == b"<f4"
+    # the same from a checkpoint's column file, and after a merge of runs
+    store.close()
+    reader = lv.Store.open(store.path, mode="r")
+    frame = reader.to_pandas()
+    assert str(frame["f4"].dtype) == "float32"
+    assert str(frame["day"].dtype) == "datetime64[s]"  # as to_pandas gives dates (midnight)
+    assert [d.date() for d in frame["day"]] == [
+        datetime.date(2024, 1, 1),
+        datetime.date(2024, 1, 2),
+    ]
 
 
 def test_datetimes_naive_and_aware(store: lv.Store) -> None:

@@ -328,10 +328,8 @@ def test_to_pandas_dtypes(tmp_path: Path) -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="the column builder (i15-columns) types $numpy scalars, $date and zoned datetimes by "
-    "their plain value without saying so (field metadata lazyvault.numpy / lazyvault.date, the "
-    "zone as the column's time zone): to_pandas over Arrow cannot give float32, datetime64[s] "
-    "or Europe/Paris back yet",
+    reason="columns keep an aware datetime as its instant in UTC, not its zone: to_pandas over "
+    "Arrow gives UTC, not Europe/Paris, back",
 )
 def test_to_pandas_keeps_the_dtypes_of_tagged_values(tmp_path: Path) -> None:
     pytest.importorskip("pyarrow")

@@ -318,6 +318,7 @@ impl ColumnBuilder {
             let mut json_rows = 0usize;
             let mut next = 0usize;
             // JSON text for the rows the typed column does not hold.
+            let mut marks = Marks::default();
             let mut json_push = |row: u32, text: Option<String>| {
                 while next < row as usize {
                     json.append_null();
@@ -328,7 +329,11 @@ impl ColumnBuilder {
                         json.append_value(t);
                         json_rows += 1;
                     }
-                    None => json.append_null(),
+                    None => {
+                        // A row of the typed column: what it was tagged as.
+                        marks.note(values.raw.get(&row));
+                        json.append_null();
+                    }
                 }
                 next += 1;
             };
@@ -449,10 +454,9 @@ impl ColumnBuilder {
                 }
             };
             if let Some(array) = array {
-                fields.push(
-                    Field::new(&name, data_type, true)
-                        .with_metadata(field_meta(&Kind::Meta(path.clone()))),
-                );
+                let mut meta = field_meta(&Kind::Meta(path.clone()));
+                marks.add_to(&mut meta);
+                fields.push(Field::new(&name, data_type, true).with_metadata(meta));
                 arrays.push(array);
             }
             if json_rows > 0 {
@@ -527,6 +531,53 @@ impl ColumnBuilder {
         let schema = Arc::new(Schema::new_with_metadata(fields, schema_meta));
         let batch = RecordBatch::try_new(schema, arrays).map_err(arrow_err)?;
         Columns::new(batch)
+    }
+}
+
+/// What the values of a typed column were written as, when all agree:
+/// `$numpy` scalars of one dtype, or `$date`s (field metadata
+/// `lazyvault.numpy` / `lazyvault.date`, so that Python gives them back as
+/// they were: a float32, a date).
+#[derive(Default)]
+struct Marks {
+    rows: usize,
+    numpy: Option<String>,
+    numpy_rows: usize,
+    date_rows: usize,
+}
+
+impl Marks {
+    fn note(&mut self, raw: Option<&String>) {
+        self.rows += 1;
+        let Some(value) = raw.and_then(|r| serde_json::from_str::<Value>(r).ok()) else {
+            return;
+        };
+        let Value::Object(map) = &value else { return };
+        match map.iter().next() {
+            Some((tag, Value::Array(pair))) if tag == "$numpy" => {
+                if let Some(Value::String(dtype)) = pair.first() {
+                    if self.numpy.get_or_insert_with(|| dtype.clone()) == dtype {
+                        self.numpy_rows += 1;
+                    }
+                }
+            }
+            Some((tag, Value::String(_))) if tag == "$date" => self.date_rows += 1,
+            _ => {}
+        }
+    }
+
+    fn add_to(&self, meta: &mut arrow_schema::Metadata) {
+        if self.rows == 0 {
+            return;
+        }
+        if self.numpy_rows == self.rows {
+            if let Some(dtype) = &self.numpy {
+                meta.insert(super::NUMPY_MARK, dtype.clone());
+            }
+        }
+        if self.date_rows == self.rows {
+            meta.insert(super::DATE_MARK, "true");
+        }
     }
 }
 

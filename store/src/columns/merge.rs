@@ -25,6 +25,9 @@ pub(crate) fn interleave(inputs: &[Arc<Columns>], picks: &[(usize, usize)]) -> O
     // Every output column: its kind and type, in first-seen order; and
     // where each input has it.
     let mut out: IndexMap<Kind, (String, DataType)> = IndexMap::new();
+    // Each column's field metadata, when every input has the same (the
+    // marks of tagged values hold only then).
+    let mut metas: HashMap<Kind, Option<arrow_schema::Metadata>> = HashMap::new();
     let mut at: Vec<HashMap<Kind, usize>> = vec![HashMap::new(); inputs.len()];
     for (c, at) in inputs.iter().zip(&mut at) {
         for (i, field) in c.schema().fields().iter().enumerate() {
@@ -32,6 +35,12 @@ pub(crate) fn interleave(inputs: &[Arc<Columns>], picks: &[(usize, usize)]) -> O
                 continue;
             };
             at.insert(kind.clone(), i);
+            let agreed = metas
+                .entry(kind.clone())
+                .or_insert_with(|| Some(field.metadata().clone()));
+            if agreed.as_ref() != Some(field.metadata()) {
+                *agreed = None;
+            }
             match out.get(&kind) {
                 Some((_, t)) if t != field.data_type() => return None,
                 Some(_) => {}
@@ -73,7 +82,13 @@ pub(crate) fn interleave(inputs: &[Arc<Columns>], picks: &[(usize, usize)]) -> O
         let refs: Vec<&dyn Array> = sources.iter().map(|a| a.as_ref()).collect();
         let array = arrow_select::interleave::interleave(&refs, picks).ok()?;
         let nullable = !matches!(kind, Kind::Key | Kind::Live);
-        fields.push(Field::new(name, data_type.clone(), nullable).with_metadata(field_meta(kind)));
+        // An input without the column holds no value there: its marks
+        // still hold (all null rows), so only disagreeing inputs drop them.
+        let meta = match metas.get(kind) {
+            Some(Some(m)) => m.clone(),
+            _ => field_meta(kind),
+        };
+        fields.push(Field::new(name, data_type.clone(), nullable).with_metadata(meta));
         arrays.push(array);
     }
     let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).ok()?;

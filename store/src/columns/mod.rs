@@ -48,6 +48,12 @@ pub(crate) const UTC: &str = "+00:00";
 pub(crate) const PATHS_COMPLETE: &str = "lazyvault.paths_complete";
 pub(crate) const FACTS_COMPLETE: &str = "lazyvault.facts_complete";
 
+/// Field metadata of a typed column whose every value was a `$numpy`
+/// scalar of one dtype: that dtype's `str` (`"<f4"`); and of one whose every
+/// value was a `$date`: `"true"` (FORMAT.md, "Column files").
+pub(crate) const NUMPY_MARK: &str = "lazyvault.numpy";
+pub(crate) const DATE_MARK: &str = "lazyvault.date";
+
 /// Field metadata keys.
 const KIND: &str = "lazyvault.kind";
 const PATH: &str = "lazyvault.path";
