@@ -75,6 +75,13 @@ pub(crate) struct ColumnsDoc {
     pub bytes: u64,
     /// `xxh3-64:<16 hex>` of the whole file.
     pub checksum: String,
+    /// `xxh3-64:<16 hex>` of the file's footer (its schema), checked at open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub footer: Option<String>,
+    /// Per column, in schema order, 16 hex digits: the XXH3-64 of its
+    /// decoded buffers, checked at the column's first use.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub column_checksums: Vec<String>,
 }
 
 impl ColumnsDoc {
@@ -82,10 +89,21 @@ impl ColumnsDoc {
     /// checksum is well formed.
     pub(crate) fn info(&self) -> Option<ColumnsInfo> {
         let hex = self.checksum.strip_prefix("xxh3-64:")?;
+        let footer = match &self.footer {
+            None => None,
+            Some(f) => Some(u64::from_str_radix(f.strip_prefix("xxh3-64:")?, 16).ok()?),
+        };
+        let columns = self
+            .column_checksums
+            .iter()
+            .map(|c| u64::from_str_radix(c, 16).ok())
+            .collect::<Option<Vec<u64>>>()?;
         Some(ColumnsInfo {
             file: self.file.clone(),
             bytes: self.bytes,
             checksum: u64::from_str_radix(hex, 16).ok()?,
+            footer,
+            columns,
         })
     }
 }
@@ -101,6 +119,8 @@ impl RunDoc {
                 file: c.file.clone(),
                 bytes: c.bytes,
                 checksum: format!("xxh3-64:{:016x}", c.checksum),
+                footer: c.footer.map(|f| format!("xxh3-64:{f:016x}")),
+                column_checksums: c.columns.iter().map(|x| format!("{x:016x}")).collect(),
             }),
             shadowed: Vec::new(),
         }

@@ -345,6 +345,10 @@ impl ColumnBuilder {
                     (DataType::Null, None)
                 }
                 Some(Scalar::Num) if values.floats > 0 => {
+                    // With values of other kinds beside, ints stay exact
+                    // JSON text (a table shows `1`, not `1.0`, as the
+                    // record has it).
+                    let others = values.rows.len() > values.ints + values.floats;
                     let mut b = Float64Builder::with_capacity(n);
                     let mut at = 0usize;
                     for (row, leaf) in &values.rows {
@@ -354,7 +358,7 @@ impl ColumnBuilder {
                                 b.append_value(*f);
                                 json_push(*row, None);
                             }
-                            Leaf::Int(i) if i.unsigned_abs() <= EXACT_F64_INT as u64 => {
+                            Leaf::Int(i) if !others && i.unsigned_abs() <= EXACT_F64_INT as u64 => {
                                 b.append_value(*i as f64);
                                 json_push(*row, None);
                             }

@@ -33,6 +33,51 @@ pub(crate) struct ColumnsInfo {
     pub bytes: u64,
     /// XXH3-64 of the whole file.
     pub checksum: u64,
+    /// XXH3-64 of the footer (the schema: which column holds what), and
+    /// of each column's decoded buffers ([`column_checksum`]), checked at
+    /// open and at a column's first use: a flipped bit must not change an
+    /// answer. Empty when unknown (then not checked).
+    pub footer: Option<u64>,
+    pub columns: Vec<u64>,
+}
+
+/// The XXH3-64 of one decoded column: its length, validity and buffers,
+/// and those of its children (list items, dictionary values), in order.
+/// Deterministic for the same file bytes (decoding slices them as they
+/// are).
+pub(crate) fn column_checksum(array: &dyn arrow_array::Array) -> u64 {
+    fn feed(data: &arrow_data::ArrayData, h: &mut Xxh3) {
+        h.update(&(data.len() as u64).to_le_bytes());
+        h.update(&(data.offset() as u64).to_le_bytes());
+        match data.nulls() {
+            Some(nulls) => {
+                h.update(&[1]);
+                h.update(nulls.buffer().as_slice());
+            }
+            None => h.update(&[0]),
+        }
+        for b in data.buffers() {
+            h.update(&(b.len() as u64).to_le_bytes());
+            h.update(b.as_slice());
+        }
+        for child in data.child_data() {
+            feed(child, h);
+        }
+    }
+    let mut h = Xxh3::new();
+    feed(&array.to_data(), &mut h);
+    h.digest()
+}
+
+/// The footer bytes of an Arrow IPC file (the schema and the block
+/// table), if the trailer is well formed.
+fn footer_of(bytes: &[u8]) -> Option<&[u8]> {
+    if bytes.len() < 16 || &bytes[bytes.len() - 6..] != b"ARROW1" {
+        return None;
+    }
+    let trailer = bytes.len() - 10;
+    let len = read_footer_length(bytes[trailer..].try_into().ok()?).ok()?;
+    Some(&bytes[trailer.checked_sub(len)?..trailer])
 }
 
 /// A sink that hashes what it writes.
@@ -105,10 +150,28 @@ impl Columns {
             let _ = fsio::remove_file(&tmp);
             return Err(Error::io(&path)(e));
         }
+        // The footer's and each column's checksum, from the file as a
+        // reader will decode it (read back: it is in the page cache).
+        let written = std::fs::read(&path).map_err(Error::io(&path))?;
+        let footer = footer_of(&written).map(xxhash_rust::xxh3::xxh3_64);
+        let decoded = Columns::decode_caught(&Buffer::from_vec(written))
+            .map_err(|e| Error::corrupt(format!("column file {}", path.display()), e))?;
+        let mut columns = Vec::with_capacity(decoded.schema().fields().len());
+        for i in 0..decoded.schema().fields().len() {
+            let array = decoded.column(i).ok_or_else(|| {
+                Error::corrupt(
+                    format!("column file {}", path.display()),
+                    format!("column {i} does not read back"),
+                )
+            })?;
+            columns.push(column_checksum(array.as_ref()));
+        }
         Ok(ColumnsInfo {
             file: name.to_owned(),
             bytes,
             checksum,
+            footer,
+            columns,
         })
     }
 
@@ -146,7 +209,26 @@ impl Columns {
         // SAFETY: the pointer and length are those of the mapping, which
         // `owner` keeps alive as long as any buffer sliced from it.
         let buffer = unsafe { Buffer::from_custom_allocation(ptr, owner.0.len(), owner.clone()) };
-        Columns::decode_caught(&buffer).map_err(corrupt)
+        if let Some(expected_footer) = expected.footer {
+            let sum = footer_of(buffer.as_slice()).map(xxhash_rust::xxh3::xxh3_64);
+            if sum != Some(expected_footer) {
+                return Err(corrupt(
+                    "its footer (the schema) differs from the checkpoint's checksum".into(),
+                ));
+            }
+        }
+        let mut columns = Columns::decode_caught(&buffer).map_err(corrupt)?;
+        if !expected.columns.is_empty() {
+            if expected.columns.len() != columns.schema().fields().len() {
+                return Err(corrupt(format!(
+                    "{} columns where the checkpoint lists {} checksums",
+                    columns.schema().fields().len(),
+                    expected.columns.len()
+                )));
+            }
+            columns.set_checksums(expected.columns.clone());
+        }
+        Ok(columns)
     }
 
     /// The layout of the Arrow IPC file held in `buffer` (one record batch,

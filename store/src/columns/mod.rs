@@ -10,13 +10,13 @@
 //! - `key` (Utf8) and `$live` (Boolean: false for a deleted key's row);
 //! - per metadata path (objects are walked, `$dict` ones too; every other
 //!   value is a leaf), one *typed* column (Int64, Float64, Boolean,
-//!   Dictionary<Int32, Utf8>, or Timestamp in microseconds, naive or UTC)
+//!   `Dictionary<Int32, Utf8>`, or Timestamp in microseconds, naive or UTC)
 //!   holding the leaves of the path's most common scalar kind, and, where
 //!   the path holds anything else (null, lists, other tagged values, a
 //!   second kind), a *json* sibling column of the same path holding those
 //!   values' JSON text;
-//! - per array name, its facts: `shape` (List<UInt64>), `dtype` and
-//!   `descr` (Dictionary<Int32, Utf8>), `nbytes` (UInt64).
+//! - per array name, its facts: `shape` (`List<UInt64>`), `dtype` and
+//!   `descr` (`Dictionary<Int32, Utf8>`), `nbytes` (`UInt64`).
 //!
 //! A typed cell is null where the path is absent or holds another kind;
 //! the json cell says which.
@@ -179,6 +179,9 @@ pub(crate) struct Columns {
     pub paths_complete: bool,
     /// Every array of the rows has its fact columns.
     pub facts_complete: bool,
+    /// Each column's checksum ([`file::column_checksum`]), checked when it
+    /// is decoded; empty: not checked (built in memory).
+    checksums: Vec<u64>,
 }
 
 impl std::fmt::Debug for Columns {
@@ -263,6 +266,7 @@ impl Columns {
         let complete = |key: &str| schema.metadata().get(key).is_none_or(|v| v != "false");
         let (paths_complete, facts_complete) = (complete(PATHS_COMPLETE), complete(FACTS_COMPLETE));
         Ok(Columns {
+            checksums: Vec::new(),
             paths_complete,
             facts_complete,
             cells: (0..schema.fields().len())
@@ -278,6 +282,11 @@ impl Columns {
         })
     }
 
+    /// The checksums each column must have when decoded.
+    pub(crate) fn set_checksums(&mut self, checksums: Vec<u64>) {
+        self.checksums = checksums;
+    }
+
     /// The schema of every column.
     pub(crate) fn schema(&self) -> &SchemaRef {
         &self.schema
@@ -290,6 +299,11 @@ impl Columns {
             .get(i)?
             .get_or_init(|| {
                 let array = self.source.as_ref()?.decode_column(&self.schema, i).ok()?;
+                if let Some(&expected) = self.checksums.get(i) {
+                    if file::column_checksum(array.as_ref()) != expected {
+                        return None; // damaged: the records decide instead
+                    }
+                }
                 (array.len() == self.rows).then_some(array)
             })
             .as_ref()

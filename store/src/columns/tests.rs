@@ -146,6 +146,8 @@ fn files_round_trip_mapped() {
             file: info.file.clone(),
             bytes: cut as u64,
             checksum: xxhash_rust::xxh3::xxh3_64(&bytes[..cut]),
+            footer: None,
+            columns: Vec::new(),
         };
         assert!(Columns::open(&path, &cut_info).is_err(), "cut at {cut}");
     }

@@ -208,11 +208,10 @@ impl Store {
         if let Some(layered) = self.layered()? {
             // Column files that left some fields or arrays out (records
             // with thousands of them) do not make the whole table.
-            let complete = layered
-                .base
-                .runs
-                .iter()
-                .all(|r| r.columns.paths_complete && r.columns.facts_complete);
+            // ... nor do damaged ones (a column that fails its checksum).
+            let complete = layered.base.runs.iter().all(|r| {
+                r.columns.paths_complete && r.columns.facts_complete && r.columns.batch().is_ok()
+            });
             if complete {
                 return layered.select(query);
             }
