@@ -237,8 +237,10 @@ fn resolve<'c>(path: &'c PathExpr, cols: &'c Columns) -> Resolved<'c> {
         r.fact = None;
         r.unknown = all(n);
         r.meta_present = all(n);
-        r.reasons
-            .push(format!("a column of {} cannot be read", path_text(path)));
+        r.reasons.push(format!(
+            "a column of {} fails its checks (damaged: `verify` reports it, `repair` rewrites it)",
+            path_text(path)
+        ));
         r
     };
     if !fields.is_empty() {
@@ -486,6 +488,64 @@ fn f64_from_key(k: i64) -> f64 {
     f64::from_bits(bits as u64)
 }
 
+/// A condition number columns answer without a call per row.
+enum Fast<'q> {
+    /// `value op number`.
+    Cmp(CmpOp, Num<'q>),
+    /// `value in [...]` (`not in` with `negate`): the list's numbers.
+    In { numbers: Vec<Num<'q>>, negate: bool },
+}
+
+/// Rows of a number column whose value equals one of `numbers` (none of
+/// them with `negate`): each number's interval of equal values, merged,
+/// then one binary search per row.
+fn numeric_in(array: &ArrayRef, numbers: &[Num<'_>], negate: bool) -> Option<Bits> {
+    fn search<T: PartialOrd + Copy>(values: &[T], mut ranges: Vec<(T, T)>, negate: bool) -> Bits {
+        ranges.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap_or(Ordering::Equal));
+        bits_where(values.len(), |i| {
+            let x = values[i];
+            let at = ranges.partition_point(|r| r.0 <= x);
+            let found = at > 0 && x <= ranges[at - 1].1;
+            found != negate
+        })
+    }
+    match array.data_type() {
+        DataType::Int64 => {
+            let values = array.as_primitive::<Int64Type>().values();
+            let ranges = numbers
+                .iter()
+                .filter_map(|&n| {
+                    interval(
+                        CmpOp::Eq,
+                        i64::MIN,
+                        i64::MAX,
+                        |k| k,
+                        |x| cmp_num(Num::I(x), n).unwrap_or(Ordering::Less),
+                    )
+                })
+                .collect();
+            Some(search(values, ranges, negate))
+        }
+        DataType::Float64 => {
+            let values = array.as_primitive::<Float64Type>().values();
+            let ranges = numbers
+                .iter()
+                .filter_map(|&n| {
+                    interval(
+                        CmpOp::Eq,
+                        f64_key(f64::NEG_INFINITY),
+                        f64_key(f64::INFINITY),
+                        f64_from_key,
+                        |x| cmp_num(Num::F(x), n).unwrap_or(Ordering::Less),
+                    )
+                })
+                .collect();
+            Some(search(values, ranges, negate))
+        }
+        _ => None,
+    }
+}
+
 /// Rows of a number column where `column op literal` holds (or
 /// `literal op column` when `flipped`), for ordering and equality
 /// operators; `None` when this fast path does not apply.
@@ -636,8 +696,26 @@ impl<'c> Ctx<'c> {
                         )),
                     };
                 };
-                let fast = match V::from_json(lit) {
-                    V::Num(num) if !matches!(op, CmpOp::In | CmpOp::NotIn) => Some((op, num)),
+                let fast = match (V::from_json(lit), op) {
+                    (V::Num(num), _) if !matches!(op, CmpOp::In | CmpOp::NotIn) => {
+                        Some(Fast::Cmp(op, num))
+                    }
+                    // Only the numbers of the list can equal a number.
+                    (_, CmpOp::In | CmpOp::NotIn) if lit.is_array() => {
+                        let numbers = lit
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter_map(|e| match V::from_json(e) {
+                                V::Num(n) => Some(n),
+                                _ => None,
+                            })
+                            .collect();
+                        Some(Fast::In {
+                            numbers,
+                            negate: op == CmpOp::NotIn,
+                        })
+                    }
                     _ => None,
                 };
                 self.test(
@@ -678,7 +756,7 @@ impl<'c> Ctx<'c> {
 
     /// Rows where `test` holds for the path's value; `fast`: the test is
     /// `value op number`, which number columns answer by interval.
-    fn test(&mut self, path: &PathExpr, test: Test<'_>, fast: Option<(CmpOp, Num<'_>)>) -> Tri {
+    fn test(&mut self, path: &PathExpr, test: Test<'_>, fast: Option<Fast<'_>>) -> Tri {
         let n = self.n;
         let cols = self.cols;
         let r = resolve(path, cols);
@@ -696,8 +774,11 @@ impl<'c> Ctx<'c> {
         if let Some(column) = r.typed {
             let typed_valid = valid(column.as_ref());
             let hits = match (fast, column.data_type()) {
-                (Some((op, num)), DataType::Int64 | DataType::Float64) => {
+                (Some(Fast::Cmp(op, num)), DataType::Int64 | DataType::Float64) => {
                     numeric_fast(column, op, num)
+                }
+                (Some(Fast::In { numbers, negate }), DataType::Int64 | DataType::Float64) => {
+                    numeric_in(column, &numbers, negate)
                 }
                 _ => None,
             };

@@ -99,7 +99,10 @@ impl Store {
             drop(view);
             return Ok(match self.layered()? {
                 Some(layered) => format!("{scan}: {}", describe_columnar(&layered, query)),
-                None => format!("{scan}, record by record (the checkpoint has no column files)"),
+                None => format!(
+                    "{scan}, record by record (a run of the checkpoint has no usable column file: \
+                     written before format 1.4, or damaged, which `verify` reports)"
+                ),
             });
         };
         let field = plan.field.join(".");
