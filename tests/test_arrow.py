@@ -558,3 +558,18 @@ def test_ints_beside_floats_and_other_kinds_stay_ints(store: lv.Store) -> None:
     for source in (store, lv.Store.open(store.path, mode="r")):
         assert source.to_arrow().column("m").to_pylist() == ["1", '"x"', "2.5"]
         assert source.to_pandas()["m"].tolist() == [1, "x", 2.5]
+
+
+def test_every_column_has_its_own_name(store: lv.Store) -> None:
+    # A fresh user's trial: a field named "key", a field "a.b" beside {"a": {"b": ...}}, and a
+    # field "x.shape" beside array x's shape gave repeated names (polars raised DuplicateError).
+    store["r1"] = {"key": "meta-key", "a.b": 1, "a": {"b": 2}, "x.shape": "mine", "x": np.zeros(2)}
+    table = store.to_arrow()
+    names = table.column_names
+    assert len(names) == len(set(names)), names
+    assert table.column("key").to_pylist() == ["r1"]
+    assert table.column("meta.key").to_pylist() == ["meta-key"]
+    assert sorted(table.column(n).to_pylist()[0] for n in ("a.b", "meta.a.b")) == [1, 2]
+    assert table.column("meta.x.shape").to_pylist() == ["mine"]
+    assert table.column("x.shape").to_pylist() == [[2]]
+    assert store.to_polars().columns == names

@@ -327,11 +327,42 @@ pub(crate) fn shape(parts: &[Rows<'_>]) -> Result<Table> {
             columns.push(column);
         }
     }
+    unique_names(&mut fields);
     let schema = Arc::new(Schema::new(fields));
     let options = RecordBatchOptions::new().with_row_count(Some(rows));
     let batch = RecordBatch::try_new_with_options(schema.clone(), columns, &options)
         .map_err(arrow_error)?;
     Ok((schema, vec![batch]))
+}
+
+/// Gives every column its own name (pandas, polars and DuckDB need
+/// that; a fresh user's trial found `key`, `a.b` and `x.shape` repeated):
+/// the key and the array facts keep theirs; a metadata column whose name
+/// is taken becomes `meta.<name>` (as a query names a field that is not
+/// the key: `meta.key`), and a name still taken gets ` (2)`, ` (3)`...
+fn unique_names(fields: &mut [Field]) {
+    let mut used = std::collections::HashSet::new();
+    let is_meta = |f: &Field| f.metadata().contains_key(PATH);
+    for pass_meta in [false, true] {
+        for field in fields.iter_mut().filter(|f| is_meta(f) == pass_meta) {
+            let mut name = field.name().clone();
+            if used.contains(&name) {
+                let base = if pass_meta {
+                    format!("meta.{name}")
+                } else {
+                    name.clone()
+                };
+                name = base.clone();
+                let mut k = 2;
+                while used.contains(&name) {
+                    name = format!("{base} ({k})");
+                    k += 1;
+                }
+                *field = field.clone().with_name(name.clone());
+            }
+            used.insert(name);
+        }
+    }
 }
 
 /// The selected rows of every part as `(part, row)` in key order: a k-way
