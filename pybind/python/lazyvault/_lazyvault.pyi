@@ -45,6 +45,7 @@ __all__ = [
     "StoreNotFoundError",
     "UnknownFormatError",
     "__version__",
+    "_arrow_example",
     "check_query",
     "detect_format",
     "dumps_archive",
