@@ -350,108 +350,92 @@ impl ColumnBuilder {
                     // record has it).
                     let others = values.rows.len() > values.ints + values.floats;
                     let mut b = Float64Builder::with_capacity(n);
-                    let mut at = 0usize;
-                    for (row, leaf) in &values.rows {
-                        pad_to(&mut at, *row, || b.append_null());
-                        match leaf {
-                            Leaf::Float(f) => {
-                                b.append_value(*f);
-                                json_push(*row, None);
+                    fill(
+                        &mut b,
+                        n,
+                        values,
+                        Float64Builder::append_null,
+                        &mut json_push,
+                        |b, leaf| {
+                            match leaf {
+                                Leaf::Float(f) => b.append_value(*f),
+                                Leaf::Int(i)
+                                    if !others && i.unsigned_abs() <= EXACT_F64_INT as u64 =>
+                                {
+                                    b.append_value(*i as f64)
+                                }
+                                _ => return Ok(false),
                             }
-                            Leaf::Int(i) if !others && i.unsigned_abs() <= EXACT_F64_INT as u64 => {
-                                b.append_value(*i as f64);
-                                json_push(*row, None);
-                            }
-                            other => {
-                                b.append_null();
-                                json_push(*row, Some(other_text(*row, other, values)));
-                            }
-                        }
-                        at += 1;
-                    }
-                    pad_to(&mut at, n as u32, || b.append_null());
+                            Ok(true)
+                        },
+                    )?;
                     (DataType::Float64, Some(Arc::new(b.finish())))
                 }
                 Some(Scalar::Num) => {
                     let mut b = Int64Builder::with_capacity(n);
-                    let mut at = 0usize;
-                    for (row, leaf) in &values.rows {
-                        pad_to(&mut at, *row, || b.append_null());
-                        match leaf {
-                            Leaf::Int(i) => {
-                                b.append_value(*i);
-                                json_push(*row, None);
-                            }
-                            other => {
-                                b.append_null();
-                                json_push(*row, Some(other_text(*row, other, values)));
-                            }
-                        }
-                        at += 1;
-                    }
-                    pad_to(&mut at, n as u32, || b.append_null());
+                    fill(
+                        &mut b,
+                        n,
+                        values,
+                        Int64Builder::append_null,
+                        &mut json_push,
+                        |b, leaf| {
+                            let Leaf::Int(i) = leaf else { return Ok(false) };
+                            b.append_value(*i);
+                            Ok(true)
+                        },
+                    )?;
                     (DataType::Int64, Some(Arc::new(b.finish())))
                 }
                 Some(Scalar::Bool) => {
                     let mut b = BooleanBuilder::with_capacity(n);
-                    let mut at = 0usize;
-                    for (row, leaf) in &values.rows {
-                        pad_to(&mut at, *row, || b.append_null());
-                        match leaf {
-                            Leaf::Bool(v) => {
-                                b.append_value(*v);
-                                json_push(*row, None);
-                            }
-                            other => {
-                                b.append_null();
-                                json_push(*row, Some(other_text(*row, other, values)));
-                            }
-                        }
-                        at += 1;
-                    }
-                    pad_to(&mut at, n as u32, || b.append_null());
+                    fill(
+                        &mut b,
+                        n,
+                        values,
+                        BooleanBuilder::append_null,
+                        &mut json_push,
+                        |b, leaf| {
+                            let Leaf::Bool(v) = leaf else {
+                                return Ok(false);
+                            };
+                            b.append_value(*v);
+                            Ok(true)
+                        },
+                    )?;
                     (DataType::Boolean, Some(Arc::new(b.finish())))
                 }
                 Some(Scalar::Str) => {
-                    let mut b = StringDictionaryBuilder::<Int32Type>::new();
                     // The dictionary in first-seen order, every string once.
-                    let mut at = 0usize;
-                    for (row, leaf) in &values.rows {
-                        pad_to(&mut at, *row, || b.append_null());
-                        match leaf {
-                            Leaf::Str(id) => {
-                                b.append(&values.strings[*id as usize]).map_err(arrow_err)?;
-                                json_push(*row, None);
-                            }
-                            other => {
-                                b.append_null();
-                                json_push(*row, Some(other_text(*row, other, values)));
-                            }
-                        }
-                        at += 1;
-                    }
-                    pad_to(&mut at, n as u32, || b.append_null());
+                    let mut b = StringDictionaryBuilder::<Int32Type>::new();
+                    let null = StringDictionaryBuilder::<Int32Type>::append_null;
+                    fill(&mut b, n, values, null, &mut json_push, |b, leaf| {
+                        let Leaf::Str(id) = leaf else {
+                            return Ok(false);
+                        };
+                        b.append(&values.strings[*id as usize]).map_err(arrow_err)?;
+                        Ok(true)
+                    })?;
                     (dict_type(), Some(Arc::new(b.finish())))
                 }
                 Some(s @ (Scalar::NaiveTime | Scalar::AwareTime)) => {
                     let aware = s == Scalar::AwareTime;
                     let mut b = TimestampMicrosecondBuilder::with_capacity(n);
-                    let mut at = 0usize;
-                    for (row, leaf) in &values.rows {
-                        pad_to(&mut at, *row, || b.append_null());
-                        match leaf {
+                    let null = TimestampMicrosecondBuilder::append_null;
+                    fill(
+                        &mut b,
+                        n,
+                        values,
+                        null,
+                        &mut json_push,
+                        |b, leaf| match leaf {
                             Leaf::Time { micros, aware: a } if *a == aware => {
                                 b.append_value(*micros);
-                                json_push(*row, None);
+                                Ok(true)
                             }
-                            other => {
-                                b.append_null();
-                                json_push(*row, Some(other_text(*row, other, values)));
-                            }
-                        }
-                        at += 1;
-                    }
-                    pad_to(&mut at, n as u32, || b.append_null());
+                            _ => Ok(false),
+                        },
+                    )?;
                     let mut b = if aware { b.with_timezone(UTC) } else { b };
                     let array: ArrayRef = Arc::new(b.finish());
                     (array.data_type().clone(), Some(array))
@@ -585,12 +569,37 @@ impl Marks {
     }
 }
 
-/// Appends nulls until `at` reaches `row`.
-fn pad_to(at: &mut usize, row: u32, mut null: impl FnMut()) {
-    while *at < row as usize {
-        null();
-        *at += 1;
+/// Fills the typed column `b` of a path's `n` rows from its sparse leaves:
+/// `take` appends a leaf the column holds and says so; other leaves get a
+/// null there and their JSON text in the sibling (`json_push(row, text)`,
+/// `None` for a row the typed column holds); rows without the path, nulls.
+fn fill<B>(
+    b: &mut B,
+    n: usize,
+    values: &PathValues,
+    append_null: fn(&mut B),
+    json_push: &mut impl FnMut(u32, Option<String>),
+    mut take: impl FnMut(&mut B, &Leaf) -> Result<bool>,
+) -> Result<()> {
+    let mut at = 0usize;
+    for (row, leaf) in &values.rows {
+        while at < *row as usize {
+            append_null(b);
+            at += 1;
+        }
+        if take(b, leaf)? {
+            json_push(*row, None);
+        } else {
+            append_null(b);
+            json_push(*row, Some(other_text(*row, leaf, values)));
+        }
+        at += 1;
     }
+    while at < n {
+        append_null(b);
+        at += 1;
+    }
+    Ok(())
 }
 
 /// The JSON text of a leaf the typed column does not hold: the record's

@@ -400,19 +400,7 @@ fn message_of(block: &[u8], meta: i32) -> std::result::Result<arrow_ipc::Message
 /// and its body): the message parses, and every buffer it names lies
 /// inside the body.
 fn check_block(block: &[u8], meta: i32, body: i64) -> std::result::Result<(), String> {
-    let meta = usize::try_from(meta).map_err(|_| "a negative metadata length")?;
-    if meta < 8 || meta > block.len() {
-        return Err(format!(
-            "a message of {meta} bytes in a block of {}",
-            block.len()
-        ));
-    }
-    let flatbuffer = if block[..4] == [0xff; 4] {
-        &block[8..meta]
-    } else {
-        &block[4..meta]
-    };
-    let message = arrow_ipc::root_as_message(flatbuffer).map_err(|e| e.to_string())?;
+    let message = message_of(block, meta)?;
     let batch = match message.header_type() {
         arrow_ipc::MessageHeader::RecordBatch => message.header_as_record_batch(),
         arrow_ipc::MessageHeader::DictionaryBatch => {

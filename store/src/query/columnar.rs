@@ -496,8 +496,32 @@ enum Fast<'q> {
     In { numbers: Vec<Num<'q>>, negate: bool },
 }
 
+/// The values of an Int64 column where `value op literal` holds: an
+/// interval (`None`: no value), worked out with the exact comparison.
+fn int_span(op: CmpOp, literal: Num<'_>) -> Option<(i64, i64)> {
+    interval(
+        op,
+        i64::MIN,
+        i64::MAX,
+        |k| k,
+        |x| cmp_num(Num::I(x), literal).unwrap_or(Ordering::Less),
+    )
+}
+
+/// [`int_span`] for a Float64 column (NaN lies outside every interval:
+/// false for ordering and ==, true for !=, as it equals nothing).
+fn float_span(op: CmpOp, literal: Num<'_>) -> Option<(f64, f64)> {
+    interval(
+        op,
+        f64_key(f64::NEG_INFINITY),
+        f64_key(f64::INFINITY),
+        f64_from_key,
+        |x| cmp_num(Num::F(x), literal).unwrap_or(Ordering::Less),
+    )
+}
+
 /// Rows of a number column whose value equals one of `numbers` (none of
-/// them with `negate`): each number's interval of equal values, merged,
+/// them with `negate`): each number's interval of equal values, sorted,
 /// then one binary search per row.
 fn numeric_in(array: &ArrayRef, numbers: &[Num<'_>], negate: bool) -> Option<Bits> {
     fn search<T: PartialOrd + Copy>(values: &[T], mut ranges: Vec<(T, T)>, negate: bool) -> Bits {
@@ -510,95 +534,61 @@ fn numeric_in(array: &ArrayRef, numbers: &[Num<'_>], negate: bool) -> Option<Bit
         })
     }
     match array.data_type() {
-        DataType::Int64 => {
-            let values = array.as_primitive::<Int64Type>().values();
-            let ranges = numbers
+        DataType::Int64 => Some(search(
+            array.as_primitive::<Int64Type>().values(),
+            numbers
                 .iter()
-                .filter_map(|&n| {
-                    interval(
-                        CmpOp::Eq,
-                        i64::MIN,
-                        i64::MAX,
-                        |k| k,
-                        |x| cmp_num(Num::I(x), n).unwrap_or(Ordering::Less),
-                    )
-                })
-                .collect();
-            Some(search(values, ranges, negate))
-        }
-        DataType::Float64 => {
-            let values = array.as_primitive::<Float64Type>().values();
-            let ranges = numbers
+                .filter_map(|&n| int_span(CmpOp::Eq, n))
+                .collect(),
+            negate,
+        )),
+        DataType::Float64 => Some(search(
+            array.as_primitive::<Float64Type>().values(),
+            numbers
                 .iter()
-                .filter_map(|&n| {
-                    interval(
-                        CmpOp::Eq,
-                        f64_key(f64::NEG_INFINITY),
-                        f64_key(f64::INFINITY),
-                        f64_from_key,
-                        |x| cmp_num(Num::F(x), n).unwrap_or(Ordering::Less),
-                    )
-                })
-                .collect();
-            Some(search(values, ranges, negate))
-        }
+                .filter_map(|&n| float_span(CmpOp::Eq, n))
+                .collect(),
+            negate,
+        )),
         _ => None,
     }
 }
 
-/// Rows of a number column where `column op literal` holds (or
-/// `literal op column` when `flipped`), for ordering and equality
-/// operators; `None` when this fast path does not apply.
+/// Rows of a number column where `column op literal` holds, for ordering
+/// and equality operators (`!=`: the complement of `==`); `None` when this
+/// fast path does not apply.
 fn numeric_fast(array: &ArrayRef, op: CmpOp, literal: Num<'_>) -> Option<Bits> {
-    let ne = op == CmpOp::Ne;
-    match array.data_type() {
+    if matches!(literal, Num::F(l) if l.is_nan()) {
+        return None; // unordered: the general path decides
+    }
+    // `!=` is the complement of `==` (NaN included: it equals nothing).
+    let (eq_op, ne) = if op == CmpOp::Ne {
+        (CmpOp::Eq, true)
+    } else {
+        (op, false)
+    };
+    let hit = match array.data_type() {
         DataType::Int64 => {
             let values = array.as_primitive::<Int64Type>().values();
-            let range = interval(
-                op,
-                i64::MIN,
-                i64::MAX,
-                |k| k,
-                |x| cmp_num(Num::I(x), literal).unwrap_or(Ordering::Less),
-            );
-            let hit = match range {
+            match int_span(eq_op, literal) {
                 Some((lo, hi)) => in_range(values, lo, hi),
                 None => none(values.len()),
-            };
-            Some(if ne {
-                and_not(&all(values.len()), &hit)
-            } else {
-                hit
-            })
+            }
         }
         DataType::Float64 => {
             let values = array.as_primitive::<Float64Type>().values();
-            if let Num::F(l) = literal {
-                if l.is_nan() {
-                    return None;
-                }
-            }
-            let range = interval(
-                op,
-                f64_key(f64::NEG_INFINITY),
-                f64_key(f64::INFINITY),
-                f64_from_key,
-                |x| cmp_num(Num::F(x), literal).unwrap_or(Ordering::Less),
-            );
-            // NaN is outside every interval: false for ordering and ==,
-            // true for != (it equals nothing).
-            let hit = match range {
+            match float_span(eq_op, literal) {
                 Some((lo, hi)) => in_range(values, lo, hi),
                 None => none(values.len()),
-            };
-            Some(if ne {
-                and_not(&all(values.len()), &hit)
-            } else {
-                hit
-            })
+            }
         }
-        _ => None,
-    }
+        _ => return None,
+    };
+    Some(if ne {
+        and_not(&all(array.len()), &hit)
+    } else {
+        hit
+    })
 }
 
 /// A comparison's path, operator and literal, with the path first
