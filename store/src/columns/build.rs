@@ -276,11 +276,6 @@ impl ColumnBuilder {
         }
     }
 
-    /// Rows pushed so far.
-    pub(crate) fn len(&self) -> usize {
-        self.keys.len()
-    }
-
     /// The batch of every row pushed.
     ///
     /// # Errors

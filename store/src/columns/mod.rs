@@ -21,9 +21,6 @@
 //! A typed cell is null where the path is absent or holds another kind;
 //! the json cell says which.
 
-// Until find, count and the checkpoint use every part (the next commits).
-#![allow(dead_code)]
-
 mod build;
 mod file;
 pub(crate) mod merge;
@@ -331,6 +328,7 @@ impl Columns {
     ///
     /// # Errors
     /// [`Error::Corrupt`] naming the key of a record that does not decode.
+    #[cfg(test)]
     pub(crate) fn build<'a>(
         pairs: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)>,
     ) -> Result<Columns> {

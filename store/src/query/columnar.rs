@@ -13,8 +13,6 @@
 //! the exact comparison once per query), a string or boolean column
 //! evaluates the condition once per distinct value.
 
-#![allow(dead_code)] // until find and count use it (the next commit)
-
 use std::cmp::Ordering;
 
 use arrow_array::cast::AsArray;

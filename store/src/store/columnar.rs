@@ -26,7 +26,6 @@ pub(crate) struct Layered {
 }
 
 /// Matching rows of one run, or of the changed records.
-#[allow(dead_code)] // read by to_arrow (being built)
 pub(crate) struct Part {
     pub columns: Arc<Columns>,
     /// Ascending rows of `columns`: live and matching.
@@ -118,7 +117,6 @@ impl Layered {
 
     /// The matching rows of every run, and the matching changed records as
     /// columns of their own (`None`: every record).
-    #[allow(dead_code)] // used by to_arrow (being built)
     pub(crate) fn select(&self, query: Option<&Query>) -> Result<Vec<Part>> {
         let per_run = match query {
             Some(q) => self.matching(q)?,
@@ -203,7 +201,6 @@ impl Store {
     /// # Errors
     /// [`Error::Corrupt`](crate::Error::Corrupt) for a record that does not
     /// decode; those of every method (see [`Store`]).
-    #[allow(dead_code)] // used by to_arrow (being built)
     pub(crate) fn select(&self, query: Option<&Query>) -> Result<Vec<Part>> {
         if let Some(layered) = self.layered()? {
             // Column files that left some fields or arrays out (records
