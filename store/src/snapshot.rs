@@ -264,17 +264,12 @@ impl Snapshot {
                 // Columns are derived data: damaged ones (verify reports
                 // them) leave scans to the records.
                 let base = Arc::new(Base::open(&self.root, &self.run_docs).ok()??);
-                let skipped = base.skipped(self.tail.keys().map(String::as_str))?;
                 let changed = self
                     .tail
                     .iter()
                     .map(|(k, c)| (k.clone(), c.as_ref().map(|(r, _)| r.to_vec())))
                     .collect();
-                Some(Arc::new(Layered {
-                    base,
-                    skipped,
-                    changed,
-                }))
+                Layered::new(base, changed).map(Arc::new)
             })
             .clone()
     }

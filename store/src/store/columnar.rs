@@ -33,6 +33,18 @@ pub(crate) struct Part {
 }
 
 impl Layered {
+    /// The columnar view of `base` and the keys `changed` after it (in key
+    /// order, with their records): the rows those keys replace are
+    /// skipped. `None` when a key column cannot be read.
+    pub(crate) fn new(base: Arc<Base>, changed: Vec<(String, Option<Vec<u8>>)>) -> Option<Layered> {
+        let skipped = base.skipped(changed.iter().map(|(k, _)| k.as_str()))?;
+        Some(Layered {
+            base,
+            skipped,
+            changed,
+        })
+    }
+
     /// Per run, the rows that hold a record the query matches (rows the
     /// columns cannot decide are checked against their records).
     fn matching(&self, query: &Query) -> Result<Vec<Bits>> {

@@ -145,14 +145,9 @@ impl Writer {
         for key in &w.dirty {
             changed.push((key.clone(), index.get(key)?));
         }
-        let Some(skipped) = base.skipped(w.dirty.iter().map(String::as_str)) else {
+        let Some(layered) = Layered::new(base, changed).map(Arc::new) else {
             return Ok(None);
         };
-        let layered = Arc::new(Layered {
-            base,
-            skipped,
-            changed,
-        });
         *cache = Some(LayeredCache {
             runs: names,
             changes: w.changes,
