@@ -268,8 +268,10 @@ class Handle(RecordsDisplay, Mapping[str, Record]):
           ``lazyvault.path`` the segments as a JSON array: ``int64``, ``double`` (ints and floats
           together), ``bool``, ``dictionary<int32, string>`` (strings), ``timestamp[us]`` (naive
           datetimes) or ``timestamp[us, tz=+00:00]`` (aware ones, as instants in UTC), null where
-          a record lacks the path. A path holding values of several kinds, nulls, lists, dates,
-          tuples, numpy scalars or other tagged values (schema/FORMAT.md) is a ``string`` column of
+          a record lacks the path (numpy numbers count as their value; a column of one numpy
+          dtype, or of dates, says so in ``lazyvault.numpy`` / ``lazyvault.date``). A path holding
+          values of several kinds, nulls, lists, tuples or other tagged values
+          (schema/FORMAT.md) is a ``string`` column of
           each value's JSON text (field metadata ``lazyvault.json`` = ``"true"``;
           :meth:`to_pandas` decodes it);
         - per array path, ``<path>.shape`` (``list<uint64>``) and ``<path>.dtype``

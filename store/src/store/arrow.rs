@@ -335,22 +335,30 @@ pub(crate) fn shape(parts: &[Rows<'_>]) -> Result<Table> {
     Ok((schema, vec![batch]))
 }
 
-/// Gives every column its own name (pandas, polars and DuckDB need
-/// that; a fresh user's trial found `key`, `a.b` and `x.shape` repeated):
-/// the key and the array facts keep theirs; a metadata column whose name
-/// is taken becomes `meta.<name>` (as a query names a field that is not
-/// the key: `meta.key`), and a name still taken gets ` (2)`, ` (3)`...
+/// Gives every column its own name (pandas, polars and DuckDB need that;
+/// a fresh user's trial found `key`, `a.b` and `x.shape` repeated), by a
+/// rule that does not depend on record order: the key and the array facts
+/// keep theirs, then metadata paths whose field names hold no `.`, then
+/// the others. A metadata column whose name is taken is renamed as a query
+/// names it: `meta.key`, `meta.x.shape` (nested), `meta['a.b']` (a field
+/// whose name holds a dot); a name still taken gets ` (2)`, ` (3)`...
 fn unique_names(fields: &mut [Field]) {
+    let path_of =
+        |f: &Field| -> Option<Vec<String>> { serde_json::from_str(f.metadata().get(PATH)?).ok() };
+    // 0: key and facts; 1: plain metadata paths; 2: paths with a dotted field.
+    let rank = |f: &Field| match path_of(f) {
+        None => 0,
+        Some(p) if p.iter().any(|s| s.contains('.')) => 2,
+        Some(_) => 1,
+    };
     let mut used = std::collections::HashSet::new();
-    let is_meta = |f: &Field| f.metadata().contains_key(PATH);
-    for pass_meta in [false, true] {
-        for field in fields.iter_mut().filter(|f| is_meta(f) == pass_meta) {
+    for pass in 0..3 {
+        for field in fields.iter_mut().filter(|f| rank(f) == pass) {
             let mut name = field.name().clone();
             if used.contains(&name) {
-                let base = if pass_meta {
-                    format!("meta.{name}")
-                } else {
-                    name.clone()
+                let base = match path_of(field) {
+                    Some(path) => query_spelling(&path),
+                    None => name.clone(),
                 };
                 name = base.clone();
                 let mut k = 2;
@@ -363,6 +371,27 @@ fn unique_names(fields: &mut [Field]) {
             used.insert(name);
         }
     }
+}
+
+/// How a query names the metadata path `path`: `meta.a.b`, with a field
+/// that is not a plain name in brackets (`meta['a.b']`).
+fn query_spelling(path: &[String]) -> String {
+    let mut out = String::from("meta");
+    for seg in path {
+        let plain = !seg.is_empty()
+            && !seg.starts_with(|c: char| c.is_ascii_digit())
+            && seg.chars().all(|c| c.is_alphanumeric() || c == '_');
+        if plain {
+            out.push('.');
+            out.push_str(seg);
+        } else if !seg.contains(['\'', '\\']) {
+            out.push_str(&format!("['{seg}']"));
+        } else {
+            // a JSON string is a query string literal too
+            out.push_str(&format!("[{}]", serde_json::Value::from(seg.as_str())));
+        }
+    }
+    out
 }
 
 /// The selected rows of every part as `(part, row)` in key order: a k-way
