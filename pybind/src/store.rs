@@ -2,10 +2,10 @@
 //! `lazyvault.Store` wraps it with the mapping API and the object splitting.
 
 use lazyvault_store::query::Query;
-use lazyvault_store::{Mode, NewRecord, Store};
+use lazyvault_store::{Keys, Mode, NewRecord, Store};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
 use crate::arrow::ArrowStream;
 use crate::convert::{self, ArrayArg};
@@ -19,6 +19,13 @@ pub fn check_query(expr: &str) -> PyResult<()> {
         .map_err(lazyvault_store::Error::from)
         .py_err()?;
     Ok(())
+}
+
+/// `keys` as a Python list of `str`, each made straight from the packed
+/// buffer (no `String` per key: for the 100k-key lists of a `find`, making
+/// the `str` objects is most of the work).
+fn key_list<'py>(py: Python<'py>, keys: &Keys) -> PyResult<Bound<'py, PyList>> {
+    PyList::new(py, keys.iter().map(|k| PyString::new(py, k)))
 }
 
 /// One record for `put_many`: `(key, meta_json, layout_json, arrays,
@@ -236,12 +243,14 @@ impl StoreCore {
         py.detach(|| self.inner.keys()).py_err()
     }
 
-    /// Keys of the records matching the query `expr` (evaluated in Rust).
-    fn find(&self, py: Python<'_>, expr: &str) -> PyResult<Vec<String>> {
+    /// Keys of the records matching the query `expr` (evaluated in Rust,
+    /// without the GIL), as a list of `str`.
+    fn find<'py>(&self, py: Python<'py>, expr: &str) -> PyResult<Bound<'py, PyList>> {
         let query = Query::parse(expr)
             .map_err(lazyvault_store::Error::from)
             .py_err()?;
-        py.detach(|| self.inner.find(&query)).py_err()
+        let keys = py.detach(|| self.inner.find_keys(&query)).py_err()?;
+        key_list(py, &keys)
     }
 
     /// Number of records matching the query `expr`.

@@ -33,12 +33,14 @@ pub(crate) mod arrow;
 pub(crate) mod columnar;
 mod find;
 mod indexes;
+mod keys;
 mod maintenance;
 mod merge;
 mod recovery;
 mod staged;
 pub(crate) mod writer;
 
+pub use keys::Keys;
 use recovery::journal_tail;
 pub use staged::{Stage, StagedRecord};
 

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use super::{State, Store};
+use super::{Keys, State, Store};
 use crate::checkpoint::base::Base;
 use crate::columns::{ColumnBuilder, Columns};
 use crate::error::Result;
@@ -102,9 +102,12 @@ impl Layered {
     }
 
     /// Keys of the records matching `query`, in key order.
-    pub(crate) fn find(&self, query: &Query) -> Result<Vec<String>> {
+    pub(crate) fn find(&self, query: &Query) -> Result<Keys> {
         let mut keys: Vec<&str> = Vec::new();
+        // where each source (a run, then the changed records) starts in `keys`
+        let mut starts = Vec::with_capacity(self.base.runs.len() + 1);
         for (r, yes) in self.base.runs.iter().zip(self.matching(query)?) {
+            starts.push(keys.len());
             match r.columns.keys() {
                 Some(column) => keys.extend(ones(&yes).map(|row| column.value(row))),
                 None => {
@@ -114,17 +117,23 @@ impl Layered {
                 }
             }
         }
+        starts.push(keys.len());
         keys.extend(
             self.changed_matching(Some(query))?
                 .into_iter()
                 .map(|(k, _)| k),
         );
-        // Each source is in key order and no key is in two: one sort,
-        // unless the sources do not interleave (one run, say).
-        if !keys.is_sorted() {
+        // Each source is in key order and no key is in two: the whole is in
+        // order unless two sources interleave, which their first and last
+        // keys tell (comparing every key costs as much as the query).
+        let interleaved = starts
+            .iter()
+            .filter(|&&start| start > 0 && start < keys.len())
+            .any(|&start| keys[start - 1] > keys[start]);
+        if interleaved {
             keys.sort_unstable();
         }
-        Ok(keys.into_iter().map(str::to_owned).collect())
+        Ok(Keys::from_slice(&keys))
     }
 
     /// The matching rows of every run, and the matching changed records as

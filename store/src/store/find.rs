@@ -5,7 +5,7 @@
 use serde_json::Value;
 
 use super::columnar::Layered;
-use super::{State, Store};
+use super::{Keys, State, Store};
 use crate::error::Result;
 use crate::index;
 use crate::query::{IndexLookup, Query};
@@ -35,8 +35,8 @@ impl Store {
         let Some(plan) = query.index_plan(&|segs| index.is_indexed(segs)) else {
             drop(view);
             if let Some(layered) = self.layered()? {
-                for key in layered.find(query)? {
-                    f(&key)?;
+                for key in &layered.find(query)? {
+                    f(key)?;
                 }
                 return Ok(());
             }
@@ -121,17 +121,25 @@ impl Store {
     /// # Errors
     /// As [`Store::scan_matching`].
     pub fn find(&self, query: &Query) -> Result<Vec<String>> {
+        Ok(self.find_keys(query)?.to_vec())
+    }
+
+    /// [`Store::find`], the keys packed in one buffer ([`Keys`]): from the
+    /// columns, each matching key is copied once, straight from the mapped
+    /// column file, with no `String` allocated per key.
+    ///
+    /// # Errors
+    /// As [`Store::scan_matching`].
+    pub fn find_keys(&self, query: &Query) -> Result<Keys> {
         if let Some(layered) = self.columnar_for(query)? {
             return layered.find(query);
         }
-        if let Some(parts) = self.scan_split(query, |key, keys: &mut Vec<String>| {
-            keys.push(key.to_owned())
-        })? {
-            return Ok(parts.concat());
+        if let Some(parts) = self.scan_split(query, |key, keys: &mut Keys| keys.push(key))? {
+            return Ok(parts.iter().flatten().collect());
         }
-        let mut keys = Vec::new();
+        let mut keys = Keys::default();
         self.scan_matching(Some(query), |k| {
-            keys.push(k.to_owned());
+            keys.push(k);
             Ok(())
         })?;
         Ok(keys)
