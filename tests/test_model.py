@@ -170,7 +170,12 @@ class StoreModel(RuleBasedStateMachine):
     @rule()
     def gc(self) -> None:
         report = self.store.gc()
-        assert set(report) == {"removed_files", "removed_bytes", "journal_bytes_freed"}
+        assert set(report) == {
+            "removed_files",
+            "removed_bytes",
+            "journal_bytes_freed",
+            "packs_compacted",
+        }
         assert report["removed_files"] >= 0 and report["removed_bytes"] >= 0
         assert self.store.verify()["orphans"] == []
 

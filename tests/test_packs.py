@@ -137,7 +137,7 @@ def test_gc_compacts_a_pack_whose_bytes_are_mostly_dead(tmp_path: Path) -> None:
             store[f"k{i}"] = {"x": np.full(3, -i), "t": i}
         store.flush()
         before = {p.name for p in files(path, ".npz")}
-        store.gc()
+        assert store.gc()["packs_compacted"] == 1
         assert not first.exists()
         after = {p.name for p in files(path, ".npz")}
         (new,) = after - before  # the two live members, rewritten
@@ -148,7 +148,7 @@ def test_gc_compacts_a_pack_whose_bytes_are_mostly_dead(tmp_path: Path) -> None:
             np.testing.assert_array_equal(store[f"k{i}"].x, want)
             assert store[f"k{i}"].t == i
         assert store.verify()["ok"]
-        store.gc()  # nothing more to compact
+        assert store.gc()["packs_compacted"] == 0  # nothing more to compact
         assert {p.name for p in files(path, ".npz")} == after
     with lv.Store.open(path, "r") as reader:
         np.testing.assert_array_equal(reader["k9"].x, np.full(500, 9))

@@ -415,7 +415,8 @@ def _cmd_gc(args: argparse.Namespace) -> _Output:
         report,
         f"{args.path}: removed {report['removed_files']:,} orphan file(s), "
         f"{report['removed_bytes']:,} bytes; journal compacted, "
-        f"{report['journal_bytes_freed']:,} bytes freed\n",
+        f"{report['journal_bytes_freed']:,} bytes freed; "
+        f"{report['packs_compacted']:,} pack(s) of small arrays compacted\n",
     )
 
 

@@ -735,9 +735,10 @@ class Store(Handle, MutableMapping[str, Record]):
 
     def gc(self, *, progress: ProgressArg = None) -> dict[str, int]:
         """Flushes, removes payload and temporary files no record references (left by a crash or an
-        overwrite) and compacts the journal to one entry per record. Returns ``{"removed_files": n,
-        "removed_bytes": n, "journal_bytes_freed": n}``. ``progress`` (see :class:`Store`) gets
-        ``(0, 1)``, then ``(1, 1)``: the core works in one step."""
+        overwrite), compacts the journal to one entry per record, and rewrites the packs of small
+        arrays that are more than half dead. Returns ``{"removed_files": n, "removed_bytes": n,
+        "journal_bytes_freed": n, "packs_compacted": n}`` (sizes in bytes). ``progress`` (see
+        :class:`Store`) gets ``(0, 1)``, then ``(1, 1)``: the core works in one step."""
         with progress_callback(progress, "gc", "step") as report:
             tick = report or _no_report
             tick(0, 1)
