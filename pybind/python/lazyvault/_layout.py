@@ -10,6 +10,7 @@ needs ``allow_pickle``); the parts joined into the object again.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import importlib
 import io
 import json
@@ -328,12 +329,85 @@ def encode(
     """``obj`` as the core's ``put`` (and ``dumps_archive``) take it after the key: ``(meta_json,
     layout_json, payload args, pickled remainder or None)``. Raises ``pickle.PicklingError`` naming
     the record ``key`` and the field for a value that cannot be pickled."""
+    if type(obj) is dict:
+        flat = _encode_flat(obj)
+        if flat is not None:
+            return flat
+    return encode_generic(obj, key)
+
+
+def encode_generic(
+    obj: Any, key: str | None = None
+) -> tuple[str, str, list[tuple[Any, ...]], bytes | None]:
+    """:func:`encode` by the generic walk (:func:`split`), for every object."""
     parts, splitter = split(obj)
     # before listing the arrays: arrays inside leftovers become payloads too
     what = "the object" if key is None else f"record {key!r}"
     pickled = splitter.pickle_leftovers(parts.leftovers, what) if parts.leftovers else None
     arrays = [_arrays.payload_args(name, a) for name, a in splitter.arrays.items()]
     return parts.meta_json(), parts.layout_json(), arrays, pickled
+
+
+# Types whose values are tagged leaves (or the pickled remainder) whatever the walk: C types
+# (never plain-state instances, no __dict__) that json_leaf knows; filled in as met.
+_LEAF_TYPES: dict[type, bool] = {datetime.datetime: True, datetime.date: True}
+
+
+def _leaf_type(t: type) -> bool:
+    known = _LEAF_TYPES.get(t)
+    if known is None:
+        known = _LEAF_TYPES[t] = issubclass(t, np.generic) and not t.__flags__ & _HEAPTYPE
+    return known
+
+
+def _encode_flat(
+    obj: dict[Any, Any],
+) -> tuple[str, str, list[tuple[Any, ...]], bytes | None] | None:
+    """:func:`encode_generic` of the common object, a dict whose values are JSON scalars, tagged
+    leaves (datetimes, numpy scalars...) and plain arrays, without the generic walk: the same
+    output byte for byte (tests compare them), or ``None`` for any other object (nested containers,
+    values for the pickled remainder, an empty key, texts with lone surrogates), which takes the
+    generic walk."""
+    nodes: dict[str, Any] = {}
+    meta: dict[str, Any] = {}
+    arrays: list[tuple[Any, ...]] = []
+    array_path: dict[int, str] | None = None  # id -> path, once there is an array
+    for k, v in obj.items():
+        if type(k) is not str or not k or not (k.isascii() or text_ok(k)):
+            return None
+        t = type(v)
+        if v is None or t is bool:
+            pass
+        elif t is str:
+            if not (v.isascii() or text_ok(v)):
+                return None
+        elif t is float:
+            if not math.isfinite(v):
+                v = _tagged.json_leaf(v, t)
+        elif t is int:
+            if not _INT_MIN <= v <= _INT_MAX:
+                v = _tagged.json_leaf(v, t)
+                if v is _MISSING:
+                    return None
+        elif t in _PLAIN_ARRAY_TYPES:
+            if array_path is None:
+                array_path = {}
+            path = array_path.get(id(v))
+            if path is None:  # keys are distinct and not empty: no collision, no "data"
+                path = array_path[id(v)] = k
+                arrays.append(_arrays.payload_args(k, v))
+            nodes[k] = {"array": path}
+            continue
+        elif _leaf_type(t):
+            v = _tagged.json_leaf(v, t)
+            if v is _MISSING:
+                return None
+        else:
+            return None
+        nodes[k] = meta[k] = v
+    if len(meta) == 1 and next(iter(meta)).startswith("$"):
+        meta = {"$dict": meta}
+    return _ENCODER.encode(meta), _ENCODER.encode({"dict": nodes}), arrays, None
 
 
 # -- reading a layout back ------------------------------------------------------
