@@ -15,12 +15,13 @@ import sys
 import textwrap
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 import lazyvault as lv
-from lazyvault import _lazyvault
+from lazyvault import _layout, _lazyvault
 
 from conftest import payload_files
 
@@ -28,19 +29,27 @@ MANY = 20_000
 
 
 def fill_golden(store: lv.Store) -> None:
-    store["run-1"] = {
-        "temperature": 300.0,
-        "small": 1e-5,
-        "e16": 1e16,
-        "text": 'é "q"\n\x01',
-        "tags": ["a", "名"],
-        "n": 2**64 - 1,
-        "nested": {"x": [], "y": {}},
-        "w": np.asfortranarray(np.arange(6, dtype=">f4").reshape(2, 3)),
-        "e": np.zeros((0, 2)),
-        "b": np.array([True, False]),
+    # written with the full layout, as before format 1.5 (the compact one changes the bytes)
+    for key, obj in golden_objects().items():
+        store._core.put(key, *_layout.encode_generic(obj, key, compact=False))
+
+
+def golden_objects() -> dict[str, Any]:
+    return {
+        "run-1": {
+            "temperature": 300.0,
+            "small": 1e-5,
+            "e16": 1e16,
+            "text": 'é "q"\n\x01',
+            "tags": ["a", "名"],
+            "n": 2**64 - 1,
+            "nested": {"x": [], "y": {}},
+            "w": np.asfortranarray(np.arange(6, dtype=">f4").reshape(2, 3)),
+            "e": np.zeros((0, 2)),
+            "b": np.array([True, False]),
+        },
+        "../x": {"..": np.arange(3, dtype="<i2"), "k": None},
     }
-    store["../x"] = {"..": np.arange(3, dtype="<i2"), "k": None}
 
 
 # sha256 of the files the former Python writer (zipfile, json.dumps, struct;

@@ -43,6 +43,7 @@ NODE_KINDS = {
     "$datetime",
     "$date",
     "$numpy",
+    "fields",
 }
 
 
@@ -99,6 +100,17 @@ def stored_objects() -> dict[str, Any]:
             "escaped": {"$x": [1, {"$y": 2.5}]},
             "list": [float("nan"), {"a": float("-inf")}],
         },
+        # tagged leaves beside an array in a nested dict: the full layout holds them
+        "tagged_nested": {
+            "w": {
+                "a": np.zeros(2),
+                "big": -(2**70),
+                "day": datetime.date(2024, 3, 1),
+                "utc": datetime.datetime(2024, 3, 1, tzinfo=datetime.UTC),
+                "loss": float("nan"),
+                "f": np.float32(1.5),
+            }
+        },
     }
 
 
@@ -134,6 +146,40 @@ def payload_path(root: Path, entry: dict[str, Any]) -> Path:
     """The file holding the payload: ``arrays/<id[:2]>/<id>.npy``, or its pack
     ``arrays/<pack[:2]>/<pack>.npz`` (FORMAT.md, "Packs")."""
     return payload_location(root, entry)[0]
+
+
+def meta_node(value: Any) -> Any:
+    """The full layout node of a meta value held whole (FORMAT.md, "Meta")."""
+    if isinstance(value, list):
+        return {"list": [meta_node(v) for v in value]}
+    if not isinstance(value, dict):
+        return value
+    if len(value) == 1:
+        ((name, body),) = value.items()
+        if name == "$tuple":
+            return {"tuple": [meta_node(v) for v in body]}
+        if name == "$dict":
+            return {"dict": {k: meta_node(v) for k, v in body.items()}}
+        if name.startswith("$"):
+            return value  # a tagged leaf
+    return {"dict": {k: meta_node(v) for k, v in value.items()}}
+
+
+def full_layout(record: dict[str, Any]) -> Any:
+    """The record's layout, a compact ``fields`` one written out in full as FORMAT.md rebuilds
+    it: each name an array node or its meta value held whole."""
+    layout = record["layout"]
+    if not (isinstance(layout, dict) and list(layout) == ["fields"]):
+        return layout
+    meta = record["meta"]
+    if list(meta) == ["$dict"]:
+        meta = meta["$dict"]
+    names = layout["fields"]
+    if names is None:  # meta's fields, then the arrays
+        names = [*meta, *record["arrays"]]
+    return {
+        "dict": {n: {"array": n} if n in record["arrays"] else meta_node(meta[n]) for n in names}
+    }
 
 
 def nodes(node: Any) -> Iterator[tuple[str, Any]]:
@@ -206,6 +252,10 @@ def test_every_record_matches_schema(written: Written) -> None:
         for kind, body in layout_nodes:
             if kind == "array":
                 assert body in record["arrays"], (key, body)
+            if kind == "fields":  # names each meta field and array once, or null
+                meta = record["meta"].get("$dict", record["meta"])
+                assert not set(meta) & set(record["arrays"]), key
+                assert body is None or sorted(body) == sorted([*meta, *record["arrays"]]), key
         has_pickle = any(kind == "pickle" for kind, _ in layout_nodes)
         assert record.get("pickle", False) is has_pickle, key
         assert (written.pickles[key] is not None) is has_pickle, key
@@ -233,13 +283,18 @@ def test_array_paths_and_meta_follow_format(written: Written) -> None:
     assert list(r["collide"]["arrays"]) == ["a/b", "a/b~2"]
     assert list(r["set"]["arrays"]) == ["by_id/1"]
     assert list(r["shared"]["arrays"]) == ["a"]
-    assert r["nan"]["layout"]["dict"]["loss"] == {"$float": "nan"}
+    # a dict of values held whole in meta and arrays at their own names: the compact layout
+    assert r["nan"]["layout"] == {"fields": None}  # meta's fields, then the arrays
+    assert r["unicode"]["layout"] == {"fields": None}
+    assert full_layout(r["nan"])["dict"]["loss"] == {"$float": "nan"}
     assert r["nan"]["meta"] == {
         "loss": {"$float": "nan"},
         "hi": {"$float": "inf"},
         "lo": {"$float": "-inf"},
     }
-    assert r["scalar"]["layout"]["dict"]["u"] == {"$numpy": ["<u8", 2**64 - 1]}
+    assert full_layout(r["scalar"])["dict"]["u"] == {"$numpy": ["<u8", 2**64 - 1]}
+    # an array inside, one met twice: the full layout
+    assert "dict" in r["nested"]["layout"] and "dict" in r["shared"]["layout"]
     assert r["scalar"]["meta"] == {
         "f": {"$numpy": ["<f4", 1.5]},
         "b": {"$numpy": ["|b1", True]},
@@ -268,7 +323,8 @@ def test_tagged_values_follow_format(written: Written) -> None:
         "escaped": {"$dict": {"$x": [1, {"$dict": {"$y": 2.5}}]}},
         "list": [{"$float": "nan"}, {"a": {"$float": "-inf"}}],
     }
-    layout = tagged["layout"]["dict"]
+    assert tagged["layout"] == {"fields": None}
+    layout = full_layout(tagged)["dict"]
     # leaves: the same tagged value as in meta; containers: layout nodes, user keys as they are
     for name in ("big", "when", "utc", "odd", "naive", "day", "m", "nat", "td", "f4nan"):
         assert layout[name] == tagged["meta"][name], name
@@ -409,6 +465,8 @@ def test_valid_record_and_unknown_fields_are_accepted() -> None:
     # unknown fields are ignored on purpose (a newer minor may add them)
     check.validate(_with(lambda r: r.update(from_a_newer_minor=1)))
     check.validate(_with(lambda r: _entry(r).update(from_a_newer_minor=1)))
+    check.validate(_with(lambda r: r.update(layout={"fields": ["temperature", "positions"]})))
+    check.validate(_with(lambda r: r.update(layout={"fields": None})))
 
 
 @pytest.mark.parametrize(("field", "value"), [("id", "../../etc/passwd"), ("data_offset", 80)])
@@ -436,6 +494,12 @@ def test_schema_rejects_path_id_and_unaligned_offset(field: str, value: Any) -> 
         pytest.param(lambda r: r.update(layout={"pickle": -1}), id="pickle-index"),
         pytest.param(lambda r: r.update(layout={"scalar": ["<f8"]}), id="scalar-no-value"),
         pytest.param(lambda r: r.update(layout={"object": {"class": "Run"}}), id="object-bare"),
+        pytest.param(lambda r: r.update(layout={"fields": ["a", 1]}), id="fields-not-names"),
+        pytest.param(lambda r: r.update(layout={"fields": ["a", "a"]}), id="fields-twice"),
+        pytest.param(lambda r: r.update(layout={"fields": {"a": 1}}), id="fields-of-dict"),
+        pytest.param(
+            lambda r: r.update(layout={"dict": {"a": {"fields": ["a"]}}}), id="fields-nested"
+        ),
     ],
 )
 def test_schema_rejects_bad_records(change: Any) -> None:

@@ -63,6 +63,13 @@ MALFORMED: list[Any] = [
     pytest.param({"pickle": -1}, id="pickle-negative"),
     pytest.param({"pickle": "0"}, id="pickle-index-text"),
     pytest.param({"dict": {"ok": 1, "deep": {"list": [{"array": "nope"}]}}}, id="nested"),
+    # the compact layout (format 1.5), over meta {} and the array "x"
+    pytest.param({"fields": []}, id="fields-leave-out-an-array"),
+    pytest.param({"fields": ["x", "x"]}, id="fields-twice"),
+    pytest.param({"fields": ["x", "t"]}, id="fields-name-nothing"),
+    pytest.param({"fields": "x"}, id="fields-not-a-list"),
+    pytest.param({"fields": None, "dict": {}}, id="fields-and-another-member"),
+    pytest.param({"dict": {"a": {"fields": None}}}, id="fields-nested"),
     # malformed under a node that needs unpickling: still damage, not a
     # question of allow_pickle
     pytest.param(

@@ -168,7 +168,8 @@ fn npy_versions_orders_and_python2_shapes() {
         assert_eq!(entry.shape, [3, 4]);
         assert!(entry.fortran_order);
         assert!(entry.checksum.is_some());
-        assert_eq!(record.layout, json!({"dict": {"data": {"array": "data"}}}));
+        // the compact layout (FORMAT.md 1.5): the array at its own name
+        assert_eq!(record.layout, json!({"fields": null}));
         assert!(record.meta.is_empty());
         assert_eq!(fx.bytes(&key, "data"), data);
     }
@@ -292,12 +293,7 @@ fn foreign_npz_stored_and_deflated_members() {
     assert_eq!(fx.bytes("f", "a"), a);
     assert_eq!(fx.bytes("f", "sub/b"), b);
     assert_eq!(record.arrays["empty"].shape, [0, 3]);
-    assert_eq!(
-        record.layout,
-        json!({"dict": {
-            "a": {"array": "a"}, "sub/b": {"array": "sub/b"}, "empty": {"array": "empty"}
-        }})
-    );
+    assert_eq!(record.layout, json!({"fields": null}));
 }
 
 #[test]
@@ -437,7 +433,7 @@ fn lazyvault_npz_brings_records_back_under_their_keys() {
     // without a layout: the flat dict {**meta, **arrays}
     let two = fx.store.get("run-2").unwrap().unwrap();
     assert_eq!(serde_json::Value::Object(two.meta.clone()), json!({"n": 2}));
-    assert_eq!(two.layout, json!({"dict": {"n": 2, "x": {"array": "x"}}}));
+    assert_eq!(two.layout, json!({"fields": null}));
     // key= renames a single record only
     let err = fx
         .import_with(&path, Some("both"), &ImportOptions::default())
@@ -550,19 +546,10 @@ fn safetensors_tensors_metadata_and_raw_bits() {
     assert_eq!(fx.bytes("k", "w"), w);
     assert_eq!(fx.bytes("k", "b"), [1, 2, 3, 4]);
     assert_eq!(record.arrays["e"].shape, [0, 3]);
-    let names: Vec<&String> = record.layout["dict"].as_object().unwrap().keys().collect();
-    assert_eq!(
-        names,
-        [
-            "t",
-            "name",
-            "__metadata__",
-            "safetensors_dtypes",
-            "w",
-            "b",
-            "e"
-        ]
-    );
+    // metadata fields, then the arrays: the compact layout says no more
+    assert_eq!(record.layout, json!({"fields": null}));
+    let names: Vec<&String> = record.arrays.keys().collect();
+    assert_eq!(names, ["w", "b", "e"]);
 }
 
 #[test]

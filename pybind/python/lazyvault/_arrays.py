@@ -33,22 +33,42 @@ def dtype_from_descr(descr: str) -> np.dtype:
         raise CorruptError(f"bad dtype description {descr!r}: {e}") from None
 
 
+# dtype -> (descr text, dtype.name) for dtypes without fields (equal ones have equal texts):
+# dtype.name alone costs some microseconds, a share of a small record's put.
+_DTYPE_TEXTS: dict[np.dtype, tuple[str, str]] = {}
+
+
+def _dtype_texts(dtype: np.dtype) -> tuple[str, str]:
+    """``(descr_of(dtype), dtype.name)``, cached for dtypes without fields."""
+    texts = _DTYPE_TEXTS.get(dtype)
+    if texts is None:
+        texts = (descr_of(dtype), dtype.name)
+        if dtype.names is None and not dtype.metadata:
+            if len(_DTYPE_TEXTS) >= 1024:  # fixed-width texts could make many
+                _DTYPE_TEXTS.clear()
+            _DTYPE_TEXTS[dtype] = texts
+    return texts
+
+
 def payload_args(name: str, array: np.ndarray) -> tuple[Any, ...]:
     """The tuple the core's ``put`` takes for one array: ``(name, descr, dtype_name, shape,
     fortran_order, data, pickled)``; ``data`` is a C-contiguous ``uint8`` view of the array's bytes
     (no copy for C- or Fortran-contiguous input; other layouts copied to C order, as ``np.save``
     does), or the pickle of an ``object`` array. Raises :class:`InvalidArrayError` for a dtype that
     cannot be stored."""
-    array = np.asarray(array)  # np.memmap and other subclasses: their data
+    if type(array) is not np.ndarray:
+        array = np.asarray(array)  # np.memmap and other subclasses: their data
     dtype = array.dtype
-    shape = tuple(int(d) for d in array.shape)
+    shape = array.shape  # a tuple of ints
+    descr, dtype_name = _dtype_texts(dtype)
+    flags = array.flags
     if dtype.hasobject:
-        fortran = bool(array.flags.f_contiguous and not array.flags.c_contiguous)
+        fortran = bool(flags.f_contiguous and not flags.c_contiguous)
         data: bytes | np.ndarray = pickle.dumps(array, protocol=_OBJECT_PICKLE_PROTOCOL)
-        return (name, descr_of(dtype), dtype.name, shape, fortran, data, True)
-    if array.flags.c_contiguous:
-        fortran, flat = False, array.reshape(-1)
-    elif array.flags.f_contiguous:
+        return (name, descr, dtype_name, shape, fortran, data, True)
+    if flags.c_contiguous:
+        fortran, flat = False, array if array.ndim == 1 else array.reshape(-1)
+    elif flags.f_contiguous:
         fortran, flat = True, array.T.reshape(-1)
     else:
         fortran, flat = False, np.ascontiguousarray(array).reshape(-1)
@@ -56,7 +76,7 @@ def payload_args(name: str, array: np.ndarray) -> tuple[Any, ...]:
         data = flat.view(np.uint8)
     except (TypeError, ValueError) as e:
         raise InvalidArrayError(f"array {name!r}: cannot store dtype {dtype}: {e}") from e
-    return (name, descr_of(dtype), dtype.name, shape, fortran, data, False)
+    return (name, descr, dtype_name, shape, fortran, data, False)
 
 
 def array_from_buffer(

@@ -1,15 +1,18 @@
 """The object layout (schema/FORMAT.md, "Layout"), the one module that walks layouts: an object
 split into ``meta`` (its JSON-able fields, what queries see), ``arrays`` (every numpy array in it by
 path name, ``"frames/0"``; one array referenced twice is stored once and comes back as one object),
-``layout`` (the JSON tree that rebuilds it) and ``leftovers`` (values JSON cannot hold, pickled
-apart so scans never parse them; arrays inside them still become payloads); a layout read back
-checked by :func:`scan` (a malformed one raises :class:`CorruptError`; the same walk tells what
-needs ``allow_pickle``); the parts joined into the object again.
+``layout`` (the JSON tree that rebuilds it; for a dict of values held whole in ``meta`` and arrays
+at their own names, the compact ``{"fields": ...}``, rebuilt from ``meta`` and ``arrays``) and
+``leftovers`` (values JSON cannot hold, pickled apart so scans never parse them; arrays inside them
+still become payloads); a layout read back checked by :func:`scan` (a malformed one raises
+:class:`CorruptError`; the same walk tells what needs ``allow_pickle``); the parts joined into the
+object again.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import importlib
 import io
 import json
@@ -328,12 +331,149 @@ def encode(
     """``obj`` as the core's ``put`` (and ``dumps_archive``) take it after the key: ``(meta_json,
     layout_json, payload args, pickled remainder or None)``. Raises ``pickle.PicklingError`` naming
     the record ``key`` and the field for a value that cannot be pickled."""
+    if type(obj) is dict:
+        flat = _encode_flat(obj)
+        if flat is not None:
+            return flat
+    return encode_generic(obj, key)
+
+
+def encode_generic(
+    obj: Any, key: str | None = None, compact: bool = True
+) -> tuple[str, str, list[tuple[Any, ...]], bytes | None]:
+    """:func:`encode` by the generic walk (:func:`split`), for every object; with ``compact``
+    false, never the ``fields`` layout (what writers before format 1.5 wrote)."""
     parts, splitter = split(obj)
     # before listing the arrays: arrays inside leftovers become payloads too
     what = "the object" if key is None else f"record {key!r}"
     pickled = splitter.pickle_leftovers(parts.leftovers, what) if parts.leftovers else None
     arrays = [_arrays.payload_args(name, a) for name, a in splitter.arrays.items()]
+    if compact and not parts.leftovers:
+        fields = fields_json(parts.layout)
+        if fields is not None:
+            return parts.meta_json(), fields, arrays, pickled
     return parts.meta_json(), parts.layout_json(), arrays, pickled
+
+
+def fields_json(layout: Any) -> str | None:
+    """The JSON text of the ``fields`` layout (schema/FORMAT.md, "Layout") that rebuilds what the
+    full ``layout`` does, or ``None`` when there is none: ``layout`` must be a ``dict`` node each
+    of whose entries is an ``array`` node named as the entry or a value held whole in ``meta``
+    (JSON scalars, tagged leaves, and dict, list and tuple nodes of them only), which decoding
+    ``meta`` rebuilds."""
+    if type(layout) is not dict or len(layout) != 1 or type(layout.get("dict")) is not dict:
+        return None
+    arrays_yet = interleaved = False
+    for name, node in layout["dict"].items():
+        if type(node) is dict and node == {"array": name}:
+            arrays_yet = True
+        elif _held_whole(node):
+            interleaved = interleaved or arrays_yet
+        else:
+            return None
+    return _fields_json(tuple(layout["dict"]) if interleaved else None)
+
+
+def _held_whole(node: Any) -> bool:
+    """Whether the layout ``node`` rebuilds just what decoding its ``meta`` value gives."""
+    if type(node) is not dict:
+        return True  # a JSON scalar (the walk writes no JSON array as a node)
+    ((kind, body),) = node.items()
+    if kind == "dict":
+        return all(_held_whole(v) for v in body.values())
+    if kind == "list" or kind == "tuple":
+        return all(_held_whole(v) for v in body)
+    return kind in _tagged.LEAF_TAGS
+
+
+# field names -> the compact layout's JSON text: records of one shape share it
+_FIELDS_JSON: dict[tuple[str, ...], str] = {}
+_FIELDS_IN_ORDER = '{"fields": null}'
+
+
+def _fields_json(names: tuple[str, ...] | None) -> str:
+    """``{"fields": names}``; ``names`` ``None`` (``null``): meta's fields, then the arrays."""
+    if names is None:
+        return _FIELDS_IN_ORDER
+    text = _FIELDS_JSON.get(names)
+    if text is None:
+        text = _ENCODER.encode({"fields": names})
+        if len(_FIELDS_JSON) >= 1024:
+            _FIELDS_JSON.clear()
+        _FIELDS_JSON[names] = text
+    return text
+
+
+# Types whose values are tagged leaves (or the pickled remainder) whatever the walk: C types
+# (never plain-state instances, no __dict__) that json_leaf knows; filled in as met.
+_LEAF_TYPES: dict[type, bool] = {datetime.datetime: True, datetime.date: True}
+
+
+def _leaf_type(t: type) -> bool:
+    known = _LEAF_TYPES.get(t)
+    if known is None:
+        known = _LEAF_TYPES[t] = issubclass(t, np.generic) and not t.__flags__ & _HEAPTYPE
+    return known
+
+
+def _encode_flat(
+    obj: dict[Any, Any],
+) -> tuple[str, str, list[tuple[Any, ...]], bytes | None] | None:
+    """:func:`encode_generic` of the common object, a dict whose values are JSON scalars, tagged
+    leaves (datetimes, numpy scalars...) and plain arrays, without the generic walk: the same
+    output byte for byte (tests compare them), or ``None`` for any other object (nested containers,
+    values for the pickled remainder, an empty key, texts with lone surrogates), which takes the
+    generic walk."""
+    nodes: dict[str, Any] = {}
+    meta: dict[str, Any] = {}
+    arrays: list[tuple[Any, ...]] = []
+    array_path: dict[int, str] | None = None  # id -> path, once there is an array
+    compact = True  # no array met twice: the fields layout rebuilds it (see fields_json)
+    interleaved = False  # a metadata field after an array: the fields layout lists names
+    for k, v in obj.items():
+        if type(k) is not str or not k or not (k.isascii() or text_ok(k)):
+            return None
+        t = type(v)
+        if v is None or t is bool:
+            pass
+        elif t is str:
+            if not (v.isascii() or text_ok(v)):
+                return None
+        elif t is float:
+            if not math.isfinite(v):
+                v = _tagged.json_leaf(v, t)
+        elif t is int:
+            if not _INT_MIN <= v <= _INT_MAX:
+                v = _tagged.json_leaf(v, t)
+                if v is _MISSING:
+                    return None
+        elif t in _PLAIN_ARRAY_TYPES:
+            if array_path is None:
+                array_path = {}
+            path = array_path.get(id(v))
+            if path is None:  # keys are distinct and not empty: no collision, no "data"
+                path = array_path[id(v)] = k
+                arrays.append(_arrays.payload_args(k, v))
+            else:
+                compact = False
+            nodes[k] = {"array": path}
+            continue
+        elif _leaf_type(t):
+            v = _tagged.json_leaf(v, t)
+            if v is _MISSING:
+                return None
+        else:
+            return None
+        nodes[k] = meta[k] = v
+        if array_path is not None:
+            interleaved = True
+    if len(meta) == 1 and next(iter(meta)).startswith("$"):
+        meta = {"$dict": meta}
+    if compact:
+        layout = _fields_json(tuple(nodes) if interleaved else None)
+    else:
+        layout = _ENCODER.encode({"dict": nodes})
+    return _ENCODER.encode(meta), layout, arrays, None
 
 
 # -- reading a layout back ------------------------------------------------------
@@ -461,6 +601,8 @@ def masked_pairs(layout: Any, array_paths: Collection[str]) -> list[tuple[str, s
     """``(data path, mask path)`` of every masked array of a record: its ``masked`` layout nodes
     with a mask, and inside the pickled remainder (whose masked arrays the layout does not show)
     each array ``p`` not named by the layout that has an array ``p/mask`` beside it."""
+    if type(layout) is dict and "fields" in layout:
+        return []  # no masked array, no pickled remainder
     pairs: list[tuple[str, str]] = []
     named: set[str] = set()
     stack = [layout]
@@ -509,6 +651,53 @@ def _find_class(spec: str) -> type:
     return obj
 
 
+def fields_problem(names: Any, decoded: dict[str, Any], array_paths: Collection[str]) -> str | None:
+    """Why the body of a ``fields`` layout is malformed, or ``None``: no name is both a field of
+    the decoded ``meta`` and an array path, and ``names`` is ``None`` or lists, once each, every
+    field and every array path."""
+    if names is not None and (type(names) is not list or not all(type(n) is str for n in names)):
+        return f"a 'fields' node holds {_cut(names)}, not a list of names or null"
+    both = next((n for n in decoded if n in array_paths), None)
+    if both is not None:
+        return f"{both!r} is both a metadata field and an array"
+    if names is None:
+        return None
+    listed = set(names)
+    if len(listed) != len(names):
+        return "a 'fields' node lists a name twice"
+    missing = next((n for n in (*decoded, *array_paths) if n not in listed), None)
+    if missing is not None:
+        return f"the 'fields' node leaves out {missing!r}"
+    extra = next((n for n in names if n not in decoded and n not in array_paths), None)
+    if extra is not None:
+        return f"the 'fields' node names {extra!r}, neither a metadata field nor an array"
+    return None
+
+
+def _join_fields(
+    names: Any,
+    meta: dict[str, Any],
+    get_array: Callable[[str], np.ndarray],
+    array_paths: Collection[str],
+    what: str,
+) -> dict[str, Any]:
+    """The dict a ``fields`` layout rebuilds: in the order of ``names`` (``None``: the decoded
+    metadata fields, then the arrays), each array path's array or the decoded metadata field
+    (decoded afresh: the object shares nothing with ``Record.meta``)."""
+    decoded = _tagged.decode_meta(meta)
+    bad = fields_problem(names, decoded, array_paths)
+    if bad is not None:
+        raise CorruptError(f"{what}: malformed layout: {bad}")
+    try:
+        if names is None:
+            return {**decoded, **{p: get_array(p) for p in array_paths}}
+        return {n: get_array(n) if n in array_paths else decoded[n] for n in names}
+    except LazyvaultError:
+        raise
+    except _DAMAGE as e:
+        raise CorruptError(f"{what}: cannot rebuild the object: {e!r}") from e
+
+
 def join(
     layout: Any,
     get_array: Callable[[str], np.ndarray],
@@ -516,20 +705,24 @@ def join(
     allow_pickle: bool,
     what: str,
     *,
-    array_paths: Container[str],
+    array_paths: Collection[str],
     remainder: bool,
     safe_classes: dict[str, type] | None = None,
+    meta: dict[str, Any] | None = None,
 ) -> Any:
     """Rebuilds the object described by ``layout``.
 
     ``get_array(path)`` returns the (memory-mapped) array of a path; ``get_pickle()`` the pickled
-    remainder; ``array_paths`` and ``remainder`` are the arrays and whether there is a remainder, as
-    the record says; ``safe_classes``: ``{"module:qualname": class}``, the classes whose instances
-    are rebuilt from that class (nothing imported) without ``allow_pickle``. Checks the whole layout
-    first (:func:`scan`). Raises :class:`CorruptError` for a malformed layout or one that does not
-    describe an object, :class:`PickleNotAllowedError` if rebuilding needs unpickling (a pickled
-    remainder, a class outside ``safe_classes``) and ``allow_pickle`` is false.
+    remainder; ``array_paths``, ``remainder`` and ``meta`` are the arrays, whether there is a
+    remainder and the (raw) metadata, as the record says; ``safe_classes``: ``{"module:qualname":
+    class}``, the classes whose instances are rebuilt from that class (nothing imported) without
+    ``allow_pickle``. Checks the whole layout first (:func:`scan`). Raises :class:`CorruptError`
+    for a malformed layout or one that does not describe an object, :class:`PickleNotAllowedError`
+    if rebuilding needs unpickling (a pickled remainder, a class outside ``safe_classes``) and
+    ``allow_pickle`` is false.
     """
+    if type(layout) is dict and len(layout) == 1 and "fields" in layout:
+        return _join_fields(layout["fields"], meta or {}, get_array, array_paths, what)
     safe_classes = safe_classes or {}
     found = scan(layout, array_paths, remainder, safe_classes)
     if found.problem is not None:

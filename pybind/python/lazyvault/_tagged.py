@@ -33,6 +33,19 @@ def cut(value: Any) -> str:
 _INT_TEXT = re.compile(r"-?(0|[1-9][0-9]*)")
 
 
+# id of a datetime.timezone -> (it, whether ISO text keeps it): by identity, since timezones
+# compare by offset alone ("CET" == UTC+1); checking costs a datetime's encoding a third.
+_TZ_KEPT: dict[int, tuple[datetime.timezone, bool]] = {}
+
+
+def _iso_keeps(tz: datetime.timezone) -> bool:
+    """Whether ISO 8601 text keeps ``tz``: neither a zone's own name ("CET") nor a sub-second
+    offset survives it."""
+    offset = tz.utcoffset(None)
+    plain = datetime.timezone(offset)
+    return not offset.microseconds and tz == plain and tz.tzname(None) == plain.tzname(None)
+
+
 def json_leaf(value: Any, t: type) -> Any:
     """The JSON form of a leaf value, the same in ``meta`` and ``layout``: itself when JSON holds
     it, else its tagged value (``{"$float": "nan"}``, ``{"$numpy": ["<f4", 1.5]}``...), else
@@ -51,13 +64,13 @@ def json_leaf(value: Any, t: type) -> Any:
         if tz is None:
             return {"$datetime": value.isoformat()}
         if type(tz) is datetime.timezone:
-            offset = tz.utcoffset(None)
-            # ISO 8601 text keeps neither a zone's own name ("CET") nor a sub-second offset
-            if (
-                offset.microseconds
-                or tz != datetime.timezone(offset)
-                or (tz.tzname(None) != datetime.timezone(offset).tzname(None))
-            ):
+            known = _TZ_KEPT.get(id(tz))
+            if known is None or known[0] is not tz:
+                known = (tz, _iso_keeps(tz))
+                if len(_TZ_KEPT) >= 256:
+                    _TZ_KEPT.clear()
+                _TZ_KEPT[id(tz)] = known  # holds tz: its id stays its own
+            if not known[1]:
                 return MISSING
             return {"$datetime": value.isoformat()}
         if type(tz) is zoneinfo.ZoneInfo and tz.key and value.utcoffset() is not None:

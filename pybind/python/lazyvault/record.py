@@ -173,6 +173,7 @@ class Record:
             array_paths=self._record["arrays"],
             remainder=has_remainder(self),
             safe_classes=trust.by_name(),
+            meta=self._record["meta"],
         )
 
     def ref(self) -> Any:

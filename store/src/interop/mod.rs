@@ -447,14 +447,19 @@ pub(crate) enum Field {
 /// `fields` (`store[key] = {name: value}`): JSON values become metadata
 /// (containers laid out as `{"dict": ...}` / `{"list": ...}`), arrays
 /// payloads named by their field (`"data"` for an empty name, `~2`, `~3`...
-/// on a clash), all in dict order.
+/// on a clash), all in dict order. As there: the compact layout
+/// `{"fields": ...}` (FORMAT.md, "Layout") when every array is at its own
+/// name, `null` when no metadata field follows an array.
 pub(crate) fn flat_record(key: &str, fields: Vec<(String, Field)>) -> PlannedRecord {
     let mut meta = Map::new();
     let mut nodes = Map::new();
     let mut arrays: IndexMap<String, PlannedArray> = IndexMap::new();
+    let mut renamed = false; // an array not at its own name: the full layout
+    let mut interleaved = false; // a metadata field after an array: names listed
     for (name, field) in fields {
         match field {
             Field::Json(value) => {
+                interleaved |= !arrays.is_empty();
                 nodes.insert(name.clone(), layout_of(&value));
                 meta.insert(name, value);
             }
@@ -466,15 +471,25 @@ pub(crate) fn flat_record(key: &str, fields: Vec<(String, Field)>) -> PlannedRec
                     path = format!("{base}~{n}");
                     n += 1;
                 }
+                renamed |= path != name;
                 nodes.insert(name, serde_json::json!({ "array": path }));
                 arrays.insert(path, array);
             }
         }
     }
+    // a lone `$` field would read as a tagged value, not a field: not compact
+    let lone_tag = meta.len() == 1 && meta.keys().all(|k| k.starts_with('$'));
+    let layout = if renamed || lone_tag {
+        serde_json::json!({ "dict": nodes })
+    } else if interleaved {
+        serde_json::json!({ "fields": nodes.keys().collect::<Vec<_>>() })
+    } else {
+        serde_json::json!({ "fields": null })
+    };
     PlannedRecord {
         key: key.to_owned(),
         meta,
-        layout: serde_json::json!({ "dict": nodes }),
+        layout,
         arrays,
         pickle: None,
     }

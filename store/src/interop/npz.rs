@@ -305,9 +305,29 @@ const LAYOUT_KINDS: [&str; 8] = [
 const LEAF_TAGS: [&str; 5] = ["$float", "$int", "$datetime", "$date", "$numpy"];
 
 /// Whether `layout` is a tree of known nodes (FORMAT.md, "Layout") naming
-/// only `paths` as arrays. `object` nodes are allowed: loading them is
-/// gated by `allow_pickle` as for any record.
+/// only `paths` as arrays, or the `fields` layout (since format 1.5: the
+/// whole layout, never a nested node): `null`, or distinct names with every
+/// array path among them; that its other names are the metadata's fields
+/// is checked where the object is rebuilt. `object` nodes are allowed: loading
+/// them is gated by `allow_pickle` as for any record.
 pub(super) fn layout_ok(layout: &Value, paths: &HashSet<&str>) -> bool {
+    if let Some(m) = layout.as_object().filter(|m| m.len() == 1) {
+        if let Some(names) = m.get("fields") {
+            let names = match names {
+                Value::Null => return true,
+                Value::Array(names) => names,
+                _ => return false,
+            };
+            let mut seen = HashSet::with_capacity(names.len());
+            for name in names {
+                match name.as_str() {
+                    Some(n) if seen.insert(n) => {}
+                    _ => return false,
+                }
+            }
+            return paths.iter().all(|p| seen.contains(p));
+        }
+    }
     let mut stack = vec![layout];
     while let Some(node) = stack.pop() {
         let node = match node {
@@ -531,6 +551,24 @@ mod tests {
             json!({"masked": {"data": {"array": "elsewhere"}, "mask": null,
                               "fill_value": null, "hard_mask": false}}),
             json!({"masked": {"data": {"array": "m"}, "mask": null, "fill_value": null}}),
+        ] {
+            assert!(!layout_ok(&bad, &paths), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_fields_layout_is_known_at_the_root_only() {
+        let paths: HashSet<&str> = ["x"].into_iter().collect();
+        assert!(layout_ok(&json!({"fields": ["t", "x", "$y"]}), &paths));
+        assert!(layout_ok(&json!({"fields": null}), &paths));
+        for bad in [
+            json!({"fields": ["t"]}),           // leaves out the array
+            json!({"fields": ["t", "x", "t"]}), // a name twice
+            json!({"fields": ["x", 1]}),
+            json!({"fields": {"x": "x"}}),
+            json!({"fields": ["x"], "dict": {}}),
+            json!({"dict": {"a": {"fields": ["x"]}}}),
+            json!({"dict": {"a": {"fields": null}}}),
         ] {
             assert!(!layout_ok(&bad, &paths), "{bad}");
         }
