@@ -399,8 +399,16 @@ impl Writer {
                 }
                 _ => {}
             }
+            // Runs that hold nothing (the empty checkpoint a new store
+            // starts with) are replaced by one full run, read in key order
+            // from the index: merging the changes into them would write
+            // every record twice.
+            let empty = w
+                .runs
+                .as_ref()
+                .is_some_and(|runs| runs.iter().all(|doc| doc.entries == 0));
             let runs = match w.runs.clone() {
-                Some(old) if !full => {
+                Some(old) if !full && !empty => {
                     let mut run = RunWriter::create(&dir, &checkpoint::new_run_name())?;
                     let written = (|| {
                         for key in &w.dirty {
