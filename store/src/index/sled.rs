@@ -347,7 +347,11 @@ impl Index {
             batch.insert(rkey, record);
             match pickle {
                 Some(p) => batch.insert(prefixed(PICKLE, key), p),
-                None => batch.remove(prefixed(PICKLE, key)),
+                // A pickle entry only exists beside a record (they are set
+                // and removed in one batch): a new key has none to remove,
+                // and skipping the no-op spares sled a tree descent.
+                None if old.is_some() => batch.remove(prefixed(PICKLE, key)),
+                None => {}
             }
             // A sled batch keeps the last operation per key, so entries
             // inserted for an earlier version of the key and removed here
