@@ -523,16 +523,8 @@ const STUCK_CLOSE_WAIT: Duration = Duration::from_secs(5);
 /// One run of every record of `index` (a first checkpoint, or `gc()`).
 pub(crate) fn write_full_run(index: &Index, dir: &Path) -> Result<checkpoint::run::RunInfo> {
     let mut run = RunWriter::create(dir, &checkpoint::new_run_name())?;
-    let written = index.scan(|key, record| {
-        let pickle = index.get_pickle(key)?;
-        run.push(
-            key,
-            RunValue::Put {
-                record,
-                pickle: pickle.as_deref(),
-            },
-        )
-    });
+    let written = index
+        .scan_with_pickles(|key, record, pickle| run.push(key, RunValue::Put { record, pickle }));
     match written {
         Ok(()) => run.finish(),
         Err(e) => {
