@@ -5,6 +5,7 @@ use lazyvault_store::query::Query;
 use lazyvault_store::{Mode, NewRecordJson, Store};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedStr;
 use pyo3::types::{PyBytes, PyDict};
 
 use crate::arrow::ArrowStream;
@@ -23,14 +24,16 @@ pub fn check_query(expr: &str) -> PyResult<()> {
 
 /// One record for `put_many`: `(key, meta_json, layout_json, arrays,
 /// pickle or None)`.
+/// The strings are borrowed from the Python objects (UTF-8 cached by
+/// CPython), not copied.
 #[derive(FromPyObject)]
 struct RecordArg {
     #[pyo3(item(0))]
-    key: String,
+    key: PyBackedStr,
     #[pyo3(item(1))]
-    meta_json: String,
+    meta_json: PyBackedStr,
     #[pyo3(item(2))]
-    layout_json: String,
+    layout_json: PyBackedStr,
     #[pyo3(item(3))]
     arrays: Vec<ArrayArg>,
     #[pyo3(item(4))]
