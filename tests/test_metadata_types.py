@@ -496,3 +496,26 @@ def test_a_timezone_iso_text_cannot_keep_goes_to_the_remainder(
     with lv.Store.open(tmp_path / "s.lv", "r", allow_pickle=True) as store:
         back = store["r"].load()["when"]
         assert back == when and back.tzinfo == tz and back.tzname() == when.tzname()
+
+
+def test_metadata_and_layout_json_are_checked_and_stored_compact(store: lv.Store) -> None:
+    # The binding copies the JSON text into the record (no re-serialization): it must still refuse
+    # what is not JSON, a metadata that is not an object, and numbers no float can hold.
+    layout = json.dumps({"dict": {}})
+    for put in (
+        lambda m, lay: store._core.put("bad", m, lay, [], None),
+        lambda m, lay: store._core.put_many([("bad", m, lay, [], None)]),
+    ):
+        with pytest.raises(TypeError, match="metadata must be a JSON object"):
+            put("[1, 2]", layout)
+        for bad in ("{", '{"a": 1} x', '{"a": NaN}', '{"a": 1e400}', "{'a': 1}"):
+            with pytest.raises(ValueError, match="metadata is not JSON"):
+                put(bad, layout)
+        with pytest.raises(ValueError, match="layout is not JSON"):
+            put("{}", '{"dict": ')
+    assert "bad" not in store
+    meta = {"t": 300.5, "s": 'a b\t"c" é', "l": [1, {"x": None}], "big": 2**64 - 1, "e": 1e-5}
+    store._core.put_many([("k", json.dumps(meta, indent=2, ensure_ascii=False), layout, [], None)])
+    raw = store._core.get("k")
+    assert b"\n" not in raw and b'"s":"a b\\t\\"c\\" \xc3\xa9"' in raw
+    assert store["k"].meta == meta and json.loads(raw)["meta"] == meta

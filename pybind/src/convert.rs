@@ -1,6 +1,6 @@
 //! Conversions between Python values and the engine's types, in one place.
 
-use lazyvault_store::{ArraySource, GcReport, RepairReport, VerifyReport};
+use lazyvault_store::{ArraySource, GcReport, JsonText, JsonTextError, RepairReport, VerifyReport};
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -79,6 +79,21 @@ pub fn meta_from_json(text: &str) -> PyResult<Map<String, Value>> {
         Ok(_) => Err(PyTypeError::new_err("metadata must be a JSON object")),
         Err(e) => Err(PyValueError::new_err(format!("metadata is not JSON: {e}"))),
     }
+}
+
+/// Checks and compacts the JSON object of a record's metadata, with the
+/// errors of [`meta_from_json`].
+pub fn meta_json_text(text: &str) -> PyResult<JsonText> {
+    JsonText::object(text).map_err(|e| match e {
+        JsonTextError::NotObject => PyTypeError::new_err("metadata must be a JSON object"),
+        e @ JsonTextError::NotJson(_) => PyValueError::new_err(format!("metadata is {e}")),
+    })
+}
+
+/// Checks and compacts the layout JSON, with the error of
+/// [`layout_from_json`].
+pub fn layout_json_text(text: &str) -> PyResult<JsonText> {
+    JsonText::value(text).map_err(|e| PyValueError::new_err(format!("layout is {e}")))
 }
 
 /// Parses the layout JSON.

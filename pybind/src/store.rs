@@ -2,9 +2,10 @@
 //! `lazyvault.Store` wraps it with the mapping API and the object splitting.
 
 use lazyvault_store::query::Query;
-use lazyvault_store::{Keys, Mode, NewRecord, Store};
+use lazyvault_store::{Keys, Mode, NewRecordJson, Store};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedStr;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
 use crate::arrow::ArrowStream;
@@ -30,14 +31,16 @@ fn key_list<'py>(py: Python<'py>, keys: &Keys) -> PyResult<Bound<'py, PyList>> {
 
 /// One record for `put_many`: `(key, meta_json, layout_json, arrays,
 /// pickle or None)`.
+/// The strings are borrowed from the Python objects (UTF-8 cached by
+/// CPython), not copied.
 #[derive(FromPyObject)]
 struct RecordArg {
     #[pyo3(item(0))]
-    key: String,
+    key: PyBackedStr,
     #[pyo3(item(1))]
-    meta_json: String,
+    meta_json: PyBackedStr,
     #[pyo3(item(2))]
-    layout_json: String,
+    layout_json: PyBackedStr,
     #[pyo3(item(3))]
     arrays: Vec<ArrayArg>,
     #[pyo3(item(4))]
@@ -157,10 +160,17 @@ impl StoreCore {
         arrays: Vec<ArrayArg>,
         pickle: Option<&[u8]>,
     ) -> PyResult<()> {
-        let meta = convert::meta_from_json(meta_json)?;
-        let layout = convert::layout_from_json(layout_json)?;
+        let meta = convert::meta_json_text(meta_json)?;
+        let layout = convert::layout_json_text(layout_json)?;
         let sources: Vec<_> = arrays.iter().map(ArrayArg::as_source).collect();
-        py.detach(|| self.inner.put(key, meta, layout, &sources, pickle))
+        let record = NewRecordJson {
+            key,
+            meta,
+            layout,
+            arrays: &sources,
+            pickle,
+        };
+        py.detach(|| self.inner.put_many_json(vec![record]))
             .py_err()
     }
 
@@ -168,25 +178,30 @@ impl StoreCore {
     /// pickle or None)` (the arguments of `put`), all or nothing, with one
     /// durability barrier and one index batch (`Store::put_many`).
     fn put_many(&self, py: Python<'_>, records: Vec<RecordArg>) -> PyResult<()> {
-        let mut parsed = Vec::with_capacity(records.len());
+        // The metadata and layout go in as checked JSON text, not parsed.
+        let mut texts = Vec::with_capacity(records.len());
         for r in &records {
-            let meta = convert::meta_from_json(&r.meta_json)?;
-            let layout = convert::layout_from_json(&r.layout_json)?;
-            let sources: Vec<_> = r.arrays.iter().map(ArrayArg::as_source).collect();
-            parsed.push((meta, layout, sources));
+            let meta = convert::meta_json_text(&r.meta_json)?;
+            let layout = convert::layout_json_text(&r.layout_json)?;
+            texts.push((meta, layout));
         }
-        let batch: Vec<NewRecord<'_>> = records
+        let sources: Vec<Vec<_>> = records
             .iter()
-            .zip(&mut parsed)
-            .map(|(r, (meta, layout, sources))| NewRecord {
+            .map(|r| r.arrays.iter().map(ArrayArg::as_source).collect())
+            .collect();
+        let batch: Vec<NewRecordJson<'_>> = records
+            .iter()
+            .zip(texts)
+            .zip(&sources)
+            .map(|((r, (meta, layout)), sources)| NewRecordJson {
                 key: &r.key,
-                meta: std::mem::take(meta),
-                layout: layout.take(),
+                meta,
+                layout,
                 arrays: sources,
                 pickle: r.pickle.as_ref().map(|p| p.as_bytes(py)),
             })
             .collect();
-        py.detach(|| self.inner.put_many(batch)).py_err()
+        py.detach(|| self.inner.put_many_json(batch)).py_err()
     }
 
     /// Replaces the arrays of `key` named like those of `arrays` (tuples as

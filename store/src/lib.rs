@@ -57,6 +57,6 @@ pub fn read_column_file(bytes: &[u8]) -> std::result::Result<usize, String> {
     columns::read_file_bytes(bytes)
 }
 pub use store::{
-    GcReport, Keys, Mode, NewRecord, RepairReport, Stage, StagedRecord, Store, VerifyReport,
-    INDEX_DIR, MAX_RECORD_BYTES,
+    GcReport, JsonText, JsonTextError, Keys, Mode, NewRecord, NewRecordJson, RepairReport, Stage,
+    StagedRecord, Store, VerifyReport, INDEX_DIR, MAX_RECORD_BYTES,
 };

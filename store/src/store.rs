@@ -33,6 +33,7 @@ pub(crate) mod arrow;
 pub(crate) mod columnar;
 mod find;
 mod indexes;
+mod json_text;
 mod keys;
 mod maintenance;
 mod merge;
@@ -40,6 +41,8 @@ mod recovery;
 mod staged;
 pub(crate) mod writer;
 
+use json_text::Pending;
+pub use json_text::{JsonText, JsonTextError, NewRecordJson};
 pub use keys::Keys;
 use recovery::journal_tail;
 pub use staged::{Stage, StagedRecord};
@@ -611,6 +614,34 @@ impl Store {
         self.put_locked(index, &mut state, records)
     }
 
+    /// [`Store::put_many`] with each record's metadata and layout as
+    /// checked JSON text, copied into the record as it is: no
+    /// `serde_json::Value` built and serialized again per record (what the
+    /// Python binding hands over).
+    ///
+    /// # Errors
+    /// As [`Store::put_many`].
+    pub fn put_many_json(&self, records: Vec<NewRecordJson<'_>>) -> Result<()> {
+        for r in &records {
+            check_key(r.key)?;
+            payload::check_unique_names(r.arrays)?;
+        }
+        let (_view, w) = self.writer()?;
+        let index = w.index();
+        if index.io_failed() {
+            return Err(index.stuck_error());
+        }
+        let payload: u64 = records
+            .iter()
+            .flat_map(|r| r.arrays.iter())
+            .map(|a| a.data.len() as u64 + 4096)
+            .sum();
+        w.check_space_for(records.len(), payload)?;
+        let mut state = w.lock();
+        let records = records.into_iter().map(|r| (r, IndexMap::new())).collect();
+        self.put_locked(index, &mut state, records)
+    }
+
     /// Replaces the arrays of the record under `key` named like those of
     /// `arrays` (dtype and shape may change), keeping its metadata, layout,
     /// pickled remainder and other arrays: only the new payloads are
@@ -677,16 +708,16 @@ impl Store {
     /// Writes `records` (each with the entries of arrays it keeps from the
     /// record it replaces) as [`Store::put_many`] describes; the caller
     /// holds the writer lock.
-    fn put_locked(
+    fn put_locked<'a, R: Pending<'a>>(
         &self,
         index: &Index,
         writer: &mut WriterState,
-        records: Vec<(NewRecord<'_>, IndexMap<String, ArrayEntry>)>,
+        records: Vec<(R, IndexMap<String, ArrayEntry>)>,
     ) -> Result<()> {
         if records.is_empty() {
             return Ok(());
         }
-        let files = payload::files_for(records.iter().flat_map(|(r, _)| r.arrays.iter()));
+        let files = payload::files_for(records.iter().flat_map(|(r, _)| r.arrays().iter()));
         // payloads the new records keep from the ones they replace
         let kept_ids: Vec<HashSet<String>> = records
             .iter()
@@ -701,7 +732,7 @@ impl Store {
             let mut entries = Vec::with_capacity(records.len());
             for (r, kept) in &records {
                 let mut e = kept.clone();
-                for src in r.arrays {
+                for src in r.arrays() {
                     e.insert(src.name.clone(), payloads.write(src)?);
                 }
                 entries.push(e);
@@ -714,15 +745,8 @@ impl Store {
             }
             let mut jsons = Vec::with_capacity(records.len());
             for ((r, _), arrays) in records.into_iter().zip(entries) {
-                let record = Record {
-                    meta: r.meta,
-                    arrays,
-                    layout: r.layout,
-                    pickle: r.pickle.is_some(),
-                };
-                let json = record.to_json();
-                check_record_size(r.key, &record, &json, r.pickle)?;
-                jsons.push((r.key, json, r.pickle));
+                let (key, pickle) = (r.key(), r.pickle());
+                jsons.push((key, r.into_json(arrays)?, pickle));
             }
             let puts: Vec<journal::Put<'_>> =
                 jsons.iter().map(|(k, j, p)| (*k, &j[..], *p)).collect();

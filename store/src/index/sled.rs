@@ -347,7 +347,11 @@ impl Index {
             batch.insert(rkey, record);
             match pickle {
                 Some(p) => batch.insert(prefixed(PICKLE, key), p),
-                None => batch.remove(prefixed(PICKLE, key)),
+                // A pickle entry only exists beside a record (they are set
+                // and removed in one batch): a new key has none to remove,
+                // and skipping the no-op spares sled a tree descent.
+                None if old.is_some() => batch.remove(prefixed(PICKLE, key)),
+                None => {}
             }
             // A sled batch keeps the last operation per key, so entries
             // inserted for an earlier version of the key and removed here
@@ -532,6 +536,34 @@ impl Index {
         Ok(())
     }
 
+    /// As [`Index::scan`], with each record's pickled remainder (or
+    /// `None`): the pickles are read by a second scan in step with the
+    /// first (both in key order), not looked up one key at a time.
+    pub(crate) fn scan_with_pickles(
+        &self,
+        mut f: impl FnMut(&str, &[u8], Option<&[u8]>) -> Result<()>,
+    ) -> Result<()> {
+        let mut pickles = self.tree.scan_prefix([PICKLE]).peekable();
+        self.scan(|key, record| {
+            let mut pickle = None;
+            // Skip pickles of smaller keys (none, in a consistent index).
+            while let Some(item) = pickles.peek() {
+                let (k, _) = item.as_ref().map_err(|e| self.err()(e.clone()))?;
+                match k[1..].cmp(key.as_bytes()) {
+                    std::cmp::Ordering::Less => {}
+                    std::cmp::Ordering::Equal => {
+                        let (_, v) = pickles.next().expect("peeked").map_err(self.err())?;
+                        pickle = Some(v);
+                        break;
+                    }
+                    std::cmp::Ordering::Greater => break,
+                }
+                pickles.next();
+            }
+            f(key, record, pickle.as_deref())
+        })
+    }
+
     /// Makes every change so far durable.
     pub(crate) fn flush(&self) -> Result<()> {
         fault::check("index-flush", std::path::Path::new("index")).map_err(injected(&self.dir))?;
@@ -600,5 +632,47 @@ impl RecordIndex for Index {
 
     fn journal_pos(&self) -> Result<Option<Position>> {
         Index::journal_pos(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scan_with_pickles_pairs_each_record_with_its_own_pickle() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = Index::open(&dir.path().join("index")).unwrap();
+        let puts: Vec<Put<'_>> = vec![
+            ("a", b"{}", None),
+            ("b", b"{}", Some(b"pb")),
+            ("c", b"{}", None),
+            ("d", b"{}", Some(b"pd")),
+            ("e", b"{}", None),
+        ];
+        index.put_many(&puts, (0, 0)).unwrap();
+        // A pickle with no record (an inconsistent index) is skipped.
+        index
+            .tree
+            .insert(prefixed(PICKLE, "bb"), &b"orphan"[..])
+            .unwrap();
+        let mut seen = Vec::new();
+        index
+            .scan_with_pickles(|key, _, pickle| {
+                seen.push((key.to_owned(), pickle.map(<[u8]>::to_vec)));
+                Ok(())
+            })
+            .unwrap();
+        let want: Vec<(String, Option<Vec<u8>>)> = vec![
+            ("a".into(), None),
+            ("b".into(), Some(b"pb".to_vec())),
+            ("c".into(), None),
+            ("d".into(), Some(b"pd".to_vec())),
+            ("e".into(), None),
+        ];
+        assert_eq!(seen, want);
+        // Replacing a pickled record by one without removes its pickle.
+        index.put_many(&[("b", b"{}", None)], (0, 1)).unwrap();
+        assert_eq!(index.get_pickle("b").unwrap(), None);
     }
 }

@@ -399,8 +399,16 @@ impl Writer {
                 }
                 _ => {}
             }
+            // Runs that hold nothing (the empty checkpoint a new store
+            // starts with) are replaced by one full run, read in key order
+            // from the index: merging the changes into them would write
+            // every record twice.
+            let empty = w
+                .runs
+                .as_ref()
+                .is_some_and(|runs| runs.iter().all(|doc| doc.entries == 0));
             let runs = match w.runs.clone() {
-                Some(old) if !full => {
+                Some(old) if !full && !empty => {
                     let mut run = RunWriter::create(&dir, &checkpoint::new_run_name())?;
                     let written = (|| {
                         for key in &w.dirty {
@@ -515,16 +523,8 @@ const STUCK_CLOSE_WAIT: Duration = Duration::from_secs(5);
 /// One run of every record of `index` (a first checkpoint, or `gc()`).
 pub(crate) fn write_full_run(index: &Index, dir: &Path) -> Result<checkpoint::run::RunInfo> {
     let mut run = RunWriter::create(dir, &checkpoint::new_run_name())?;
-    let written = index.scan(|key, record| {
-        let pickle = index.get_pickle(key)?;
-        run.push(
-            key,
-            RunValue::Put {
-                record,
-                pickle: pickle.as_deref(),
-            },
-        )
-    });
+    let written = index
+        .scan_with_pickles(|key, record, pickle| run.push(key, RunValue::Put { record, pickle }));
     match written {
         Ok(()) => run.finish(),
         Err(e) => {
