@@ -251,6 +251,8 @@ pub(crate) fn rename(from: &Path, to: &Path) -> io::Result<()> {
 /// Removes a file.
 pub(crate) fn remove_file(path: &Path) -> io::Result<()> {
     fault::check("unlink", path)?;
+    // a pack kept open would keep its space after the unlink
+    crate::open_packs::forget(path);
     fs::remove_file(path)
 }
 

@@ -29,6 +29,7 @@ mod index;
 pub mod interop;
 pub mod journal;
 pub mod npy;
+mod open_packs;
 mod pack;
 mod payload;
 pub mod query;

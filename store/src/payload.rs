@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::fsio;
 use crate::interop::export::zipfile::{StoredZipWriter, ZipLimits};
 use crate::npy;
+use crate::open_packs;
 
 /// An array to be written as a payload: its description and its bytes.
 #[derive(Debug, Clone)]
@@ -793,6 +794,14 @@ pub fn open_payload(root: &Path, entry: &ArrayEntry) -> Result<(File, PathBuf)> 
 /// Opens the payload file of `entry` under `root` once the entry's id (which
 /// names the path) and data offset are checked.
 fn open_entry_file(root: &Path, entry: &ArrayEntry) -> Result<(File, PathBuf)> {
+    let path = entry_path(root, entry)?;
+    let file = open_existing(&path)?;
+    Ok((file, path))
+}
+
+/// The path of the payload file (or pack) of `entry` under `root`, once the
+/// entry's id (which names the path) and data offset are checked.
+fn entry_path(root: &Path, entry: &ArrayEntry) -> Result<PathBuf> {
     entry
         .validate("payload")
         .map_err(|e| Error::corrupt("record", e))?;
@@ -801,9 +810,7 @@ fn open_entry_file(root: &Path, entry: &ArrayEntry) -> Result<(File, PathBuf)> {
     if let Some(problem) = npy::numpy_refuses(&entry.descr, &entry.shape) {
         return Err(Error::corrupt("record", problem));
     }
-    let path = root.join(entry.relpath());
-    let file = open_existing(&path)?;
-    Ok((file, path))
+    Ok(root.join(entry.relpath()))
 }
 
 /// Checks the header read from the payload file at `path` against `entry`.
@@ -841,8 +848,22 @@ fn check_length(len: u64, needed: u64, path: &Path) -> Result<()> {
 /// cannot be read or mapped.
 pub fn load_payload(root: &Path, entry: &ArrayEntry) -> Result<MappedPayload> {
     if entry.is_packed() {
-        return load_member(root, entry);
+        return load_member(root, entry, true);
     }
+    load_unpacked(root, entry)
+}
+
+/// [`load_payload`] from the file as it is on disk now: a pack is opened
+/// for this read, never served by a descriptor kept open (see
+/// `open_packs`) of a pack removed since (for `verify`).
+pub(crate) fn load_payload_from_disk(root: &Path, entry: &ArrayEntry) -> Result<MappedPayload> {
+    if entry.is_packed() {
+        return load_member(root, entry, false);
+    }
+    load_unpacked(root, entry)
+}
+
+fn load_unpacked(root: &Path, entry: &ArrayEntry) -> Result<MappedPayload> {
     // A header past numpy's default (a dtype of hundreds of fields) goes
     // the mapped way, which checks the file's length before reading it.
     let long_header = entry.data_offset > (npy::NUMPY_MAX_HEADER_LEN + DATA_ALIGN) as u64;
@@ -886,7 +907,7 @@ pub fn load_payload(root: &Path, entry: &ArrayEntry) -> Result<MappedPayload> {
 /// [`load_payload`] reads it (one `pread` of its header and data).
 pub fn map_payload(root: &Path, entry: &ArrayEntry) -> Result<MappedPayload> {
     if entry.is_packed() {
-        return load_member(root, entry);
+        return load_member(root, entry, true);
     }
     let (file, path) = open_payload(root, entry)?;
     if entry.nbytes == 0 {
@@ -937,7 +958,7 @@ fn open_existing(path: &Path) -> Result<File> {
 /// which are unpickled anyway, so mapping them gains nothing).
 pub fn read_payload(root: &Path, entry: &ArrayEntry) -> Result<Vec<u8>> {
     if entry.is_packed() {
-        return load_member(root, entry).map(|m| m.as_bytes().to_vec());
+        return load_member(root, entry, true).map(|m| m.as_bytes().to_vec());
     }
     let (mut file, path) = open_payload(root, entry)?;
     let len = usize::try_from(entry.nbytes).map_err(|_| {
@@ -955,9 +976,16 @@ pub fn read_payload(root: &Path, entry: &ArrayEntry) -> Result<Vec<u8>> {
 /// nbytes`), header checked against the entry as for a payload file, data
 /// landing 64-byte aligned. A member is never larger than
 /// [`MAX_PACKED_HEADER`] plus [`READ_MAX_BYTES`]; an entry saying more is
-/// damage (nothing is allocated from it).
-fn load_member(root: &Path, entry: &ArrayEntry) -> Result<MappedPayload> {
-    let (file, path) = open_entry_file(root, entry)?;
+/// damage (nothing is allocated from it). With `keep`, the pack is kept
+/// open for the next reads, or read from a descriptor kept open (packs are
+/// immutable, see `open_packs`).
+fn load_member(root: &Path, entry: &ArrayEntry, keep: bool) -> Result<MappedPayload> {
+    let path = entry_path(root, entry)?;
+    let file = if keep {
+        open_packs::open(&path, open_existing)?
+    } else {
+        std::sync::Arc::new(open_existing(&path)?)
+    };
     if !packable(entry) {
         return Err(Error::corrupt(
             format!("payload {}", path.display()),

@@ -544,7 +544,11 @@ impl Store {
         let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
         match &mut *state {
             State::Closed => Err(Error::closed()),
-            State::Reading(s) => s.refresh(),
+            State::Reading(s) => {
+                // packs the old snapshot kept may be removed from now on
+                crate::open_packs::forget_under(&self.root);
+                s.refresh()
+            }
             State::Writing(w) => Ok(w.lock().version),
         }
     }
@@ -1001,6 +1005,9 @@ impl Store {
             &mut *self.state.write().unwrap_or_else(|p| p.into_inner()),
             State::Closed,
         );
+        if !matches!(old, State::Closed) {
+            crate::open_packs::forget_under(&self.root);
+        }
         let State::Writing(w) = old else {
             return Ok(());
         };

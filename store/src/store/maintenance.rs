@@ -717,7 +717,8 @@ impl Store {
     /// its data and compares the two. A payload that cannot be read is an
     /// error; a checksum that differs is [`Hashed::Mismatch`].
     fn verify_checksum(&self, entry: &ArrayEntry) -> Result<Hashed> {
-        let mapped = payload::load_payload(&self.root, entry)?;
+        // the files as they are now, not a pack kept open since removed
+        let mapped = payload::load_payload_from_disk(&self.root, entry)?;
         let Some(expected) = entry.checksum.as_deref() else {
             return Ok(Hashed::NotCompared);
         };
