@@ -539,7 +539,8 @@ class Store(Handle, MutableMapping[str, Record]):
         """The lazy record of ``key``, from the index. Raises :class:`MissingKeyError` (a
         ``KeyError``) if absent, :class:`KeyTypeError` for a non-``str`` key,
         :class:`InvalidKeyError` for ``""``."""
-        key = check_key(key)
+        if type(key) is not str or not key.isascii():  # an ASCII str is a key (or "": the core)
+            key = check_key(key)
         got = self._core.get_record(key)
         if got is None:
             raise MissingKeyError(key)
