@@ -51,6 +51,8 @@ def _objects() -> dict[str, dict]:
         "named pickle": {"pickle": True, "s": "pickle", "x": np.arange(3)},
         "with remainder": {"s": {1, 2}, "x": np.arange(4)},
         "objects": {"x": np.array([1, "a", None], dtype=object)},
+        # paths the record JSON escapes, or writes as UTF-8
+        "escaped": {'a"b': np.arange(2), "back\\slash": np.arange(3), "é/ü": np.arange(4)},
     }
 
 
@@ -100,6 +102,9 @@ def test_records_read_the_fast_way_show_what_decoded_records_show(tmp_path: Path
     # the remainder is read with its record; a record naming "pickle" has none
     assert record_module.remainder_of(reader["with remainder"]) is not None
     assert record_module.remainder_of(reader["named pickle"]) is None
+    rec = reader["escaped"]
+    assert rec['a"b'].tolist() == [0, 1] and rec["é/ü"].tolist() == [0, 1, 2, 3]
+    assert rec.array("back\\slash").tolist() == [0, 1, 2]
     rec = reader["nested"]
     assert rec["frames/1"].dtype == np.int8
     with pytest.raises(KeyError, match="frames/2"):
