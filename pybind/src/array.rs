@@ -8,9 +8,13 @@
 //! map would be a segfault, not an exception; a copy stays read-only too,
 //! so every array of a record behaves the same).
 
+use std::borrow::Cow;
 use std::ffi::{c_int, c_void};
+use std::ops::Range;
 use std::path::Path;
+use std::sync::Arc;
 
+use lazyvault_store::schema;
 use lazyvault_store::MappedPayload;
 use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
@@ -117,6 +121,124 @@ pub fn map_array(
         return Ok(None);
     }
     Ok(Some(MappedBuffer { payload }))
+}
+
+/// The arrays of one record of a store directory (`StoreCore.get_record`):
+/// its record JSON, where each array's entry is in it, and the directory
+/// its payloads are in, so that reading one array decodes only that
+/// array's entry, in Rust, never the record JSON in Python. Immutable.
+#[pyclass(module = "lazyvault._lazyvault", frozen)]
+pub struct RecordArrays {
+    root: Arc<Path>,
+    json: Py<PyBytes>,
+    names: Py<PyTuple>,
+    /// Per array, in stored order: its path (as a range of `json` when it
+    /// has no escapes) and the range of its entry in `json`.
+    entries: Vec<(EntryName, Range<usize>)>,
+}
+
+/// An array path of [`RecordArrays`].
+enum EntryName {
+    /// The bytes of `json` in this range (a path without escapes).
+    In(Range<usize>),
+    Owned(String),
+}
+
+impl RecordArrays {
+    /// The arrays of the record JSON `json` (`bytes`, its content), as its
+    /// `outline` says, their payloads under `root`; `names` is the tuple of
+    /// the outline's paths.
+    pub fn new(
+        root: Arc<Path>,
+        json: Py<PyBytes>,
+        bytes: &[u8],
+        outline: schema::RecordOutline<'_>,
+        names: Py<PyTuple>,
+    ) -> Self {
+        let base = bytes.as_ptr() as usize;
+        let entries = outline
+            .arrays
+            .into_iter()
+            .map(|(name, range)| {
+                let name = match name {
+                    Cow::Borrowed(s) => {
+                        let start = s.as_ptr() as usize - base;
+                        EntryName::In(start..start + s.len())
+                    }
+                    Cow::Owned(s) => EntryName::Owned(s),
+                };
+                (name, range)
+            })
+            .collect();
+        RecordArrays {
+            root,
+            json,
+            names,
+            entries,
+        }
+    }
+
+    /// The JSON of the entry of the array at path `name` in `json`.
+    fn entry_json<'j>(&self, json: &'j [u8], name: &str) -> Option<&'j [u8]> {
+        self.entries.iter().find_map(|(n, range)| {
+            let is = match n {
+                EntryName::In(r) => &json[r.clone()] == name.as_bytes(),
+                EntryName::Owned(s) => s == name,
+            };
+            is.then(|| &json[range.clone()])
+        })
+    }
+}
+
+#[pymethods]
+impl RecordArrays {
+    /// The array paths of the record (`"x"`, `"frames/0"`), in stored order:
+    /// a tuple of str.
+    #[getter]
+    fn names(&self, py: Python<'_>) -> Py<PyTuple> {
+        self.names.clone_ref(py)
+    }
+
+    /// `(data, descr, shape, fortran_order)` of the array at path `name`,
+    /// read as [`map_array`] reads it (same checks; `data` a `MappedBuffer`,
+    /// `None` for a zero-size array; `descr` the `.npy` descr text, `shape` a
+    /// tuple of int); `None` when the record has no such array or it is a
+    /// pickled `object` array (read those through `ArrayEntry`). Raises
+    /// `CorruptError` for a malformed entry or a missing, short or
+    /// mismatched payload.
+    #[allow(clippy::type_complexity)]
+    fn read<'py>(
+        &self,
+        py: Python<'py>,
+        name: &str,
+    ) -> PyResult<
+        Option<(
+            Option<MappedBuffer>,
+            Bound<'py, PyString>,
+            Bound<'py, PyTuple>,
+            bool,
+        )>,
+    > {
+        let Some(json) = self.entry_json(self.json.as_bytes(py), name) else {
+            return Ok(None);
+        };
+        let entry = schema::ArrayEntry::from_json(json)
+            .map_err(|e| lazyvault_store::Error::corrupt("record", e))
+            .py_err()?;
+        if entry.pickled {
+            return Ok(None);
+        }
+        let payload = py
+            .detach(|| lazyvault_store::load_payload(&self.root, &entry))
+            .py_err()?;
+        let data = (!payload.as_bytes().is_empty()).then_some(MappedBuffer { payload });
+        Ok(Some((
+            data,
+            PyString::new(py, &entry.descr),
+            PyTuple::new(py, &entry.shape)?,
+            entry.fortran_order,
+        )))
+    }
 }
 
 /// Reads the data of the payload of `entry` (the pickle of an `object`

@@ -21,6 +21,7 @@ fn _lazyvault(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::StoreCore>()?;
     m.add_class::<entry::ArrayEntry>()?;
     m.add_class::<array::MappedBuffer>()?;
+    m.add_class::<array::RecordArrays>()?;
     m.add_class::<archive::ArchiveCore>()?;
     m.add_class::<archive::ArchiveBuffer>()?;
     m.add_class::<arrow::ArrowStream>()?;

@@ -1,13 +1,17 @@
 //! `StoreCore`: the engine's `Store` as a Python object. The Python class
 //! `lazyvault.Store` wraps it with the mapping API and the object splitting.
 
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
 use lazyvault_store::query::Query;
-use lazyvault_store::{Keys, Mode, NewRecordJson, Store};
+use lazyvault_store::{schema, Keys, Mode, NewRecordJson, Store};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedStr;
-use pyo3::types::{PyBytes, PyDict, PyList, PyString};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
+use crate::array::RecordArrays;
 use crate::arrow::ArrowStream;
 use crate::convert::{self, ArrayArg};
 use crate::errors::IntoPy;
@@ -52,12 +56,33 @@ struct RecordArg {
 #[pyclass(module = "lazyvault._lazyvault", frozen)]
 pub struct StoreCore {
     pub(crate) inner: Store,
+    /// `inner.root()`, shared with the `RecordArrays` of its records.
+    root: Arc<Path>,
+    /// The array paths of the last record read, and their tuple.
+    last_names: Mutex<Option<(Vec<String>, Py<PyTuple>)>>,
 }
 
 impl StoreCore {
     /// The engine's store, for the other binding modules (export).
     pub(crate) fn store(&self) -> &Store {
         &self.inner
+    }
+
+    /// `names` as a tuple of str: the last one made when equal (records of
+    /// a store mostly share their array paths, and one tuple object is one
+    /// allocation fewer per record read, and a cheap key for the Python
+    /// layer's per-names class cache).
+    fn names_tuple(&self, py: Python<'_>, names: &[&str]) -> PyResult<Py<PyTuple>> {
+        let mut last = self.last_names.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((strings, tuple)) = &*last {
+            if strings.len() == names.len() && strings.iter().zip(names).all(|(a, b)| a == b) {
+                return Ok(tuple.clone_ref(py));
+            }
+        }
+        let tuple = PyTuple::new(py, names)?.unbind();
+        let strings = names.iter().map(|n| (*n).to_owned()).collect();
+        *last = Some((strings, tuple.clone_ref(py)));
+        Ok(tuple)
     }
 }
 
@@ -84,7 +109,12 @@ impl StoreCore {
             Some(v) => py.detach(|| Store::open_at(&path, v)),
         }
         .py_err()?;
-        Ok(StoreCore { inner })
+        let root = Arc::from(inner.root());
+        Ok(StoreCore {
+            inner,
+            root,
+            last_names: Mutex::new(None),
+        })
     }
 
     /// The commit this handle shows (commits since the store was created).
@@ -229,6 +259,46 @@ impl StoreCore {
     ) -> PyResult<Option<(Bound<'py, PyBytes>, Option<Bound<'py, PyBytes>>)>> {
         let got = self.inner.get_with_pickle(key).py_err()?;
         Ok(got.map(|(r, p)| (PyBytes::new(py, &r), p.map(|p| PyBytes::new(py, &p)))))
+    }
+
+    /// `(record JSON, pickled remainder or None, RecordArrays or None)` of
+    /// `key`, read together, or None: the record outlined here (array paths,
+    /// where each entry is), so that an array is read without decoding the
+    /// record JSON in Python (`None` when it does not parse: the JSON is
+    /// then the caller's to refuse).
+    #[allow(clippy::type_complexity)]
+    fn get_record<'py>(
+        &self,
+        py: Python<'py>,
+        key: &str,
+    ) -> PyResult<
+        Option<(
+            Bound<'py, PyBytes>,
+            Option<Bound<'py, PyBytes>>,
+            Option<RecordArrays>,
+        )>,
+    > {
+        // the pickle is looked up only when the record may have one
+        let got = self.inner.get_with_pickle_if(key, schema::may_have_pickle);
+        let Some((record, pickle)) = got.py_err()? else {
+            return Ok(None);
+        };
+        let json = PyBytes::new(py, &record);
+        let arrays = match schema::RecordOutline::from_json(&record) {
+            Ok(outline) => {
+                let names: Vec<&str> = outline.arrays.iter().map(|(n, _)| n.as_ref()).collect();
+                let names = self.names_tuple(py, &names)?;
+                Some(RecordArrays::new(
+                    Arc::clone(&self.root),
+                    json.clone().unbind(),
+                    &record,
+                    outline,
+                    names,
+                ))
+            }
+            Err(_) => None,
+        };
+        Ok(Some((json, pickle.map(|p| PyBytes::new(py, &p)), arrays)))
     }
 
     /// The pickled remainder of `key`, or None.

@@ -10,7 +10,10 @@ mod manifest;
 mod record;
 
 pub use manifest::{FormatVersion, Manifest, FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE};
-pub use record::{pack_relpath, payload_relpath, ArrayEntry, Record, PAYLOAD_DIR, PAYLOAD_ID_LEN};
+pub use record::{
+    may_have_pickle, pack_relpath, payload_relpath, ArrayEntry, Record, RecordOutline, PAYLOAD_DIR,
+    PAYLOAD_ID_LEN,
+};
 
 /// A manifest or record that does not follow the format.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -1,7 +1,11 @@
 //! The record: what the index stores for one key.
 
+use std::borrow::Cow;
+use std::ops::Range;
+
 use indexmap::IndexMap;
-use serde::{Deserialize, Serialize};
+use serde::{de, Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::SchemaError;
@@ -77,6 +81,123 @@ pub struct Record {
     /// Whether a pickle of the remainder is stored beside the record.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pickle: bool,
+}
+
+/// What reading one array of a record needs from its JSON, read without
+/// building anything else (metadata and layout are skipped as JSON): the
+/// array paths in stored order, where each one's entry is in the JSON, and
+/// whether the record has a pickled remainder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordOutline<'a> {
+    /// `(path, byte range of its entry's JSON object in the record JSON)`,
+    /// in stored order; decode an entry with [`ArrayEntry::from_json`].
+    pub arrays: Vec<(Cow<'a, str>, Range<usize>)>,
+    /// As [`Record::pickle`].
+    pub pickle: bool,
+}
+
+impl<'a> RecordOutline<'a> {
+    /// The outline of the record JSON `bytes`. Entries are not decoded or
+    /// checked beyond being JSON.
+    pub fn from_json(bytes: &'a [u8]) -> Result<Self, SchemaError> {
+        let outline: Outline<'a> = serde_json::from_slice(bytes).map_err(malformed)?;
+        let base = bytes.as_ptr() as usize;
+        let arrays = outline
+            .arrays
+            .0
+            .into_iter()
+            .map(|(name, raw)| {
+                let start = raw.get().as_ptr() as usize - base;
+                (name, start..start + raw.get().len())
+            })
+            .collect();
+        Ok(RecordOutline {
+            arrays,
+            pickle: outline.pickle,
+        })
+    }
+}
+
+/// Whether the record JSON `bytes` may have a pickled remainder
+/// ([`Record::pickle`]): `false` only when no `"pickle"` appears in it at
+/// all, which a substring search tells without parsing (a record's own
+/// fields are written as JSON strings, so `true` may also come from a
+/// metadata field or value of that name; a reader told `false` for a field
+/// name written with escapes finds the remainder with one more look-up).
+pub fn may_have_pickle(bytes: &[u8]) -> bool {
+    memchr::memmem::find(bytes, b"\"pickle\"").is_some()
+}
+
+impl ArrayEntry {
+    /// An entry from its JSON object (a range of [`RecordOutline::arrays`]).
+    /// Not validated: a reader checks it before opening its payload
+    /// ([`ArrayEntry::validate`]).
+    pub fn from_json(bytes: &[u8]) -> Result<Self, SchemaError> {
+        serde_json::from_slice(bytes).map_err(malformed)
+    }
+}
+
+fn malformed(e: serde_json::Error) -> SchemaError {
+    SchemaError::Malformed {
+        what: "record",
+        detail: e.to_string(),
+    }
+}
+
+/// A record's `arrays` (entries as raw JSON) and `pickle`.
+#[derive(Deserialize)]
+struct Outline<'a> {
+    #[serde(borrow)]
+    arrays: RawEntries<'a>,
+    #[serde(default)]
+    pickle: bool,
+}
+
+struct RawEntries<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for RawEntries<'a> {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> de::Visitor<'de> for Visit<'a> {
+            type Value = RawEntries<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a map of array entries")
+            }
+            fn visit_map<A: de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<RawEntries<'a>, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(key) = map.next_key::<BorrowedOrOwned<'a>>()? {
+                    entries.push((key.0, map.next_value::<&'a RawValue>()?));
+                }
+                Ok(RawEntries(entries))
+            }
+        }
+        d.deserialize_map(Visit(std::marker::PhantomData))
+    }
+}
+
+/// A string, borrowed from the input when it has no escapes.
+struct BorrowedOrOwned<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for BorrowedOrOwned<'a> {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> de::Visitor<'de> for Visit<'a> {
+            type Value = BorrowedOrOwned<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(BorrowedOrOwned(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(BorrowedOrOwned(Cow::Owned(v.to_owned())))
+            }
+        }
+        d.deserialize_str(Visit(std::marker::PhantomData))
+    }
 }
 
 /// Path of a payload file relative to the store root. The id must have been
@@ -244,6 +365,65 @@ mod tests {
         assert_eq!(back.arrays.keys().collect::<Vec<_>>(), ["b", "a"]);
         assert_eq!(back.meta.keys().collect::<Vec<_>>(), ["z", "a"]);
         assert!(!String::from_utf8(json).unwrap().contains("pickle"));
+    }
+
+    #[test]
+    fn an_outline_has_the_array_paths_and_where_each_entry_is() {
+        let mut arrays = IndexMap::new();
+        arrays.insert("z".to_owned(), entry("00112233445566778899aabbccddeeff"));
+        arrays.insert(
+            "a/\"0\"".to_owned(),
+            entry("ffeeddccbbaa99887766554433221100"),
+        );
+        for pickle in [false, true] {
+            let record = Record {
+                meta: serde_json::from_str(r#"{"arrays": {"t": {"$d": "2026"}}, "x": [1, {}]}"#)
+                    .unwrap(),
+                arrays: arrays.clone(),
+                layout: serde_json::json!({"dict": {"z": {"array": "z"}}}),
+                pickle,
+            };
+            let json = record.to_json();
+            let outline = RecordOutline::from_json(&json).unwrap();
+            assert_eq!(outline.pickle, pickle);
+            let names: Vec<_> = outline.arrays.iter().map(|(n, _)| n.as_ref()).collect();
+            assert_eq!(names, ["z", "a/\"0\""]);
+            for ((_, range), e) in outline.arrays.iter().zip(arrays.values()) {
+                assert_eq!(&ArrayEntry::from_json(&json[range.clone()]).unwrap(), e);
+            }
+        }
+        let none = RecordOutline::from_json(br#"{"meta":{},"arrays":{},"layout":null}"#).unwrap();
+        assert!(none.arrays.is_empty() && !none.pickle);
+        // what Record::from_json refuses as JSON, this refuses too
+        for bad in [
+            &b"{"[..],
+            br#"{"meta":{}}"#,
+            b"[]",
+            br#"{"arrays":[]}"#,
+            br#"{"arrays":{}} x"#,
+            br#"{"arrays":{"x":{"id":1}"#,
+        ] {
+            assert!(Record::from_json(bad).is_err(), "{bad:?}");
+            assert!(RecordOutline::from_json(bad).is_err(), "{bad:?}");
+        }
+        assert!(ArrayEntry::from_json(br#"{"id":1}"#).is_err());
+    }
+
+    #[test]
+    fn a_record_with_a_pickle_may_have_one() {
+        let mut record = Record {
+            meta: Map::new(),
+            arrays: IndexMap::new(),
+            layout: Value::Null,
+            pickle: false,
+        };
+        assert!(!may_have_pickle(&record.to_json()));
+        record.pickle = true;
+        assert!(may_have_pickle(&record.to_json()));
+        // pretty-printed too
+        assert!(may_have_pickle(
+            &serde_json::to_vec_pretty(&record).unwrap()
+        ));
     }
 
     #[test]

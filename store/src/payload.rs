@@ -840,8 +840,10 @@ fn check_length(len: u64, needed: u64, path: &Path) -> Result<()> {
 
 /// The data of `entry` read-only, after [`open_payload`]'s checks: read
 /// into memory when `nbytes` is at most [`READ_MAX_BYTES`], memory-mapped
-/// otherwise. The file descriptor is closed before this returns in both
-/// cases (a mapping does not need it), so holding many arrays holds no fds.
+/// otherwise. A payload file is closed before this returns in both cases
+/// (a mapping does not need it), so holding many arrays holds no fds; a
+/// pack (of a small payload) stays open for the next reads of its members,
+/// a few at most per process (see `open_packs`).
 ///
 /// Errors: [`Error::Corrupt`] for a bad id, a missing or short file or a
 /// header that disagrees with the record; [`StorageError::Io`](crate::StorageError::Io) when the file

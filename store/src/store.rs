@@ -862,6 +862,22 @@ impl Store {
     /// # Errors
     /// As [`Store::get_json`].
     pub fn get_with_pickle(&self, key: &str) -> Result<Option<RecordBytes>> {
+        self.get_with_pickle_if(key, |_| true)
+    }
+
+    /// [`Store::get_with_pickle`], looking the remainder up only when
+    /// `has_pickle` says the record JSON it is given has one (its `pickle`
+    /// field; a reader that parses the record anyway saves a look-up).
+    /// Returns `(record JSON, pickled remainder)` (`None` when `has_pickle`
+    /// said no), or `None` without a record.
+    ///
+    /// # Errors
+    /// As [`Store::get_json`].
+    pub fn get_with_pickle_if(
+        &self,
+        key: &str,
+        has_pickle: impl FnOnce(&[u8]) -> bool,
+    ) -> Result<Option<RecordBytes>> {
         check_key(key)?;
         let view = self.view()?;
         let _writers = match &*view.0 {
@@ -872,7 +888,10 @@ impl Store {
         let Some(record) = index.get(key)? else {
             return Ok(None);
         };
-        let pickle = index.get_pickle(key)?;
+        let pickle = match has_pickle(&record) {
+            true => index.get_pickle(key)?,
+            false => None,
+        };
         Ok(Some((record, pickle)))
     }
 

@@ -84,14 +84,27 @@ def array_from_buffer(
 ) -> np.ndarray:
     """A read-only ndarray viewing ``buffer`` (a payload's bytes, mapped or copied) with no further
     copy; ``buffer`` is ``None`` for a zero-size array (nothing is read)."""
-    dtype = dtype_from_descr(descr)
+    dtype = _DTYPES.get(descr)
+    if dtype is None:
+        dtype = dtype_from_descr(descr)
+        if len(_DTYPES) < 1024:
+            _DTYPES[descr] = dtype
     order: Literal["C", "F"] = "F" if fortran_order else "C"
     if buffer is None:
         array = np.empty(shape, dtype=dtype, order=order)
         array.flags.writeable = False
         return array
+    if dtype.subdtype is None:
+        # the array's base is ``buffer`` itself (frombuffer would add a
+        # memoryview: one more object for the cycle collector per array held)
+        return np.ndarray(shape, dtype, buffer, 0, None, order)
     flat = np.frombuffer(buffer, dtype=dtype, count=math.prod(shape))
     return flat.reshape(shape, order=order)
+
+
+# dtype by descr text, for array_from_buffer: a dict look-up is all a read of
+# a small array can afford (dtype_from_descr, cached too, parses on a miss)
+_DTYPES: dict[str, np.dtype] = {}
 
 
 def load_pickled(data: bytes) -> np.ndarray:

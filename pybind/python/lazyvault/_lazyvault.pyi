@@ -159,6 +159,25 @@ class MappedBuffer:
         a copy in memory)."""
 
 @final
+class RecordArrays:
+    """The arrays of one record of a store directory
+    (:meth:`StoreCore.get_record`): its record JSON, where each array's entry
+    is in it, and the directory its payloads are in, so that reading one
+    array decodes only that entry, in Rust, never the JSON in Python.
+    Immutable."""
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The record's array paths (``"x"``, ``"frames/0"``), stored order."""
+    def read(self, name: str) -> tuple[MappedBuffer | None, str, tuple[int, ...], bool] | None:
+        """``(data, descr, shape, fortran_order)`` of the array at path
+        ``name``, read and checked as :func:`map_array` does (``data`` ``None``
+        for a zero-size array; ``descr`` the ``.npy`` descr text); ``None``
+        when the record has no such array or it is a pickled ``object`` array.
+        Raises ``CorruptError`` for a malformed entry or a missing, short or
+        mismatched payload."""
+
+@final
 class ArrayEntry:
     """One array of a record, as its record JSON describes it (schema/FORMAT.md,
     "Record"): what :func:`map_array`, :func:`read_array_bytes` and the
@@ -308,6 +327,11 @@ class StoreCore:
         """The record JSON of ``key`` (see schema/FORMAT.md)."""
     def get_full(self, key: str) -> tuple[bytes, bytes | None] | None:
         """``(record JSON, pickled remainder or None)`` read together."""
+    def get_record(self, key: str) -> tuple[bytes, bytes | None, RecordArrays | None] | None:
+        """``(record JSON, pickled remainder or None, its arrays)`` read
+        together; the remainder is looked up only when the JSON may have one
+        (it names ``"pickle"``); the arrays are ``None`` when the JSON does not
+        parse as a record (its array paths and entries as JSON)."""
     def get_pickle(self, key: str) -> bytes | None: ...
     def contains(self, key: str) -> bool: ...
     def delete(self, key: str) -> bool: ...

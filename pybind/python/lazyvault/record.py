@@ -8,11 +8,12 @@ import keyword
 import math
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple, SupportsIndex
+from typing import TYPE_CHECKING, Any, NamedTuple, SupportsIndex, cast
 
 import numpy as np
 
-from . import _arrays, _display, _layout, _tagged
+from . import _arrays, _display, _layout, _lazyvault, _source, _tagged
+from .errors import CorruptError
 
 if TYPE_CHECKING:
     from ._source import Source
@@ -69,10 +70,12 @@ class Record:
     __slots__ = (
         "__weakref__",
         "_cache",
+        "_json",
         "_key",
         "_meta",
+        "_parsed",
         "_pickle",
-        "_record",
+        "_raw",
         "_source",
         "_store",
     )
@@ -102,10 +105,27 @@ class Record:
         # weak: a record never keeps its store (and a writer's lock) alive
         self._store = weakref.ref(store) if store is not None else None
         self._key = key
-        self._record = record
+        self._json: dict[str, Any] | None = record
+        # the record JSON while not decoded yet, and the core's parse of its
+        # array entries (a record of a store directory: see from_store)
+        self._raw: bytes | None = None
+        self._parsed: _lazyvault.RecordArrays | None = None
         # meta with its tagged values decoded, on first use (see from_json)
         self._meta: dict[str, Any] | None = None
         self._cache: dict[str, np.ndarray] = {}
+
+    @property
+    def _record(self) -> dict[str, Any]:
+        # the record entry (meta, arrays, layout, pickle), decoded on first
+        # use: reading an array of a store's record does not need it
+        record = self._json
+        if record is None:
+            raw = cast(bytes, self._raw)
+            record = self._json = json.loads(raw)
+            if self._meta is None and _plain(raw):
+                self._meta = record["meta"]
+            self._raw = None
+        return record
 
     @property
     def key(self) -> str:
@@ -125,7 +145,10 @@ class Record:
         arrays and values kept in the pickled remainder are left out."""
         meta = self._meta
         if meta is None:
-            meta = self._meta = _tagged.decode_meta(self._record["meta"])
+            record = self._record  # decoding the JSON may set _meta (no tagged value)
+            meta = self._meta
+            if meta is None:
+                meta = self._meta = _tagged.decode_meta(record["meta"])
         return meta
 
     @property
@@ -150,6 +173,17 @@ class Record:
         cached = self._cache.get(name)
         if cached is not None:
             return cached
+        parsed = self._parsed
+        if parsed is not None:
+            # the core reads it from the record JSON (None: a pickled array,
+            # or no such array: the general way below)
+            try:
+                got = parsed.read(name)
+            except CorruptError as e:
+                raise _source.corrupt_array(e, self._key, name) from e
+            if got is not None:
+                array = self._cache[name] = _arrays.array_from_buffer(*got)
+                return array
         entry = self._record["arrays"].get(name)
         if entry is None:
             raise KeyError(f"record {self._key!r} has no array {name!r}")
@@ -318,9 +352,43 @@ def from_json(
     (keys and strings starting with ``$`` merely cost a walk)."""
     record = json.loads(raw)
     rec = Record(source, key, record, store, pickle)
-    if _DOLLAR not in raw or b'"$' not in raw:  # the first: memchr, a few ns
+    if _plain(raw):
         rec._meta = record["meta"]
     return rec
+
+
+def from_store(
+    source: Source,
+    key: str,
+    raw: bytes,
+    arrays: _lazyvault.RecordArrays | None,
+    store: Store | None = None,
+    pickle: bytes | None = None,
+) -> Record:
+    """The record of ``key`` from its record JSON ``raw`` and ``arrays``, the core's parse of its
+    array entries (``StoreCore.get_record``; ``None``: as :func:`from_json`). The JSON is decoded
+    on first need (metadata, layout, ``.arrays``, pickling); reading an array needs only
+    ``arrays``. ``source`` must be where ``arrays`` reads from (the store directory)."""
+    if arrays is None:
+        return from_json(source, key, raw, store, pickle)
+    names = arrays.names
+    cls = _class_for(names) if names else Record
+    rec = object.__new__(cls)
+    rec._source = source
+    rec._pickle = pickle
+    rec._store = weakref.ref(store) if store is not None else None
+    rec._key = key
+    rec._json = None
+    rec._raw = raw
+    rec._parsed = arrays
+    rec._meta = None
+    rec._cache = {}
+    return rec
+
+
+def _plain(raw: bytes) -> bool:
+    """Whether the record JSON ``raw`` has no tagged value, so that its meta needs no decoding."""
+    return _DOLLAR not in raw or b'"$' not in raw  # the first: memchr, a few ns
 
 
 _DOLLAR = ord("$")

@@ -38,7 +38,7 @@ from .errors import (
     QueryError,
     StoreNotFoundError,
 )
-from .record import Record, entry_of, from_json
+from .record import Record, entry_of, from_store
 
 if TYPE_CHECKING:
     import dask.array as da
@@ -539,12 +539,13 @@ class Store(Handle, MutableMapping[str, Record]):
         """The lazy record of ``key``, from the index. Raises :class:`MissingKeyError` (a
         ``KeyError``) if absent, :class:`KeyTypeError` for a non-``str`` key,
         :class:`InvalidKeyError` for ``""``."""
-        key = check_key(key)
-        got = self._core.get_full(key)
+        if type(key) is not str or not key.isascii():  # an ASCII str is a key (or "": the core)
+            key = check_key(key)
+        got = self._core.get_record(key)
         if got is None:
             raise MissingKeyError(key)
-        raw, remainder = got
-        return from_json(self._source, key, raw, self, remainder)
+        raw, remainder, arrays = got
+        return from_store(self._source, key, raw, arrays, self, remainder)
 
     def __setitem__(self, key: str, obj: Any) -> None:
         """Stores ``obj`` under ``key``, replacing what was there: arrays anywhere in it
