@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 import lazyvault as lv
 from lazyvault import _arrays, _layout, _lazyvault
+from lazyvault.record import entry_of
 
 
 def same(a: Any, b: Any) -> bool:
@@ -242,6 +243,12 @@ ARRAYS = {"x": np.arange(3)}
         pytest.param({"x": 1}, None, "both", id="null-field-and-array"),
         pytest.param({"t": 1}, "tx", "not a list", id="not-a-list"),
         pytest.param({"t": 1}, ["t", 1, "x"], "not a list of names", id="not-names"),
+        # meta is the object here: a malformed tagged value is damage, as in a full layout
+        pytest.param({"t": {"$float": "bogus"}}, None, "malformed tagged", id="bad-float"),
+        pytest.param({"t": {"$int": "01"}}, None, "malformed tagged", id="bad-int"),
+        pytest.param({"t": [{"$datetime": "no"}]}, None, "malformed tagged", id="bad-datetime"),
+        pytest.param({"t": {"$numpy": ["<c8", 1]}}, None, "malformed tagged", id="bad-numpy"),
+        pytest.param({"t": {"$weird": 1}}, None, "malformed tagged", id="unknown-tag"),
     ],
 )
 def test_malformed_fields_layouts_are_damage(
@@ -279,3 +286,27 @@ def test_an_exported_npz_with_a_bad_fields_layout_is_refused(tmp_path: Path) -> 
         pytest.raises(lv.InvalidFileError, match="bad layout"),
     ):
         store.import_file(tmp_path / "bad.npz")
+
+
+def test_an_int_longer_than_the_readers_int_to_text_limit_still_loads(tmp_path: Path) -> None:
+    # The writer stores an int as text when its own limit allows; a reader whose
+    # limit (sys.set_int_max_str_digits) is lower must still get the int back.
+    import sys
+
+    big = -(10**5000) - 7
+    before = sys.get_int_max_str_digits()
+    try:
+        sys.set_int_max_str_digits(0)
+        with lv.Store.open(tmp_path / "s.lv") as store:
+            store["compact"] = {"h": big, "a": np.zeros(1)}
+            store["full"] = {"h": big, "a": {"b": np.zeros(1)}}
+            blob = lv.dumps({"h": big, "a": np.zeros(1)})
+        sys.set_int_max_str_digits(640)
+        with lv.Store.open(tmp_path / "s.lv", mode="r") as reader:
+            assert compact(json.dumps(entry_of(reader["compact"])["layout"]))
+            for key in ("compact", "full"):
+                assert reader[key].h == big
+                assert reader[key].load()["h"] == big
+        assert lv.loads(blob)["h"] == big
+    finally:
+        sys.set_int_max_str_digits(before)

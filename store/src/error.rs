@@ -255,7 +255,7 @@ pub enum UsageError {
     /// (payload files, memory-mapped), not in metadata.
     #[error(
         "record {key:?} would take {size} bytes in the index (its metadata, layout and pickled \
-         remainder; a metadata value that the layout repeats counts twice), \
+         remainder; a metadata value that a full layout repeats counts twice), \
          over the cap of {cap} bytes: {detail}; store big data as numpy arrays (payload files), \
          not as metadata"
     )]

@@ -399,7 +399,8 @@ def _cmd_verify(args: argparse.Namespace) -> _Output:
 
 @_command(
     "gc",
-    "remove payload files that no record references (left by a crash), compact the journal",
+    "remove payload files that no record references (left by a crash or an overwrite), compact "
+    "the journal and rewrite packs of small arrays that are mostly dead",
     "lazyvault gc runs.lv",
     _path("the store (opened for writing)"),
     _flag("--json", "print the report as JSON"),

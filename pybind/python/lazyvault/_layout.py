@@ -684,7 +684,10 @@ def _join_fields(
     """The dict a ``fields`` layout rebuilds: in the order of ``names`` (``None``: the decoded
     metadata fields, then the arrays), each array path's array or the decoded metadata field
     (decoded afresh: the object shares nothing with ``Record.meta``)."""
-    decoded = _tagged.decode_meta(meta)
+    try:
+        decoded = _tagged.decode_meta(meta, strict=True)
+    except _DAMAGE as e:
+        raise CorruptError(f"{what}: malformed layout: {e}") from e
     bad = fields_problem(names, decoded, array_paths)
     if bad is not None:
         raise CorruptError(f"{what}: malformed layout: {bad}")

@@ -102,8 +102,30 @@ def _float_tag(body: Any) -> float:
 
 def _int_tag(body: Any) -> int:
     if type(body) is str and _INT_TEXT.fullmatch(body):
-        return int(body)
+        return decimal_int(body)
     raise ValueError(f"not a decimal integer: {cut(body)}")
+
+
+# Below the lowest int-to-text limit Python allows (640 digits).
+_DIGITS_PER_STEP = 600
+
+
+def decimal_int(text: str) -> int:
+    """``int(text)`` for a decimal integer text of any length. Python refuses texts of more digits
+    than its int-to-text limit (``sys.set_int_max_str_digits``, 4,300 by default), which a reader
+    may have set lower than the writer that stored the value: such a text is converted in steps of
+    fewer digits than any limit."""
+    try:
+        return int(text)
+    except ValueError:
+        if not _INT_TEXT.fullmatch(text):
+            raise
+    digits = text.lstrip("-")
+    value = 0
+    for start in range(0, len(digits), _DIGITS_PER_STEP):
+        step = digits[start : start + _DIGITS_PER_STEP]
+        value = value * 10 ** len(step) + int(step)
+    return -value if text.startswith("-") else value
 
 
 def _datetime_tag(body: Any) -> datetime.datetime:
@@ -188,30 +210,33 @@ def decode_tag(tag: str, body: Any) -> Any:
     return LEAF_TAGS[tag](body)
 
 
-def decode(value: Any) -> Any:
+def decode(value: Any, strict: bool = False) -> Any:
     """A ``meta`` value with its tagged values (``$tuple`` and ``$dict`` too) decoded, at any depth.
     A one-member object whose name starts with ``$`` but that is no well-formed tagged value (JSON
-    from elsewhere) stays as it is."""
+    from elsewhere) stays as it is; with ``strict`` (``meta`` read as the object itself, for the
+    ``fields`` layout, where a malformed tagged value is damage as in any layout) it raises
+    ``ValueError`` (or ``TypeError``, ``LookupError``, ``OverflowError``)."""
     t = type(value)
     if t is list:
-        return [decode(v) for v in value]
+        return [decode(v, strict) for v in value]
     if t is not dict:
         return value
     if len(value) == 1:
         ((name, body),) = value.items()
         if name[:1] == "$":
             if name == "$tuple" and type(body) is list:
-                return tuple(decode(v) for v in body)
+                return tuple(decode(v, strict) for v in body)
             if name == "$dict" and type(body) is dict:
-                return {k: decode(v) for k, v in body.items()}
+                return {k: decode(v, strict) for k, v in body.items()}
             try:
                 return decode_tag(name, body)
-            except DAMAGE:
-                pass
-    return {k: decode(v) for k, v in value.items()}
+            except DAMAGE as e:
+                if strict:
+                    raise ValueError(f"a malformed tagged value {cut(value)}: {e}") from e
+    return {k: decode(v, strict) for k, v in value.items()}
 
 
-def decode_meta(meta: dict[str, Any]) -> dict[str, Any]:
+def decode_meta(meta: dict[str, Any], strict: bool = False) -> dict[str, Any]:
     """A record's ``meta`` decoded (see :func:`decode`); still a dict."""
-    decoded = decode(meta)
+    decoded = decode(meta, strict)
     return decoded if type(decoded) is dict else meta
