@@ -598,24 +598,7 @@ impl Store {
     /// records stay), every payload written for them is removed and their
     /// journal entries are cut off.
     pub fn put_many(&self, records: Vec<NewRecord<'_>>) -> Result<()> {
-        for r in &records {
-            check_key(r.key)?;
-            payload::check_unique_names(r.arrays)?;
-        }
-        let (_view, w) = self.writer()?;
-        let index = w.index();
-        if index.io_failed() {
-            return Err(index.stuck_error());
-        }
-        let payload: u64 = records
-            .iter()
-            .flat_map(|r| r.arrays.iter())
-            .map(|a| a.data.len() as u64 + 4096)
-            .sum();
-        w.check_space_for(records.len(), payload)?;
-        let mut state = w.lock();
-        let records = records.into_iter().map(|r| (r, IndexMap::new())).collect();
-        self.put_locked(index, &mut state, records)
+        self.put_batch(records)
     }
 
     /// [`Store::put_many`] with each record's metadata and layout as
@@ -626,9 +609,14 @@ impl Store {
     /// # Errors
     /// As [`Store::put_many`].
     pub fn put_many_json(&self, records: Vec<NewRecordJson<'_>>) -> Result<()> {
+        self.put_batch(records)
+    }
+
+    /// [`Store::put_many`] of records in either form.
+    fn put_batch<'a, R: Pending<'a>>(&self, records: Vec<R>) -> Result<()> {
         for r in &records {
-            check_key(r.key)?;
-            payload::check_unique_names(r.arrays)?;
+            check_key(r.key())?;
+            payload::check_unique_names(r.arrays())?;
         }
         let (_view, w) = self.writer()?;
         let index = w.index();
@@ -637,7 +625,7 @@ impl Store {
         }
         let payload: u64 = records
             .iter()
-            .flat_map(|r| r.arrays.iter())
+            .flat_map(|r| r.arrays().iter())
             .map(|a| a.data.len() as u64 + 4096)
             .sum();
         w.check_space_for(records.len(), payload)?;
