@@ -5,6 +5,7 @@ what it showed before."""
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import json
 import multiprocessing
 import os
@@ -143,6 +144,12 @@ def test_a_small_array_views_its_own_buffer(tmp_path: Path) -> None:
         x = store["k"].x
     # the buffer itself, not a memoryview of it: one object fewer per array
     assert type(x.base).__name__ == "MappedBuffer"
+    # and one the cycle collector never walks (it holds no Python object)
+    assert not gc.is_tracked(x.base)
+    with lv.Store.open(tmp_path / "s.lv") as store:
+        store["big"] = {"x": np.arange(100_000.0)}  # over 64 KiB: memory-mapped
+    with lv.Store.open(tmp_path / "s.lv", mode="r") as reader:
+        assert not gc.is_tracked(reader["big"].x.base)
     assert not x.flags.writeable and x.ctypes.data % 64 == 0
     with pytest.raises(ValueError):
         x.flags.writeable = True

@@ -108,11 +108,11 @@ pub unsafe fn export_read_only(
 ///
 /// Raises `CorruptError` for a missing, short or mismatched file.
 #[pyfunction]
-pub fn map_array(
-    py: Python<'_>,
+pub fn map_array<'py>(
+    py: Python<'py>,
     root: &str,
     entry: PyRef<'_, ArrayEntry>,
-) -> PyResult<Option<MappedBuffer>> {
+) -> PyResult<Option<Bound<'py, MappedBuffer>>> {
     let entry = &entry.0;
     let payload = py
         .detach(|| lazyvault_store::load_payload(Path::new(root), entry))
@@ -120,7 +120,17 @@ pub fn map_array(
     if payload.as_bytes().is_empty() {
         return Ok(None);
     }
-    Ok(Some(MappedBuffer { payload }))
+    Ok(Some(untracked(Bound::new(py, MappedBuffer { payload })?)))
+}
+
+/// `buffer`, left out of the cycle collector's lists: it holds no Python
+/// object, so it can be in no reference cycle, and every array of a
+/// loader's batch keeps one alive (each collection would walk them all).
+fn untracked(buffer: Bound<'_, MappedBuffer>) -> Bound<'_, MappedBuffer> {
+    // SAFETY: a live object of a GC type (pyo3 classes are); its dealloc
+    // untracks it again, which CPython allows.
+    unsafe { pyo3::ffi::PyObject_GC_UnTrack(buffer.as_ptr().cast()) };
+    buffer
 }
 
 /// The arrays of one record of a store directory (`StoreCore.get_record`):
@@ -213,7 +223,7 @@ impl RecordArrays {
         name: &str,
     ) -> PyResult<
         Option<(
-            Option<MappedBuffer>,
+            Option<Bound<'py, MappedBuffer>>,
             Bound<'py, PyString>,
             Bound<'py, PyTuple>,
             bool,
@@ -231,7 +241,11 @@ impl RecordArrays {
         let payload = py
             .detach(|| lazyvault_store::load_payload(&self.root, &entry))
             .py_err()?;
-        let data = (!payload.as_bytes().is_empty()).then_some(MappedBuffer { payload });
+        let data = if payload.as_bytes().is_empty() {
+            None
+        } else {
+            Some(untracked(Bound::new(py, MappedBuffer { payload })?))
+        };
         Ok(Some((
             data,
             PyString::new(py, &entry.descr),

@@ -32,6 +32,7 @@ pub mod npy;
 mod open_packs;
 mod pack;
 mod payload;
+mod pid;
 pub mod query;
 mod scan;
 mod secondary;

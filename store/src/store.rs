@@ -437,7 +437,7 @@ impl Store {
     }
 
     fn check_fork(&self) -> Result<()> {
-        let current = std::process::id();
+        let current = crate::pid::current();
         if current != self.opener_pid {
             return Err(crate::OpenError::Forked {
                 opener: self.opener_pid,

@@ -84,17 +84,19 @@ def array_from_buffer(
 ) -> np.ndarray:
     """A read-only ndarray viewing ``buffer`` (a payload's bytes, mapped or copied) with no further
     copy; ``buffer`` is ``None`` for a zero-size array (nothing is read)."""
-    dtype = _DTYPES.get(descr)
-    if dtype is None:
+    known = _DTYPES.get(descr)
+    if known is None:
         dtype = dtype_from_descr(descr)
+        known = (dtype, dtype.subdtype is None)
         if len(_DTYPES) < 1024:
-            _DTYPES[descr] = dtype
+            _DTYPES[descr] = known
+    dtype, plain = known
     order: Literal["C", "F"] = "F" if fortran_order else "C"
     if buffer is None:
         array = np.empty(shape, dtype=dtype, order=order)
         array.flags.writeable = False
         return array
-    if dtype.subdtype is None:
+    if plain:
         # the array's base is ``buffer`` itself (frombuffer would add a
         # memoryview: one more object for the cycle collector per array held)
         return np.ndarray(shape, dtype, buffer, 0, None, order)
@@ -102,9 +104,10 @@ def array_from_buffer(
     return flat.reshape(shape, order=order)
 
 
-# dtype by descr text, for array_from_buffer: a dict look-up is all a read of
-# a small array can afford (dtype_from_descr, cached too, parses on a miss)
-_DTYPES: dict[str, np.dtype] = {}
+# (dtype, whether it is no subarray dtype) by descr text, for array_from_buffer:
+# a dict look-up is all a read of a small array can afford (dtype_from_descr
+# parses on a miss)
+_DTYPES: dict[str, tuple[np.dtype, bool]] = {}
 
 
 def load_pickled(data: bytes) -> np.ndarray:

@@ -37,6 +37,7 @@ __all__ = [
     "PickleNotAllowedError",
     "QueryError",
     "ReadOnlyError",
+    "RecordArrays",
     "RecordTooLargeError",
     "StorageError",
     "StoreCore",

@@ -506,7 +506,7 @@ impl Writer {
 
 impl Drop for Writer {
     fn drop(&mut self) {
-        if std::process::id() != self.opener_pid {
+        if crate::pid::current() != self.opener_pid {
             // A forked child: dropping sled's Db would flush and wait forever
             // for a flusher thread fork() did not copy. Leak it; the parent
             // still owns the files and the lock.
