@@ -351,6 +351,41 @@ def test_forked_child_exiting_normally_does_not_hang(store_path: Path) -> None:
         assert s["k"].x == 1
 
 
+def test_a_forked_child_writing_after_its_parent_wrote_gets_an_error_not_a_hang(
+    tmp_path: Path,
+) -> None:
+    # found by a fresh-user trial: the child's first write waited forever
+    # for sled's I/O threads, which the parent started and fork() did not copy
+    code = (
+        "import os, sys, lazyvault as lv\n"
+        "d = sys.argv[1]\n"
+        "with lv.Store.open(d + '/a.lv') as s:\n"
+        "    s['base'] = {'m': 1}\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    with lv.Store.open(d + '/a.lv', 'r') as r:\n"
+        "        assert r['base'].m == 1  # reading works\n"
+        "    try:\n"
+        "        with lv.Store.open(d + '/b.lv') as s:\n"
+        "            s['k'] = {'m': 1}\n"
+        "        os._exit(1)\n"
+        "    except lv.ForkedStoreError as e:\n"
+        "        ok = e.opener_pid == os.getppid() and e.pid == os.getpid() and 'spawn' in str(e)\n"
+        "        os._exit(2 if ok else 3)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "print(os.waitstatus_to_exitcode(status))\n"
+        "with lv.Store.open(d + '/c.lv') as s:  # the parent still writes\n"
+        "    s['k'] = {'m': 2}\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "2"
+    with lv.Store.open(tmp_path / "c.lv", "r") as s:
+        assert s["k"].m == 2
+
+
 def test_misuse_gives_clear_errors(store: lv.Store, store_path: Path) -> None:
     with pytest.raises(TypeError, match=r"Store\.open"):
         lv.Store(str(store_path))  # type: ignore[arg-type]

@@ -244,8 +244,11 @@ exc_class!(
     [Base::Class(&LAZYVAULT_ERROR)],
     ["opener_pid" = Default::None, "pid" = Default::None],
     "A ``Store`` opened in a parent process (``opener_pid``) was used in a
-``fork()``-ed child (``pid``). sled cannot be used across fork; open the
-store in the child or pass records instead."
+``fork()``-ed child (``pid``), or a forked child tried to write a store
+after its parent (``opener_pid``) had written one. sled, the writer's
+index, cannot be used across fork: open the store in the child (to
+write, in a child started with the 'spawn' or 'forkserver' method), or
+pass records instead."
 );
 exc_class!(
     INVALID_KEY_ERROR,
@@ -477,6 +480,10 @@ pub fn to_pyerr(err: Error) -> PyErr {
                     OpenError::Forked { opener, current } => (
                         &FORKED_STORE_ERROR,
                         vec![("opener_pid", obj(py, opener)), ("pid", obj(py, current))],
+                    ),
+                    OpenError::ForkedIndex { parent, current } => (
+                        &FORKED_STORE_ERROR,
+                        vec![("opener_pid", obj(py, parent)), ("pid", obj(py, current))],
                     ),
                     // Anything newer: the root class.
                     _ => (&LAZYVAULT_ERROR, vec![]),

@@ -113,6 +113,17 @@ pub enum OpenError {
         /// The process that used it.
         current: u32,
     },
+    /// A forked child tried to write a store (any store) after its parent
+    /// had written one: sled, the writer's index, starts its I/O threads
+    /// once per process and fork() does not copy them, so the child would
+    /// wait forever. Readers (mode `"r"`) never use sled and work.
+    #[error("this process ({current}) was forked from process {parent} after that process had written a store, so it cannot write one: sled, the writer's index, starts its I/O threads once per process and fork() does not copy them (it would hang); write from the parent, or start the worker with multiprocessing's 'spawn' or 'forkserver' method (reading with mode 'r' works in forked children)")]
+    ForkedIndex {
+        /// The process that first opened a sled index.
+        parent: u32,
+        /// This process.
+        current: u32,
+    },
 }
 
 /// Damaged data: a record, the journal, a checkpoint, the index or a

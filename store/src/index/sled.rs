@@ -10,6 +10,7 @@
 use std::fs;
 use std::path::Path;
 
+use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::sync::RwLock;
 
 use crate::error::{Error, Result};
@@ -133,9 +134,27 @@ pub(crate) struct Index {
     defs: RwLock<Vec<IndexDef>>,
 }
 
+/// The process that first opened a sled database in this process image
+/// (0: none yet); a forked child inherits it.
+static SLED_PROCESS: AtomicU32 = AtomicU32::new(0);
+
 impl Index {
-    /// Opens or creates the index in `dir`.
+    /// Opens or creates the index in `dir`. Refuses (`OpenError::ForkedIndex`)
+    /// in a process forked from one that had opened a sled database: sled
+    /// starts its I/O threads once per process, fork() copies none of them
+    /// but copies sled's count of them, and the child's first flush would
+    /// wait forever for a thread that does not exist.
     pub(crate) fn open(dir: &Path) -> Result<Index> {
+        let me = crate::pid::current();
+        if let Err(first) = SLED_PROCESS.compare_exchange(0, me, SeqCst, SeqCst) {
+            if first != me {
+                return Err(crate::OpenError::ForkedIndex {
+                    parent: first,
+                    current: me,
+                }
+                .into());
+            }
+        }
         drop_unfinished_snapshots(dir)?;
         // The caller holds the store's own exclusive lock, so a sled lock
         // still held here belongs to this process's previous Db, whose
