@@ -212,3 +212,30 @@ def test_a_forked_child_reads_through_the_packs_its_parent_kept_open(tmp_path: P
     child.join(60)
     assert child.exitcode == 0 and got == list(range(5))
     assert reader["a"].x.tolist() == list(range(4))  # pread: no shared file position
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        pytest.param(b'{"meta":{"m":1},"arrays":{}', id="truncated"),
+        pytest.param(b'{"meta":{"m":1},"arrays":{}} x', id="trailing-garbage"),
+        pytest.param(b'{"meta":{"m":"\xff"},"arrays":{}}', id="not-utf-8"),
+        pytest.param(
+            b'{"meta":{"m":' + b"[" * 100_000 + b"]" * 100_000 + b'},"arrays":{}}',
+            id="nested-too-deep",
+        ),
+        pytest.param(b'{"meta":[1,2],"arrays":{}}', id="meta-a-list"),
+        pytest.param(b'{"meta":{},"arrays":[]}', id="arrays-a-list"),
+        pytest.param(b"[]", id="not-an-object"),
+    ],
+)
+def test_record_json_that_does_not_decode_is_damage_naming_the_key(raw: bytes) -> None:
+    # found by a fresh-user trial (a journal entry rewritten with a valid CRC):
+    # these escaped as JSONDecodeError, UnicodeDecodeError, RecursionError, AttributeError
+    with pytest.raises(lv.CorruptError, match="record 'k'") as caught:
+        record_module.decode_record(raw, "k")
+    assert caught.value.key == "k"
+    assert record_module.decode_record(b'{"meta":{},"arrays":{}}', "k") == {
+        "meta": {},
+        "arrays": {},
+    }

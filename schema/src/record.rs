@@ -102,15 +102,35 @@ impl<'a> RecordOutline<'a> {
     pub fn from_json(bytes: &'a [u8]) -> Result<Self, SchemaError> {
         let outline: Outline<'a> = serde_json::from_slice(bytes).map_err(malformed)?;
         let base = bytes.as_ptr() as usize;
-        let arrays = outline
-            .arrays
-            .0
-            .into_iter()
-            .map(|(name, raw)| {
-                let start = raw.get().as_ptr() as usize - base;
-                (name, start..start + raw.get().len())
-            })
-            .collect();
+        let entries = outline.arrays.0;
+        let mut arrays: Vec<(Cow<'a, str>, std::ops::Range<usize>)> =
+            Vec::with_capacity(entries.len());
+        // A path written twice (damage, or JSON from elsewhere) means what
+        // it means to every other reader of the record (serde's map, Python's
+        // json): the last entry, at the first one's place.
+        let mut seen: std::collections::HashMap<Cow<'a, str>, usize> =
+            std::collections::HashMap::new();
+        for (name, raw) in entries {
+            let start = raw.get().as_ptr() as usize - base;
+            let range = start..start + raw.get().len();
+            let earlier = if arrays.len() < 16 {
+                arrays.iter().position(|(n, _)| *n == name)
+            } else {
+                if seen.is_empty() {
+                    seen.extend(arrays.iter().enumerate().map(|(i, (n, _))| (n.clone(), i)));
+                }
+                seen.get(&name).copied()
+            };
+            match earlier {
+                Some(i) => arrays[i].1 = range,
+                None => {
+                    if !seen.is_empty() {
+                        seen.insert(name.clone(), arrays.len());
+                    }
+                    arrays.push((name, range));
+                }
+            }
+        }
         Ok(RecordOutline {
             arrays,
             pickle: outline.pickle,
@@ -486,5 +506,32 @@ mod tests {
         assert!(e.validate("x").is_err(), "hostile pack id");
         e.pack = None;
         assert!(e.validate("x").is_err(), "offset without pack");
+    }
+
+    #[test]
+    fn a_path_written_twice_means_its_last_entry_as_for_every_reader() {
+        // few paths (a linear search) and many (a hash map)
+        for n in [3usize, 40] {
+            let mut parts: Vec<String> =
+                (0..n).map(|i| format!(r#""p{i}":{{"id":{i}}}"#)).collect();
+            parts.push(r#""p1":{"id":"last"}"#.into());
+            let json = format!(
+                r#"{{"meta":{{}},"arrays":{{{}}},"layout":null}}"#,
+                parts.join(",")
+            );
+            let outline = RecordOutline::from_json(json.as_bytes()).unwrap();
+            let names: Vec<&str> = outline.arrays.iter().map(|(n, _)| n.as_ref()).collect();
+            let want: Vec<String> = (0..n).map(|i| format!("p{i}")).collect();
+            assert_eq!(names, want, "first place kept, no path twice");
+            let (_, range) = &outline.arrays[1];
+            assert_eq!(&json[range.clone()], r#"{"id":"last"}"#);
+            // what serde's map (the full record parse) makes of it
+            let full: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_str::<serde_json::Value>(&json).unwrap()["arrays"]
+                    .as_object()
+                    .unwrap()
+                    .clone();
+            assert_eq!(full["p1"], serde_json::json!({"id": "last"}));
+        }
     }
 }

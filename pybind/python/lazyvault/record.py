@@ -121,7 +121,7 @@ class Record:
         record = self._json
         if record is None:
             raw = cast(bytes, self._raw)
-            record = self._json = json.loads(raw)
+            record = self._json = decode_record(raw, self._key)
             if self._meta is None and _plain(raw):
                 self._meta = record["meta"]
             self._raw = None
@@ -350,7 +350,7 @@ def from_json(
     """The record of ``key`` from its record JSON ``raw`` (UTF-8). A tagged value's name starts
     with ``"$``: a raw record without it (compact or not) has none, so its meta needs no decoding
     (keys and strings starting with ``$`` merely cost a walk)."""
-    record = json.loads(raw)
+    record = decode_record(raw, key)
     rec = Record(source, key, record, store, pickle)
     if _plain(raw):
         rec._meta = record["meta"]
@@ -384,6 +384,27 @@ def from_store(
     rec._meta = None
     rec._cache = {}
     return rec
+
+
+def decode_record(raw: bytes, key: str) -> dict[str, Any]:
+    """The record JSON ``raw`` of ``key`` decoded: a dict whose ``meta`` and ``arrays`` are
+    objects (schema/FORMAT.md, "Record"). Raises :class:`CorruptError` naming the key for JSON that
+    does not decode (truncated, not UTF-8, nested too deep for Python) or is no record."""
+    try:
+        record = json.loads(raw)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError
+        problem = f"its record JSON does not decode: {type(e).__name__}: {e}"
+    else:
+        if (
+            type(record) is dict
+            and type(record.get("meta")) is dict
+            and type(record.get("arrays")) is dict
+        ):
+            return record
+        problem = "its record JSON is no record (an object with 'meta' and 'arrays' objects)"
+    err = CorruptError(f"record {key!r}: {problem}")
+    err.key = key
+    raise err
 
 
 def _plain(raw: bytes) -> bool:
