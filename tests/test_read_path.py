@@ -120,6 +120,7 @@ def test_reading_an_array_decodes_no_json_until_metadata_is_needed(
     path = tmp_path / "s.lv"
     with lv.Store.open(path) as store:
         store["k"] = {"t": 1.5, "x": np.arange(5.0)}
+        store["nested"] = {"t": 2, "n": {"y": np.arange(3)}}
     reader = lv.Store.open(path, "r")
     decoded = []
     loads = json.loads
@@ -129,6 +130,11 @@ def test_reading_an_array_decodes_no_json_until_metadata_is_needed(
         return loads(raw)
 
     monkeypatch.setattr(record_module.json, "loads", counting_loads)
+    # by path and by getattr too (a trial found those decoded the JSON)
+    nested = reader["nested"]
+    np.testing.assert_array_equal(nested["n/y"], np.arange(3))
+    np.testing.assert_array_equal(getattr(reader["nested"], "n/y"), np.arange(3))
+    assert decoded == []
     rec = reader["k"]
     np.testing.assert_array_equal(rec.x, np.arange(5.0))
     assert "x" in dir(type(rec)) and decoded == []

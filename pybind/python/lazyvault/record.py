@@ -7,7 +7,7 @@ import json
 import keyword
 import math
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any, NamedTuple, SupportsIndex, cast
 
 import numpy as np
@@ -236,12 +236,19 @@ class Record:
             return self._pickle
         return self._source.get_pickle(self._key)
 
+    def _array_names(self) -> Collection[str]:
+        # the core's list when the JSON is not decoded yet (reading an array
+        # by path then decodes no JSON in Python either)
+        parsed = self._parsed
+        if parsed is not None and self._json is None:
+            return parsed.names
+        return self._record["arrays"]
+
     def __getattr__(self, name: str) -> Any:
         # Only reached when normal lookup fails: fields from the record.
         if name in _OWN or _is_probe(name):
             raise AttributeError(name)
-        record = self._record
-        if name in record["arrays"]:
+        if name in self._array_names():
             return self.array(name)
         meta = self._meta
         if meta is None:
@@ -252,7 +259,7 @@ class Record:
 
     def __getitem__(self, name: str) -> Any:
         """An array by path (``rec["params/w"]``) or a metadata field."""
-        if name in self._record["arrays"]:
+        if name in self._array_names():
             return self.array(name)
         try:
             return self.meta[name]
