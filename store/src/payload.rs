@@ -736,10 +736,13 @@ pub(crate) fn check_header_matches(
         ));
     }
     if !entry.pickled && header.nbytes() != Some(entry.nbytes) {
+        let implied = header.nbytes().map_or_else(
+            || "no size (an unknown itemsize, or over 2^64)".to_owned(),
+            |n| n.to_string(),
+        );
         return Err(format!(
-            "record says {} bytes, header implies {:?}",
-            entry.nbytes,
-            header.nbytes()
+            "record says {} bytes, header implies {implied}",
+            entry.nbytes
         ));
     }
     Ok(())
@@ -1048,4 +1051,43 @@ fn pread_up_to(file: &File, buf: &mut [u8], at: u64) -> std::io::Result<usize> {
         }
     }
     Ok(got)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_header_matches;
+    use crate::npy::NpyHeader;
+    use lazyvault_schema::ArrayEntry;
+
+    #[test]
+    fn a_size_mismatch_says_the_sizes_in_words() {
+        let header = |shape: Vec<u64>| NpyHeader {
+            version: (1, 0),
+            descr: "'<f8'".into(),
+            fortran_order: false,
+            shape,
+            data_offset: 128,
+        };
+        let entry = ArrayEntry {
+            id: "abcdef00112233445566778899aabbcc".into(),
+            descr: "'<f8'".into(),
+            dtype: "float64".into(),
+            shape: vec![4],
+            fortran_order: false,
+            nbytes: 8,
+            data_offset: 128,
+            checksum: None,
+            pickled: false,
+            pack: None,
+            pack_offset: None,
+        };
+        let e = check_header_matches(&header(vec![4]), &entry).unwrap_err();
+        assert!(e.ends_with("record says 8 bytes, header implies 32"), "{e}");
+        // a size past u64: words, not Rust's `None` (a trial saw `Some(80)`)
+        let mut huge = entry.clone();
+        huge.shape = vec![u64::MAX / 2];
+        let e = check_header_matches(&header(vec![u64::MAX / 2]), &huge).unwrap_err();
+        assert!(e.contains("header implies no size"), "{e}");
+        assert!(!e.contains("Some") && !e.contains("None"), "{e}");
+    }
 }
