@@ -19,6 +19,26 @@ mod records;
 use records::{meta, u8_array};
 
 /// Every file under `arrays/`, by extension.
+/// One record per key with its arrays, each with this metadata and pickle,
+/// for one `put_many` batch.
+fn records<'a, A: AsRef<[ArraySource<'a>]>>(
+    keys: &'a [String],
+    arrays: &'a [A],
+    meta: Map<String, Value>,
+    pickle: Option<&'a [u8]>,
+) -> Vec<NewRecord<'a>> {
+    keys.iter()
+        .zip(arrays)
+        .map(|(key, arrays)| NewRecord {
+            key,
+            meta: meta.clone(),
+            layout: Value::Null,
+            arrays: arrays.as_ref(),
+            pickle,
+        })
+        .collect()
+}
+
 fn files(root: &Path) -> (Vec<PathBuf>, Vec<PathBuf>) {
     let (mut npy, mut npz) = (Vec::new(), Vec::new());
     for sub in fs::read_dir(root.join("arrays")).unwrap() {
@@ -223,18 +243,9 @@ fn one_pack_per_put_and_per_batch() {
         })
         .collect();
     let keys: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();
-    let batch: Vec<NewRecord> = keys
-        .iter()
-        .zip(&srcs)
-        .map(|(key, arrays)| NewRecord {
-            key,
-            meta: Map::new(),
-            layout: Value::Null,
-            arrays,
-            pickle: None,
-        })
-        .collect();
-    store.put_many(batch).unwrap();
+    store
+        .put_many(records(&keys, &srcs, Map::new(), None))
+        .unwrap();
     assert_eq!(files(store.root()).1.len(), 1);
     // three puts: three more packs
     for (i, data) in datas.iter().take(3).enumerate() {
@@ -505,18 +516,9 @@ fn gc_compacts_a_mostly_dead_pack_and_readers_keep_the_old_one() {
     let datas: Vec<Vec<u8>> = (0..10).map(|i| vec![i as u8; 1000 + i]).collect();
     let srcs: Vec<[ArraySource; 1]> = datas.iter().map(|d| [u8_array("x", d)]).collect();
     let keys: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
-    let batch = keys
-        .iter()
-        .zip(&srcs)
-        .map(|(key, arrays)| NewRecord {
-            key,
-            meta: meta(json!({"n": 1})),
-            layout: Value::Null,
-            arrays,
-            pickle: Some(b"p"),
-        })
-        .collect();
-    store.put_many(batch).unwrap();
+    store
+        .put_many(records(&keys, &srcs, meta(json!({"n": 1})), Some(b"p")))
+        .unwrap();
     let old_entry = store.get("k9").unwrap().unwrap().arrays["x"].clone();
     let old_pack = pack_of(&path, &old_entry);
     // 4 of 10 replaced: 60% live, kept as it is
@@ -647,18 +649,9 @@ fn a_merged_pack_is_linked_once_and_compacted_in_the_target_only() {
     let keys: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
     {
         let source = Store::open(&src, Mode::Create).unwrap();
-        let batch = keys
-            .iter()
-            .zip(&srcs)
-            .map(|(key, arrays)| NewRecord {
-                key,
-                meta: Map::new(),
-                layout: Value::Null,
-                arrays,
-                pickle: None,
-            })
-            .collect();
-        source.put_many(batch).unwrap();
+        source
+            .put_many(records(&keys, &srcs, Map::new(), None))
+            .unwrap();
         source.close().unwrap();
         // a later session deletes most: the pack stays (gc's work)
         let source = Store::open(&src, Mode::Append).unwrap();

@@ -104,6 +104,14 @@ fn facts(
     ]
 }
 
+/// Row 0 of each batch, in this order.
+fn first_rows<'a>(batches: &[&'a RecordBatch]) -> Vec<Rows<'a>> {
+    batches
+        .iter()
+        .map(|batch| Rows { batch, rows: &[0] })
+        .collect()
+}
+
 fn batch(columns: Vec<(Field, ArrayRef)>) -> RecordBatch {
     let (fields, arrays): (Vec<Field>, Vec<ArrayRef>) = columns.into_iter().unzip();
     RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).unwrap()
@@ -308,17 +316,7 @@ fn big_ints_with_floats_stay_exact_as_json() {
         key(&["b"]),
         meta("x", Arc::new(Float64Array::from(vec![0.25]))),
     ]);
-    let (_, out) = shape(&[
-        Rows {
-            batch: &a,
-            rows: &[0],
-        },
-        Rows {
-            batch: &b,
-            rows: &[0],
-        },
-    ])
-    .unwrap();
+    let (_, out) = shape(&first_rows(&[&a, &b])).unwrap();
     assert_eq!(
         texts(out[0].column(1)),
         [Some("9007199254740993"), Some("0.25")]
@@ -349,17 +347,7 @@ fn datetimes_unify_or_go_to_text() {
         ),
     ]);
     // aware of two zones: the same instants in UTC
-    let (schema, out) = shape(&[
-        Rows {
-            batch: &paris,
-            rows: &[0],
-        },
-        Rows {
-            batch: &utc,
-            rows: &[0],
-        },
-    ])
-    .unwrap();
+    let (schema, out) = shape(&first_rows(&[&paris, &utc])).unwrap();
     assert_eq!(
         schema.field(1).data_type(),
         &DataType::Timestamp(arrow_schema::TimeUnit::Microsecond, Some("+00:00".into()))
@@ -369,17 +357,7 @@ fn datetimes_unify_or_go_to_text() {
         .as_primitive::<arrow_array::types::TimestampMicrosecondType>();
     assert_eq!(w.values().to_vec(), [micros + 1, micros]);
     // naive and aware: text, as tagged datetimes
-    let (_, out) = shape(&[
-        Rows {
-            batch: &naive,
-            rows: &[0],
-        },
-        Rows {
-            batch: &paris,
-            rows: &[0],
-        },
-    ])
-    .unwrap();
+    let (_, out) = shape(&first_rows(&[&naive, &paris])).unwrap();
     assert_eq!(
         texts(out[0].column(1)),
         [
@@ -529,47 +507,17 @@ fn numpy_and_date_marks_pass_through_or_render_as_tags() {
             ("lazyvault.numpy", "<f8"),
         ),
     ]);
-    let (schema, out) = shape(&[
-        Rows {
-            batch: &a,
-            rows: &[0],
-        },
-        Rows {
-            batch: &b,
-            rows: &[0],
-        },
-    ])
-    .unwrap();
+    let (schema, out) = shape(&first_rows(&[&a, &b])).unwrap();
     assert_eq!(schema.field(1).metadata()["lazyvault.numpy"], "<f4");
     assert_eq!(
         texts(out[0].column(2)),
         [Some(r#"{"$date":"2024-02-29"}"#), Some("[1]")]
     );
-    let (schema, _) = shape(&[
-        Rows {
-            batch: &a,
-            rows: &[0],
-        },
-        Rows {
-            batch: &c,
-            rows: &[0],
-        },
-    ])
-    .unwrap();
+    let (schema, _) = shape(&first_rows(&[&a, &c])).unwrap();
     assert!(!schema.field(1).metadata().contains_key("lazyvault.numpy"));
     // with text in the path, the numpy scalar renders as its tagged value
     let d = batch(vec![key(&["d"]), json("f", vec![Some("\"x\"")])]);
-    let (_, out) = shape(&[
-        Rows {
-            batch: &a,
-            rows: &[0],
-        },
-        Rows {
-            batch: &d,
-            rows: &[0],
-        },
-    ])
-    .unwrap();
+    let (_, out) = shape(&first_rows(&[&a, &d])).unwrap();
     assert_eq!(
         texts(out[0].column(1)),
         [Some(r#"{"$numpy": ["<f4", 1.5]}"#), Some("\"x\"")]
