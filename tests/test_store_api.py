@@ -533,3 +533,16 @@ def test_replace_arrays_refuses_missing_keys_and_unknown_names(store: lv.Store) 
         with pytest.raises(TypeError, match=r"numpy\.ndarray"):
             store.replace_arrays("k", {"a": value})
     assert store["k"].a.tolist() == [0, 1, 2]
+
+
+def test_update_with_no_pairs_says_so_and_writes_nothing_of_that_chunk(store: lv.Store) -> None:
+    # found by a fresh-user trial: raw unpacking errors
+    with pytest.raises(TypeError, match=r"mapping or an iterable of \(key, obj\) pairs, not str"):
+        store.update("abc")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"element #1 is int 1, not a pair"):
+        store.update([("a", {"v": 1}), 1])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match=r"element #0 is tuple \('a', 1, 2\), not a pair"):
+        store.update([("a", 1, 2)])  # type: ignore[list-item]
+    assert len(store) == 0  # the chunk with the bad element is not written
+    store.update([("a", {"v": 1})])
+    assert store["a"].v == 1

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self, cast, overload
 
 import numpy as np
 
-from . import _arrays, _arrow, _dask, _frame, _layout, _lazyvault
+from . import _arrays, _arrow, _dask, _frame, _layout, _lazyvault, _tagged
 from ._dataset import Dataset, dataset_of
 from ._display import RecordsDisplay
 from ._progress import ProgressArg, progress_callback
@@ -636,6 +636,11 @@ class Store(Handle, MutableMapping[str, Record]):
         exception it raises stops the update (earlier chunks stay). It is this option, never a key:
         ``store["progress"] = obj`` stores that record.
         """
+        if isinstance(other, (str, bytes)):
+            raise TypeError(
+                f"update() takes a mapping or an iterable of (key, obj) pairs, not "
+                f"{type(other).__name__}"
+            )
         pairs: Iterable[tuple[str, Any]] = other  # type: ignore[assignment]
         if hasattr(other, "keys"):  # dict.update's rule: mappings and mapping-likes
             pairs = ((k, other[k]) for k in other.keys())  # type: ignore[index]
@@ -659,7 +664,15 @@ class Store(Handle, MutableMapping[str, Record]):
                     chunk_bytes = 0
                     tick(done, total)
 
-            for key, obj in itertools.chain(pairs, kwargs.items()):
+            for i, pair in enumerate(itertools.chain(pairs, kwargs.items())):
+                try:
+                    key, obj = pair
+                except (TypeError, ValueError):
+                    # as dict.update: say which element is no pair (its chunk is not written)
+                    raise TypeError(
+                        f"update() takes a mapping or an iterable of (key, obj) pairs: element "
+                        f"#{i} is {type(pair).__name__} {_tagged.cut(pair)}, not a pair"
+                    ) from None
                 key = check_key(key)
                 if isinstance(obj, Record):
                     send()  # keep the order: a copied record goes alone
