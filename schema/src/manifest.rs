@@ -13,7 +13,7 @@ pub const MANIFEST_FILE: &str = "lazyvault.json";
 pub const FORMAT_NAME: &str = "lazyvault";
 /// The format version this crate writes. Readers accept any minor of the same
 /// major (minor versions only add optional fields) and refuse newer majors.
-pub const FORMAT_VERSION: FormatVersion = FormatVersion { major: 1, minor: 5 };
+pub const FORMAT_VERSION: FormatVersion = FormatVersion { major: 1, minor: 6 };
 
 /// `MAJOR.MINOR` format version, independent of the package version (as in
 /// numpy's `.npy` format).

@@ -2,18 +2,16 @@
 //! committed journal after it (FORMAT.md, "Reading beside a writer").
 //! Never opens sled, takes no exclusive lock, writes nothing.
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
-
-use memmap2::Mmap;
 
 use std::sync::{Arc, OnceLock};
 
 use crate::checkpoint::base::Base;
-use crate::checkpoint::run::{Run, RunValue};
+use crate::checkpoint::run::Run;
 use crate::checkpoint::{self, CheckpointDoc, Pin, RunDoc};
 use crate::error::{Error, Result};
+use crate::index::layers::Layers;
 use crate::index::RecordIndex;
 use crate::journal::{self, Committed, Position};
 use crate::query::IndexLookup;
@@ -29,14 +27,11 @@ pub(crate) struct Snapshot {
     /// The checkpoint's version and path (`None`: the store has none yet,
     /// the whole journal is replayed).
     base: Option<(u64, PathBuf)>,
-    /// Runs of the checkpoint, newest first.
-    runs: Vec<Run<Mmap>>,
-    /// Committed changes after the checkpoint, by key.
-    tail: BTreeMap<String, Committed>,
+    /// The checkpoint's runs and the committed changes after it.
+    layers: Layers,
     /// Where the next refresh resumes reading the journal.
     end: Position,
     version: u64,
-    len: u64,
     /// The secondary indexes the writer keeps (readers answer their
     /// queries by scanning, with the same results).
     indexes: Vec<String>,
@@ -46,19 +41,6 @@ pub(crate) struct Snapshot {
     /// refreshing (see [`Snapshot::layered`]).
     layered: OnceLock<Option<Arc<Layered>>>,
     _pin: Option<Pin>,
-}
-
-/// A record JSON and its pickled remainder, borrowed.
-type Stored<'a> = (&'a [u8], Option<&'a [u8]>);
-
-/// The newest run's entry for `key`, if any run has one.
-fn run_lookup<'a>(runs: &'a [Run<Mmap>], key: &str) -> Result<Option<RunValue<'a>>> {
-    for run in runs {
-        if let Some(v) = run.get(key)? {
-            return Ok(Some(v));
-        }
-    }
-    Ok(None)
 }
 
 impl Snapshot {
@@ -171,11 +153,9 @@ impl Snapshot {
         let mut snap = Snapshot {
             root: root.to_owned(),
             base,
-            runs,
-            tail: BTreeMap::new(),
+            layers: Layers::new(runs, doc.as_ref().map_or(0, |d| d.records)),
             end: doc.as_ref().map_or((0, 0), CheckpointDoc::position),
             version: doc.as_ref().map_or(0, |d| d.version),
-            len: doc.as_ref().map_or(0, |d| d.records),
             indexes: read_index_list(root),
             run_docs: doc.as_ref().map(|d| d.runs.clone()).unwrap_or_default(),
             layered: OnceLock::new(),
@@ -212,14 +192,7 @@ impl Snapshot {
             changes.push((k, c));
         })?;
         for (key, change) in changes {
-            let before = self.contains(&key)?;
-            let after = change.is_some();
-            self.len = match (before, after) {
-                (false, true) => self.len + 1,
-                (true, false) => self.len.saturating_sub(1),
-                _ => self.len,
-            };
-            self.tail.insert(key, change);
+            self.layers.apply(key, change)?;
         }
         self.version += read.commits;
         self.end = read.end;
@@ -265,6 +238,7 @@ impl Snapshot {
                 // them) leave scans to the records.
                 let base = Arc::new(Base::open(&self.root, &self.run_docs).ok()??);
                 let changed = self
+                    .layers
                     .tail
                     .iter()
                     .map(|(k, c)| (k.clone(), c.as_ref().map(|(r, _)| r.to_vec())))
@@ -277,18 +251,6 @@ impl Snapshot {
     /// The version (commits since the store was created) it shows.
     pub(crate) fn version(&self) -> u64 {
         self.version
-    }
-
-    /// The value of `key`: from the journal tail, else the newest run that
-    /// has it.
-    fn value(&self, key: &str) -> Result<Option<Stored<'_>>> {
-        if let Some(c) = self.tail.get(key) {
-            return Ok(c.as_ref().map(|(r, p)| (&r[..], p.as_deref())));
-        }
-        Ok(match run_lookup(&self.runs, key)? {
-            Some(RunValue::Put { record, pickle }) => Some((record, pickle)),
-            _ => None,
-        })
     }
 }
 
@@ -303,55 +265,24 @@ fn read_index_list(root: &Path) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// One sorted source of a merged scan.
-enum Cursor<'a> {
-    Run {
-        run: &'a Run<Mmap>,
-        at: u64,
-        end: u64,
-    },
-    Tail(std::vec::IntoIter<Item<'a>>),
-}
-
-type Item<'a> = (&'a str, Option<&'a [u8]>);
-
-impl<'a> Cursor<'a> {
-    fn next(&mut self) -> Result<Option<Item<'a>>> {
-        match self {
-            Cursor::Run { run, at, end } => {
-                if *at >= *end {
-                    return Ok(None);
-                }
-                let (key, value) = run.entry(*at)?;
-                *at += 1;
-                Ok(Some((
-                    key,
-                    match value {
-                        RunValue::Put { record, .. } => Some(record),
-                        RunValue::Deleted => None,
-                    },
-                )))
-            }
-            Cursor::Tail(items) => Ok(items.next()),
-        }
-    }
-}
-
 impl RecordIndex for Snapshot {
     fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        Ok(self.value(key)?.map(|(r, _)| r.to_vec()))
+        Ok(self.layers.value(key)?.map(|(r, _)| r.to_vec()))
     }
 
     fn get_pickle(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        Ok(self.value(key)?.and_then(|(_, p)| p.map(<[u8]>::to_vec)))
+        Ok(self
+            .layers
+            .value(key)?
+            .and_then(|(_, p)| p.map(<[u8]>::to_vec)))
     }
 
     fn contains(&self, key: &str) -> Result<bool> {
-        Ok(self.value(key)?.is_some())
+        Ok(self.layers.value(key)?.is_some())
     }
 
     fn len(&self) -> Result<u64> {
-        Ok(self.len)
+        Ok(self.layers.len)
     }
 
     fn scan_range(
@@ -360,75 +291,12 @@ impl RecordIndex for Snapshot {
         to: Option<&[u8]>,
         f: &mut dyn FnMut(&str, &[u8]) -> Result<()>,
     ) -> Result<()> {
-        // A k-way merge: sources in priority order (the tail first, then
-        // runs newest first); for a key in several, the first decides.
-        let mut cursors = Vec::with_capacity(self.runs.len() + 1);
-        // The tail is small (bounded by the checkpoint threshold): filter it.
-        let in_range = |k: &[u8]| from.is_none_or(|f| k >= f) && to.is_none_or(|t| k < t);
-        let tail: Vec<Item<'_>> = self
-            .tail
-            .iter()
-            .filter(|(k, _)| in_range(k.as_bytes()))
-            .map(|(k, c)| (k.as_str(), c.as_ref().map(|(r, _)| &r[..])))
-            .collect();
-        cursors.push(Cursor::Tail(tail.into_iter()));
-        for run in &self.runs {
-            let at = from.map_or(Ok(0), |b| run.lower_bound(b))?;
-            let end = to.map_or(Ok(run.len()), |b| run.lower_bound(b))?;
-            cursors.push(Cursor::Run { run, at, end });
-        }
-        let mut heads: Vec<Option<Item<'_>>> = Vec::with_capacity(cursors.len());
-        for c in &mut cursors {
-            heads.push(c.next()?);
-        }
-        loop {
-            let mut best: Option<usize> = None;
-            for (i, h) in heads.iter().enumerate() {
-                if let Some((k, _)) = h {
-                    if best.is_none_or(|b| k.as_bytes() < heads[b].expect("set").0.as_bytes()) {
-                        best = Some(i);
-                    }
-                }
-            }
-            let Some(b) = best else { return Ok(()) };
-            let (key, value) = heads[b].expect("set");
-            for i in b..heads.len() {
-                if heads[i].is_some_and(|(k, _)| k == key) {
-                    heads[i] = cursors[i].next()?;
-                }
-            }
-            if let Some(record) = value {
-                f(key, record)?;
-            }
-        }
+        self.layers
+            .scan_range(from, to, &mut |k, record, _| f(k, record))
     }
 
     fn key_bounds(&self) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
-        let mut first: Option<Vec<u8>> = None;
-        let mut last: Option<Vec<u8>> = None;
-        let mut note = |k: &[u8]| {
-            if first.as_deref().is_none_or(|f| k < f) {
-                first = Some(k.to_vec());
-            }
-            if last.as_deref().is_none_or(|l| k > l) {
-                last = Some(k.to_vec());
-            }
-        };
-        // Bounds of every source (deleted keys included): only a split
-        // point is derived from them.
-        if let (Some((a, _)), Some((b, _))) =
-            (self.tail.first_key_value(), self.tail.last_key_value())
-        {
-            note(a.as_bytes());
-            note(b.as_bytes());
-        }
-        for run in &self.runs {
-            if run.len() > 0 {
-                note(run.entry(0)?.0.as_bytes());
-                note(run.entry(run.len() - 1)?.0.as_bytes());
-            }
-        }
-        Ok(first.zip(last))
+        self.layers.key_bounds()
     }
 
     fn lookup(&self, field: &str, lookup: &IndexLookup) -> Result<Vec<String>> {

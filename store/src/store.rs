@@ -44,7 +44,6 @@ pub(crate) mod writer;
 use json_text::Pending;
 pub use json_text::{JsonText, JsonTextError, NewRecordJson};
 pub use keys::Keys;
-use recovery::journal_tail;
 pub use staged::{Stage, StagedRecord};
 
 use writer::{Writer, WriterState};

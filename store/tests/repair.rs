@@ -493,9 +493,10 @@ fn copy_dir(from: &Path, to: &Path) {
 }
 
 #[test]
-fn an_index_behind_the_journal_is_refused_and_repair_recovers_the_flushed_changes() {
-    // As after a power loss that cost sled flushed changes (fresh-user
-    // trial: a normal open used to cut those changes from the journal).
+fn an_index_behind_the_journal_loses_nothing_and_its_secondary_indexes_are_rebuilt() {
+    // As after a power loss that cost sled flushed changes: the writer's
+    // records come from the checkpoint and the journal (since 1.6), so an
+    // old index costs nothing but a rebuild of its secondary indexes.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.lv");
     let store = Store::open(&path, Mode::Append).unwrap();
@@ -508,11 +509,12 @@ fn an_index_behind_the_journal_is_refused_and_repair_recovers_the_flushed_change
             None,
         )
         .unwrap();
+    store.create_index("v").unwrap();
     store.close().unwrap();
     copy_dir(&path.join(INDEX_DIR), &dir.path().join("old-index"));
     let store = Store::open(&path, Mode::Append).unwrap();
     store
-        .put("b", meta(json!({})), Value::Null, &[], None)
+        .put("b", meta(json!({"v": 1})), Value::Null, &[], None)
         .unwrap();
     store
         .put(
@@ -527,29 +529,22 @@ fn an_index_behind_the_journal_is_refused_and_repair_recovers_the_flushed_change
     fs::remove_dir_all(path.join(INDEX_DIR)).unwrap();
     copy_dir(&dir.path().join("old-index"), &path.join(INDEX_DIR));
 
-    // Readers follow the journal, not the index: they see the flushed
-    // changes.
     let ro = Store::open(&path, Mode::ReadOnly).unwrap();
     assert_eq!(ro.keys().unwrap(), ["a", "b"]);
     assert_eq!(ro.get("a").unwrap().unwrap().meta["v"], json!(2));
     ro.close().unwrap();
-    // The writer's index is behind: it refuses to start.
     let store = Store::open(&path, Mode::Append).unwrap();
-    match store.begin_write() {
-        Err(Error::Corrupt(c)) => {
-            let detail = c.detail();
-            assert!(
-                detail.contains("behind the journal") && detail.contains("repair"),
-                "{detail}"
-            )
-        }
-        other => panic!("expected Corrupt, got {other:?}"),
-    }
-    drop(store);
-    let report = Store::repair(&path).unwrap();
-    assert_eq!(report.records, 2, "{:?}", report.skipped);
-    let store = Store::open(&path, Mode::Append).unwrap();
+    store.begin_write().unwrap();
     assert_eq!(store.keys().unwrap(), ["a", "b"]);
+    assert_eq!(store.get("a").unwrap().unwrap().meta["v"], json!(2));
+    // The old index's entries (a: v=1) were rebuilt from the records.
+    let q = |s: &str| lazyvault_store::query::Query::parse(s).unwrap();
+    assert_eq!(store.find(&q("v == 2")).unwrap(), ["a"]);
+    assert_eq!(store.find(&q("v == 1")).unwrap(), ["b"]);
+    let plan = store.explain(&q("v == 1")).unwrap();
+    assert!(plan.contains("index"), "{plan}");
+    assert!(store.verify().unwrap().is_ok());
+    store.gc().unwrap();
     assert_eq!(store.get("a").unwrap().unwrap().meta["v"], json!(2));
     assert!(store.verify().unwrap().is_ok());
 }
@@ -654,4 +649,68 @@ fn repair_of_an_empty_directory_or_a_file_says_what_a_store_is() {
             "{text}"
         );
     }
+}
+
+#[test]
+fn changes_no_flush_committed_are_cut_when_the_next_writer_takes_the_role() {
+    // The store as a crash leaves it: the journal holds entries after its
+    // last commit (the page cache kept them), no commit covers them.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.lv");
+    let store = Store::open(&path, Mode::Append).unwrap();
+    store
+        .put(
+            "kept",
+            meta(json!({"v": 1})),
+            Value::Null,
+            &[u8_array("x", b"k")],
+            None,
+        )
+        .unwrap();
+    store.flush().unwrap();
+    store
+        .put("kept", meta(json!({"v": 2})), Value::Null, &[], None)
+        .unwrap();
+    store
+        .put(
+            "lost",
+            meta(json!({})),
+            Value::Null,
+            &[u8_array("x", b"l")],
+            None,
+        )
+        .unwrap();
+    let crashed = dir.path().join("crashed.lv");
+    copy_dir(&path, &crashed);
+    drop(store);
+    let journal_len = |p: &Path| -> u64 {
+        journal::segments(p)
+            .unwrap()
+            .iter()
+            .map(|(_, f)| fs::metadata(f).unwrap().len())
+            .sum()
+    };
+    let before = journal_len(&crashed);
+
+    // A reader sees the last commit only.
+    let ro = Store::open(&crashed, Mode::ReadOnly).unwrap();
+    assert_eq!(ro.keys().unwrap(), ["kept"]);
+    assert_eq!(ro.get("kept").unwrap().unwrap().meta["v"], json!(1));
+    ro.close().unwrap();
+    // So does the next writer, which cuts the rest off the journal.
+    let store = Store::open(&crashed, Mode::Append).unwrap();
+    store.begin_write().unwrap();
+    assert!(journal_len(&crashed) < before);
+    assert_eq!(store.keys().unwrap(), ["kept"]);
+    assert_eq!(store.get("kept").unwrap().unwrap().meta["v"], json!(1));
+    store.close().unwrap();
+    // Nothing brings them back: not a reopen, not repair.
+    Store::repair(&crashed).unwrap();
+    let store = Store::open(&crashed, Mode::Append).unwrap();
+    assert_eq!(store.keys().unwrap(), ["kept"]);
+    assert_eq!(store.get("kept").unwrap().unwrap().meta["v"], json!(1));
+    let report = store.verify().unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    // The cut change's payload is an orphan for gc.
+    assert_eq!(report.orphans.len(), 1, "{:?}", report.orphans);
 }

@@ -5,6 +5,7 @@
 //! displays, verification and exports go through this trait alone, so they
 //! behave the same in both.
 
+pub(crate) mod layers;
 pub(crate) mod sled;
 
 use serde_json::{Map, Value};

@@ -1,11 +1,14 @@
-//! The writer's index: the only module that knows sled (derived data:
-//! FORMAT.md, "Index").
+//! The writer's index: its records, and the only module that knows sled
+//! (derived data: FORMAT.md, "Index").
 //!
-//! One sled tree holds, under one-byte prefixes, the record JSON of each key
-//! (`r`), the pickled remainder of the keys that have one (`p`), the
-//! record count (`#count`), the journal position after the last change
-//! (`#pos`) and the secondary indexes (`#idx:`, `i`), so that a put or delete
-//! changes them all in one atomic batch and `len()` costs no scan.
+//! The records are those of the newest checkpoint (its runs, mapped) under
+//! the changes made since (in memory), as a reader's snapshot holds them
+//! ([`Layers`]): each record is written once, to the journal, and again
+//! only into checkpoint runs. sled holds the secondary indexes (`#idx:`,
+//! `i`) and the journal position they reflect (`#pos`); a store without
+//! secondary indexes writes nothing to it. Stores written before 1.6 also
+//! have the records there (`r`, `p`, `#count`): read when no checkpoint
+//! can be, and removed once one holds them.
 
 use std::fs;
 use std::path::Path;
@@ -13,18 +16,22 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::sync::RwLock;
 
+use crate::checkpoint::run::Run;
+use crate::checkpoint::{self, CheckpointDoc, RunDoc};
 use crate::error::{Error, Result};
 use crate::fsio::fault;
-use crate::journal::{Position, Put};
+use crate::journal::{self, CommittedTail, Position, Put};
 use crate::query::IndexLookup;
 use crate::secondary;
 
+use super::layers::Layers;
 use super::{meta_of, RecordIndex};
 
 const RECORD: u8 = b'r';
 const PICKLE: u8 = b'p';
 const COUNT: &[u8] = b"#count";
-/// Journal position (segment u64 LE, offset u64 LE) after the last change.
+/// The committed journal position (segment u64 LE, offset u64 LE) the
+/// secondary indexes reflect; removed by every change until its commit.
 const JOURNAL_POS: &[u8] = b"#pos";
 /// `#idx:` + field name: a secondary index on that field exists.
 const INDEX_DEF: &[u8] = b"#idx:";
@@ -59,13 +66,6 @@ fn injected(dir: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
             source,
         })
     }
-}
-
-fn prefixed(prefix: u8, key: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(1 + key.len());
-    k.push(prefix);
-    k.extend_from_slice(key.as_bytes());
-    k
 }
 
 /// Maps sled's errors for the index in `dir`.
@@ -132,6 +132,11 @@ pub(crate) struct Index {
     tree: sled::Tree,
     /// The secondary indexes, loaded at open.
     defs: RwLock<Vec<IndexDef>>,
+    /// The records: the newest checkpoint's runs and the changes since,
+    /// flushed or not.
+    records: parking_lot::RwLock<Layers>,
+    /// The journal position after the last change applied.
+    pos: std::sync::Mutex<Option<Position>>,
 }
 
 /// The process that first opened a sled database in this process image
@@ -217,7 +222,132 @@ impl Index {
             db,
             tree,
             defs: RwLock::new(defs),
+            records: parking_lot::RwLock::new(Layers::default()),
+            pos: std::sync::Mutex::new(None),
         })
+    }
+
+    /// Loads the records: the runs of `base` (the newest usable checkpoint
+    /// of the store at `root`; `None`: there is none, and the records a
+    /// store written before 1.6 keeps in sled are the start) plus the
+    /// committed journal after its position. Returns what was read of the
+    /// journal.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] for a run that does not open; journal and I/O
+    /// errors.
+    pub(crate) fn load(&self, root: &Path, base: Option<&CheckpointDoc>) -> Result<CommittedTail> {
+        let mut layers = match base {
+            Some(doc) => Layers::new(open_runs(root, &doc.runs)?, doc.records),
+            None => {
+                let mut layers = Layers::default();
+                let mut pickles = std::collections::HashMap::new();
+                for item in self.tree.scan_prefix([PICKLE]) {
+                    let (k, v) = item.map_err(self.err())?;
+                    pickles.insert(k[1..].to_vec(), v.to_vec());
+                }
+                for item in self.tree.scan_prefix([RECORD]) {
+                    let (k, v) = item.map_err(self.err())?;
+                    let key = std::str::from_utf8(&k[1..])
+                        .map_err(|_| Error::corrupt("index", "a key is not UTF-8"))?;
+                    let pickle = pickles.remove(&k[1..]);
+                    layers.apply(key.to_owned(), Some((v.to_vec(), pickle)))?;
+                }
+                layers
+            }
+        };
+        let from = base.map_or((0, 0), CheckpointDoc::position);
+        let mut changes = Vec::new();
+        let tail = journal::read_committed(root, from, None, |k, c| changes.push((k, c)))?;
+        for (key, change) in changes {
+            layers.apply(key, change)?;
+        }
+        *self.records.write() = layers;
+        *self.pos.lock().unwrap_or_else(|p| p.into_inner()) = Some(tail.end);
+        Ok(tail)
+    }
+
+    /// After a checkpoint of every change so far was published: its runs
+    /// replace the runs and changes held. If a run does not open, the
+    /// records stay as they were (the same records).
+    pub(crate) fn rebase(&self, root: &Path, runs: &[RunDoc]) {
+        if let Ok(opened) = open_runs(root, runs) {
+            let mut layers = self.records.write();
+            let len = layers.len;
+            *layers = Layers::new(opened, len);
+        }
+    }
+
+    /// The keys changed since the checkpoint loaded (or rebased on).
+    pub(crate) fn changed_keys(&self) -> Vec<String> {
+        self.records.read().tail.keys().cloned().collect()
+    }
+
+    /// Whether sled still holds records (a store written before 1.6).
+    pub(crate) fn has_legacy_records(&self) -> Result<bool> {
+        self.tree.contains_key(COUNT).map_err(self.err())
+    }
+
+    /// Removes the records a store written before 1.6 keeps in sled (the
+    /// caller has published a checkpoint holding them), in bounded batches.
+    pub(crate) fn drop_legacy_records(&self) -> Result<()> {
+        for prefix in [RECORD, PICKLE] {
+            let mut batch = sled::Batch::default();
+            let mut pending = 0;
+            for item in self.tree.scan_prefix([prefix]) {
+                let (k, _) = item.map_err(self.err())?;
+                batch.remove(k);
+                self.apply_when_full(&mut batch, &mut pending)?;
+            }
+            self.tree.apply_batch(batch).map_err(self.err())?;
+        }
+        self.tree.remove(COUNT).map_err(self.err())?;
+        self.flush()
+    }
+
+    /// Whether the secondary indexes reflect the committed journal up to
+    /// `committed` exactly (none exist, or the last flush recorded that
+    /// position and no change came after it).
+    pub(crate) fn secondary_current(&self, committed: Position) -> Result<bool> {
+        if self
+            .defs
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+        {
+            return Ok(true);
+        }
+        Ok(self.stored_pos()? == Some(committed))
+    }
+
+    /// Builds every secondary index again from the records (after a crash
+    /// that left them behind or ahead of the committed journal), then
+    /// records `committed` as what they reflect.
+    pub(crate) fn rebuild_secondary(&self, committed: Position) -> Result<()> {
+        let defs = self.defs.read().unwrap_or_else(|p| p.into_inner()).clone();
+        for def in defs {
+            self.clear_entries(&def.name)?;
+            self.build_entries(&def.name, &def.segs)?;
+        }
+        self.mark_committed(committed)?;
+        self.flush()
+    }
+
+    /// Records that the secondary indexes reflect the journal up to the
+    /// commit ending at `committed` (written by the next sled flush).
+    pub(crate) fn mark_committed(&self, committed: Position) -> Result<()> {
+        if self
+            .defs
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+        {
+            return Ok(());
+        }
+        self.tree
+            .insert(JOURNAL_POS, &encode_pos(committed))
+            .map_err(self.err())?;
+        Ok(())
     }
 
     /// Maps sled's errors, noting I/O failures.
@@ -267,42 +397,39 @@ impl Index {
         self.io_failed.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// The value stored under `key` in the `kind` (`RECORD`, `PICKLE`) key
-    /// space.
-    fn value(&self, kind: u8, key: &str) -> Result<Option<Vec<u8>>> {
-        Ok(self
-            .tree
-            .get(prefixed(kind, key))
-            .map_err(self.err())?
-            .map(|v| v.to_vec()))
-    }
-
     /// The record JSON of `key`.
     pub(crate) fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        self.value(RECORD, key)
+        Ok(self
+            .records
+            .read_recursive()
+            .value(key)?
+            .map(|(r, _)| r.to_vec()))
     }
 
     /// The pickled remainder of `key`.
     pub(crate) fn get_pickle(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        self.value(PICKLE, key)
+        Ok(self
+            .records
+            .read_recursive()
+            .value(key)?
+            .and_then(|(_, p)| p.map(<[u8]>::to_vec)))
     }
 
     pub(crate) fn contains(&self, key: &str) -> Result<bool> {
-        self.tree
-            .contains_key(prefixed(RECORD, key))
-            .map_err(self.err())
+        Ok(self.records.read_recursive().value(key)?.is_some())
     }
 
     pub(crate) fn len(&self) -> Result<u64> {
-        match self.tree.get(COUNT).map_err(self.err())? {
-            Some(v) => decode_u64(&v, "the record count"),
-            None => Ok(0),
-        }
+        Ok(self.records.read_recursive().len)
     }
 
-    /// The journal position after the last change this index holds, if
-    /// any change was ever made.
+    /// The journal position after the last change the records hold.
     pub(crate) fn journal_pos(&self) -> Result<Option<Position>> {
+        Ok(*self.pos.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// The position sled's `#pos` holds, if any.
+    fn stored_pos(&self) -> Result<Option<Position>> {
         match self.tree.get(JOURNAL_POS).map_err(self.err())? {
             Some(v) if v.len() == 16 => Ok(Some((
                 decode_u64(&v[..8], "the journal position")?,
@@ -318,9 +445,7 @@ impl Index {
 
     /// Records the journal position (after a repair or a compaction).
     pub(crate) fn set_journal_pos(&self, pos: Position) -> Result<()> {
-        self.tree
-            .insert(JOURNAL_POS, &encode_pos(pos))
-            .map_err(self.err())?;
+        *self.pos.lock().unwrap_or_else(|p| p.into_inner()) = Some(pos);
         Ok(())
     }
 
@@ -348,43 +473,37 @@ impl Index {
     pub(crate) fn put_many(&self, puts: &[Put<'_>], pos: Position) -> Result<Vec<Option<Vec<u8>>>> {
         let first = puts.first().map_or("", |p| p.0);
         fault::check("index", std::path::Path::new(first)).map_err(injected(&self.dir))?;
-        let mut batch = sled::Batch::default();
-        let mut count = self.len()?;
         // Records set earlier in this batch, for repeated keys.
         let mut set: std::collections::HashMap<&str, &[u8]> = std::collections::HashMap::new();
         let mut replaced = Vec::with_capacity(puts.len());
-        for &(key, record, pickle) in puts {
-            let rkey = prefixed(RECORD, key);
+        for &(key, record, _) in puts {
             let old = match set.get(key) {
                 Some(earlier) => Some(earlier.to_vec()),
-                None => self
-                    .tree
-                    .get(&rkey)
-                    .map_err(self.err())?
-                    .map(|v| v.to_vec()),
+                None => self.get(key)?,
             };
-            batch.insert(rkey, record);
-            match pickle {
-                Some(p) => batch.insert(prefixed(PICKLE, key), p),
-                // A pickle entry only exists beside a record (they are set
-                // and removed in one batch): a new key has none to remove,
-                // and skipping the no-op spares sled a tree descent.
-                None if old.is_some() => batch.remove(prefixed(PICKLE, key)),
-                None => {}
-            }
-            // A sled batch keeps the last operation per key, so entries
-            // inserted for an earlier version of the key and removed here
-            // end up removed.
-            self.update_entries(&mut batch, key, old.as_deref(), Some(record));
-            if old.is_none() {
-                count += 1;
-            }
             set.insert(key, record);
             replaced.push(old);
         }
-        batch.insert(COUNT, &count.to_le_bytes());
-        batch.insert(JOURNAL_POS, &encode_pos(pos));
-        self.tree.apply_batch(batch).map_err(self.err())?;
+        // sled first: if it fails, the records stay as they were.
+        if self.has_indexes() {
+            let mut batch = sled::Batch::default();
+            for (&(key, record, _), old) in puts.iter().zip(&replaced) {
+                // A sled batch keeps the last operation per key, so entries
+                // inserted for an earlier version of the key and removed
+                // here end up removed.
+                self.update_entries(&mut batch, key, old.as_deref(), Some(record));
+            }
+            batch.remove(JOURNAL_POS);
+            self.tree.apply_batch(batch).map_err(self.err())?;
+        }
+        let mut layers = self.records.write();
+        for &(key, record, pickle) in puts {
+            layers.apply(
+                key.to_owned(),
+                Some((record.to_vec(), pickle.map(<[u8]>::to_vec))),
+            )?;
+        }
+        *self.pos.lock().unwrap_or_else(|p| p.into_inner()) = Some(pos);
         Ok(replaced)
     }
 
@@ -392,18 +511,26 @@ impl Index {
     /// returns its record if it was there.
     pub(crate) fn remove(&self, key: &str, pos: Position) -> Result<Option<Vec<u8>>> {
         fault::check("index", std::path::Path::new(key)).map_err(injected(&self.dir))?;
-        let rkey = prefixed(RECORD, key);
-        let Some(old) = self.tree.get(&rkey).map_err(self.err())? else {
+        let Some(old) = self.get(key)? else {
             return Ok(None);
         };
-        let mut batch = sled::Batch::default();
-        batch.remove(rkey);
-        batch.remove(prefixed(PICKLE, key));
-        self.update_entries(&mut batch, key, Some(&old), None);
-        batch.insert(COUNT, &self.len()?.saturating_sub(1).to_le_bytes());
-        batch.insert(JOURNAL_POS, &encode_pos(pos));
-        self.tree.apply_batch(batch).map_err(self.err())?;
-        Ok(Some(old.to_vec()))
+        if self.has_indexes() {
+            let mut batch = sled::Batch::default();
+            self.update_entries(&mut batch, key, Some(&old), None);
+            batch.remove(JOURNAL_POS);
+            self.tree.apply_batch(batch).map_err(self.err())?;
+        }
+        self.records.write().apply(key.to_owned(), None)?;
+        *self.pos.lock().unwrap_or_else(|p| p.into_inner()) = Some(pos);
+        Ok(Some(old))
+    }
+
+    fn has_indexes(&self) -> bool {
+        !self
+            .defs
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
     }
 
     /// Adds to `batch` the secondary-index changes of `key` going from
@@ -474,19 +601,11 @@ impl Index {
             return Ok(());
         }
         self.clear_entries(name)?;
+        self.build_entries(name, &segs)?;
         let mut batch = sled::Batch::default();
-        let mut pending = 0;
-        self.scan(|key, record| {
-            let meta = meta_of(record);
-            if let Some(e) =
-                secondary::field_value(&meta, &segs).and_then(|v| secondary::entry(name, v, key))
-            {
-                batch.insert(e, &[]);
-                self.apply_when_full(&mut batch, &mut pending)?;
-            }
-            Ok(())
-        })?;
         batch.insert([INDEX_DEF, name.as_bytes()].concat(), &[]);
+        // What they reflect is set at the next flush.
+        batch.remove(JOURNAL_POS);
         self.tree.apply_batch(batch).map_err(self.err())?;
         self.defs
             .write()
@@ -496,6 +615,24 @@ impl Index {
                 segs,
             });
         Ok(())
+    }
+
+    /// Writes the entries of the secondary index `name` (on `segs`) for
+    /// every record.
+    fn build_entries(&self, name: &str, segs: &[String]) -> Result<()> {
+        let mut batch = sled::Batch::default();
+        let mut pending = 0;
+        self.scan(|key, record| {
+            let meta = meta_of(record);
+            if let Some(e) =
+                secondary::field_value(&meta, segs).and_then(|v| secondary::entry(name, v, key))
+            {
+                batch.insert(e, &[]);
+                self.apply_when_full(&mut batch, &mut pending)?;
+            }
+            Ok(())
+        })?;
+        self.tree.apply_batch(batch).map_err(self.err())
     }
 
     /// Removes the secondary index `name`; returns whether it existed.
@@ -546,41 +683,20 @@ impl Index {
     /// Calls `f(key, record_json)` for every record in key order (UTF-8 byte
     /// order, which is Unicode code point order). Stops at the first error.
     pub(crate) fn scan(&self, mut f: impl FnMut(&str, &[u8]) -> Result<()>) -> Result<()> {
-        for item in self.tree.scan_prefix([RECORD]) {
-            let (k, v) = item.map_err(self.err())?;
-            let key = std::str::from_utf8(&k[1..])
-                .map_err(|_| Error::corrupt("index", "a key is not UTF-8"))?;
-            f(key, &v)?;
-        }
-        Ok(())
+        self.records
+            .read_recursive()
+            .scan_range(None, None, &mut |k, record, _| f(k, record))
     }
 
     /// As [`Index::scan`], with each record's pickled remainder (or
-    /// `None`): the pickles are read by a second scan in step with the
-    /// first (both in key order), not looked up one key at a time.
+    /// `None`).
     pub(crate) fn scan_with_pickles(
         &self,
         mut f: impl FnMut(&str, &[u8], Option<&[u8]>) -> Result<()>,
     ) -> Result<()> {
-        let mut pickles = self.tree.scan_prefix([PICKLE]).peekable();
-        self.scan(|key, record| {
-            let mut pickle = None;
-            // Skip pickles of smaller keys (none, in a consistent index).
-            while let Some(item) = pickles.peek() {
-                let (k, _) = item.as_ref().map_err(|e| self.err()(e.clone()))?;
-                match k[1..].cmp(key.as_bytes()) {
-                    std::cmp::Ordering::Less => {}
-                    std::cmp::Ordering::Equal => {
-                        let (_, v) = pickles.next().expect("peeked").map_err(self.err())?;
-                        pickle = Some(v);
-                        break;
-                    }
-                    std::cmp::Ordering::Greater => break,
-                }
-                pickles.next();
-            }
-            f(key, record, pickle.as_deref())
-        })
+        self.records
+            .read_recursive()
+            .scan_range(None, None, &mut |k, record, pickle| f(k, record, pickle))
     }
 
     /// Makes every change so far durable.
@@ -614,27 +730,13 @@ impl RecordIndex for Index {
         to: Option<&[u8]>,
         f: &mut dyn FnMut(&str, &[u8]) -> Result<()>,
     ) -> Result<()> {
-        let start = [&[RECORD][..], from.unwrap_or_default()].concat();
-        let end = match to {
-            Some(t) => [&[RECORD][..], t].concat(),
-            None => vec![RECORD + 1],
-        };
-        for item in self.tree.range(start..end) {
-            let (k, v) = item.map_err(self.err())?;
-            let key = std::str::from_utf8(&k[1..])
-                .map_err(|_| Error::corrupt("index", "a key is not UTF-8"))?;
-            f(key, &v)?;
-        }
-        Ok(())
+        self.records
+            .read_recursive()
+            .scan_range(from, to, &mut |k, record, _| f(k, record))
     }
 
     fn key_bounds(&self) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
-        let mut records = self.tree.scan_prefix([RECORD]);
-        let (Some(first), Some(last)) = (records.next(), records.next_back()) else {
-            return Ok(None);
-        };
-        let (first, last) = (first.map_err(self.err())?.0, last.map_err(self.err())?.0);
-        Ok(Some((first[1..].to_vec(), last[1..].to_vec())))
+        self.records.read_recursive().key_bounds()
     }
 
     fn lookup(&self, field: &str, lookup: &IndexLookup) -> Result<Vec<String>> {
@@ -654,6 +756,13 @@ impl RecordIndex for Index {
     }
 }
 
+/// Opens and maps the runs `docs` of a checkpoint of the store at `root`.
+fn open_runs(root: &Path, docs: &[RunDoc]) -> Result<Vec<Run<memmap2::Mmap>>> {
+    docs.iter()
+        .map(|r| Run::open(&root.join(checkpoint::CHECKPOINT_DIR).join(&r.file)))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -670,11 +779,6 @@ mod tests {
             ("e", b"{}", None),
         ];
         index.put_many(&puts, (0, 0)).unwrap();
-        // A pickle with no record (an inconsistent index) is skipped.
-        index
-            .tree
-            .insert(prefixed(PICKLE, "bb"), &b"orphan"[..])
-            .unwrap();
         let mut seen = Vec::new();
         index
             .scan_with_pickles(|key, _, pickle| {
@@ -693,5 +797,59 @@ mod tests {
         // Replacing a pickled record by one without removes its pickle.
         index.put_many(&[("b", b"{}", None)], (0, 1)).unwrap();
         assert_eq!(index.get_pickle("b").unwrap(), None);
+    }
+
+    #[test]
+    fn records_are_not_written_to_sled_without_secondary_indexes() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = Index::open(&dir.path().join("index")).unwrap();
+        index
+            .put_many(
+                &[("a", b"{\"meta\":{}}", None), ("b", b"{}", Some(b"p"))],
+                (1, 99),
+            )
+            .unwrap();
+        assert_eq!(index.len().unwrap(), 2);
+        assert_eq!(index.get_pickle("b").unwrap().as_deref(), Some(&b"p"[..]));
+        assert_eq!(index.tree.len(), 0, "sled holds nothing");
+        assert_eq!(index.journal_pos().unwrap(), Some((1, 99)));
+        assert_eq!(
+            index.remove("a", (1, 120)).unwrap().as_deref(),
+            Some(&b"{\"meta\":{}}"[..])
+        );
+        assert_eq!(index.len().unwrap(), 1);
+        assert_eq!(index.tree.len(), 0);
+    }
+
+    #[test]
+    fn records_a_store_before_1_6_kept_in_sled_are_read_then_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let index = Index::open(&root.join("index")).unwrap();
+        // The 1.5 layout: r<key>, p<key>, #count.
+        index
+            .tree
+            .insert(b"ra", &b"{\"meta\":{\"v\":1}}"[..])
+            .unwrap();
+        index.tree.insert(b"rb", &b"{\"meta\":{}}"[..]).unwrap();
+        index.tree.insert(b"pb", &b"pickle"[..]).unwrap();
+        index.tree.insert(COUNT, &2u64.to_le_bytes()).unwrap();
+        assert!(index.has_legacy_records().unwrap());
+        // No checkpoint and no journal: the records come from sled.
+        index.load(root, None).unwrap();
+        assert_eq!(index.len().unwrap(), 2);
+        assert_eq!(
+            index.get("a").unwrap().as_deref(),
+            Some(&b"{\"meta\":{\"v\":1}}"[..])
+        );
+        assert_eq!(
+            index.get_pickle("b").unwrap().as_deref(),
+            Some(&b"pickle"[..])
+        );
+        index.drop_legacy_records().unwrap();
+        assert!(!index.has_legacy_records().unwrap());
+        assert_eq!(index.tree.len(), 0);
+        // What was loaded stays.
+        assert_eq!(index.len().unwrap(), 2);
     }
 }

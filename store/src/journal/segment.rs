@@ -176,6 +176,8 @@ pub(super) fn segment_bytes_from(path: &Path, number: u64, start: u64) -> Result
 /// The entries of segment `number` from byte `start` on (its header
 /// checked), each with its end offset in the segment, up to the first torn
 /// or damaged one (see [`SegmentEntries`]). A missing segment has none.
+/// (What [`crate::journal::read_committed`] reads, entry by entry.)
+#[cfg(test)]
 pub(crate) fn read_segment_from(path: &Path, number: u64, start: u64) -> Result<SegmentEntries> {
     let Some(bytes) = segment_bytes_from(path, number, start)? else {
         return Ok(SegmentEntries {

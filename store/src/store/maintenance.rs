@@ -166,9 +166,8 @@ impl JournalCheck {
         }
     }
 
-    /// After the scan: the records only the journal holds, and (for the
-    /// writer's index) acknowledged changes past the index's position.
-    fn finish(self, root: &Path, index: Option<&Index>) -> Result<Vec<String>> {
+    /// After the scan: the records only the journal holds.
+    fn finish(self) -> Vec<String> {
         let mut missing: Vec<String> = self
             .latest
             .into_iter()
@@ -176,7 +175,7 @@ impl JournalCheck {
             .map(|(k, _)| k)
             .collect();
         missing.sort();
-        let mut problems: Vec<String> = missing
+        missing
             .into_iter()
             .map(|key| {
                 format!(
@@ -184,18 +183,7 @@ impl JournalCheck {
                      (`lazyvault repair` rebuilds the index from the journal)"
                 )
             })
-            .collect();
-        let lost = match index {
-            Some(index) => super::journal_tail(root, index)?.lost,
-            None => None,
-        };
-        if let Some(lost) = lost {
-            problems.push(format!(
-                "the index is behind the journal: {lost} change(s) that flush() acknowledged \
-                 are missing from it (`lazyvault repair` rebuilds the index from the journal)"
-            ));
-        }
-        Ok(problems)
+            .collect()
     }
 }
 
@@ -567,7 +555,7 @@ impl Store {
             bad += usize::from(check.record(key, bytes, index.get_pickle(key)?).is_some());
             Ok(())
         })?;
-        Ok(bad + check.finish(root, Some(index))?.len())
+        Ok(bad + check.finish().len())
     }
 
     /// Writes every record to a new segment, makes it durable and the
@@ -596,6 +584,7 @@ impl Store {
         compact.commit()?;
         state.version += 1;
         state.committed_pos = compact.position().expect("started");
+        index.mark_committed(state.committed_pos)?;
         state.journal = compact;
         state.journal.finish_segment();
         Ok(old)
@@ -670,9 +659,7 @@ impl Store {
             }
             Self::go_on(progress(report.records, total))
         })?;
-        report
-            .problems
-            .extend(check.finish(&self.root, writer_state.as_ref().map(|(i, _)| *i))?);
+        report.problems.extend(check.finish());
         report.problems.extend(verify_checkpoints(&self.root)?);
         if let Some((_, state)) = &writer_state {
             // Payloads of replaced records, removed once no reader needs them.
@@ -853,6 +840,8 @@ impl Store {
             index.create_index(&name, segs)?;
             report.indexes.push(name);
         }
+        // The checkpoint written below starts at `end`.
+        index.mark_committed(end)?;
         index.flush()?;
         // Readers switch to what the rebuilt index holds: a checkpoint of
         // it, newer than any version they saw.

@@ -20,7 +20,7 @@ use crate::columns::Columns;
 use crate::error::{Error, Result};
 use crate::fsio;
 use crate::index::Index;
-use crate::journal::{self, JournalWriter, Position};
+use crate::journal::{JournalWriter, Position};
 
 use super::columnar::Layered;
 use super::{INDEX_DIR, LOCK_FILE};
@@ -229,7 +229,6 @@ impl Writer {
                 (lock_file, Index::open(&index_dir)?)
             }
         };
-        let next_segment = super::Store::recover_journal(root, &index)?;
         // The newest checkpoint that can be read (readers skip damaged
         // ones the same way); none: the next checkpoint is a full one.
         let usable = |doc: &CheckpointDoc| {
@@ -243,10 +242,14 @@ impl Writer {
             .filter_map(|(_, path)| checkpoint::read(path).ok())
             .find(usable);
         let from = base.as_ref().map_or((0, 0), CheckpointDoc::position);
-        let mut dirty = BTreeSet::new();
-        let tail = journal::read_committed(root, from, None, |key, _| {
-            dirty.insert(key);
-        })?;
+        let next_segment = super::Store::recover_journal(root, from)?;
+        // The records: that checkpoint plus the committed journal after it,
+        // exactly what a reader opening now sees.
+        let tail = index.load(root, base.as_ref())?;
+        if !index.secondary_current(tail.end)? {
+            index.rebuild_secondary(tail.end)?;
+        }
+        let dirty: BTreeSet<String> = index.changed_keys().into_iter().collect();
         let state = WriterState {
             retiring: Vec::new(),
             retired: Vec::new(),
@@ -279,6 +282,11 @@ impl Writer {
             if w.runs.is_none() {
                 writer.checkpoint(&mut w, true, Duration::MAX)?;
             }
+        }
+        // A store written before 1.6 keeps its records in sled too: a
+        // checkpoint holds them now, so they go.
+        if writer.index().has_legacy_records()? {
+            writer.index().drop_legacy_records()?;
         }
         Ok(writer)
     }
@@ -332,6 +340,7 @@ impl Writer {
         if w.journal.commit()? {
             w.version += 1;
             w.committed_pos = w.journal.position().expect("just appended");
+            index.mark_committed(w.committed_pos)?;
             let now = SystemTime::now();
             let version = w.version;
             let retiring = std::mem::take(&mut w.retiring);
@@ -451,6 +460,9 @@ impl Writer {
             fsio::sync_dir(&dir).map_err(Error::io(&dir))?;
             let doc = CheckpointDoc::new(w.version, w.committed_pos, index.len()?, runs.clone());
             checkpoint::write(&self.root, &doc)?;
+            // Every change is in it (the caller flushed): the index reads
+            // the new runs and drops the changes it held.
+            index.rebase(&self.root, &runs);
             w.runs = Some(runs);
             w.columns_missing = false;
             w.dirty.clear();
