@@ -568,7 +568,7 @@ def test_schema_rejects_meta_only_tags_and_bad_leaves_in_layout(layout: Any) -> 
 @pytest.mark.parametrize(
     "manifest",
     [
-        {"format": "lazyvault", "format_version": "2.0", "created_by": "x"},
+        {"format": "lazyvault", "format_version": "3.0", "created_by": "x"},
         {"format": "zarr", "format_version": "1.0", "created_by": "x"},
         {"format": "lazyvault", "format_version": "1", "created_by": "x"},
         {"format": "lazyvault", "format_version": "1.0"},

@@ -9,7 +9,10 @@
 mod manifest;
 mod record;
 
-pub use manifest::{FormatVersion, Manifest, FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE};
+pub use manifest::{
+    FormatVersion, Manifest, ARCHIVE_FORMAT_VERSION, FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE,
+    OLDEST_MAJOR,
+};
 pub use record::{
     may_have_pickle, pack_relpath, payload_relpath, ArrayEntry, Record, RecordOutline, PAYLOAD_DIR,
     PAYLOAD_ID_LEN,

@@ -11,9 +11,19 @@ use crate::SchemaError;
 pub const MANIFEST_FILE: &str = "lazyvault.json";
 /// Value of the manifest's `format` field.
 pub const FORMAT_NAME: &str = "lazyvault";
-/// The format version this crate writes. Readers accept any minor of the same
-/// major (minor versions only add optional fields) and refuse newer majors.
-pub const FORMAT_VERSION: FormatVersion = FormatVersion { major: 1, minor: 6 };
+/// The format version this crate writes for stores. Readers accept any
+/// minor of a major they know (minor versions only add optional fields) and
+/// refuse newer majors. 2.0: the journal segments a checkpoint covers are
+/// removed, so a 1.x writer (which rebuilt its index from the journal)
+/// would lose records; it refuses a 2.0 store instead (FORMAT.md, "Version
+/// changes").
+pub const FORMAT_VERSION: FormatVersion = FormatVersion { major: 2, minor: 0 };
+/// The oldest major this crate reads; its writer upgrades such a store's
+/// manifest to [`FORMAT_VERSION`] when it takes the writer role.
+pub const OLDEST_MAJOR: u32 = 1;
+/// The format version archives (`.lvz`) declare: their layout did not
+/// change in 2.0, so 1.x readers keep reading them.
+pub const ARCHIVE_FORMAT_VERSION: FormatVersion = FormatVersion { major: 1, minor: 6 };
 
 /// `MAJOR.MINOR` format version, independent of the package version (as in
 /// numpy's `.npy` format).
@@ -81,7 +91,8 @@ impl Manifest {
         Ok(manifest)
     }
 
-    /// Checks the format name and version.
+    /// Checks the format name and version (a major from [`OLDEST_MAJOR`] to
+    /// [`FORMAT_VERSION`]'s).
     pub fn check(&self) -> Result<FormatVersion, SchemaError> {
         if self.format != FORMAT_NAME {
             return Err(SchemaError::WrongFormat {
@@ -89,7 +100,7 @@ impl Manifest {
             });
         }
         let version: FormatVersion = self.format_version.parse()?;
-        if version.major != FORMAT_VERSION.major {
+        if version.major < OLDEST_MAJOR || version.major > FORMAT_VERSION.major {
             return Err(SchemaError::UnsupportedVersion {
                 found: version.to_string(),
                 supported: FORMAT_VERSION.to_string(),
@@ -127,10 +138,21 @@ mod tests {
 
     #[test]
     fn newer_major_is_refused() {
-        let json = br#"{"format":"lazyvault","format_version":"2.0","created_by":"x"}"#;
+        let json = br#"{"format":"lazyvault","format_version":"3.0","created_by":"x"}"#;
         let err = Manifest::from_json(json).unwrap_err();
         assert!(matches!(err, SchemaError::UnsupportedVersion { .. }));
-        assert!(err.to_string().contains("2.0"), "{err}");
+        assert!(err.to_string().contains("3.0"), "{err}");
+        // 1.x stores are still read (their writer upgrades them), 0.x not.
+        for (version, ok) in [("1.0", true), ("1.6", true), ("2.0", true), ("0.9", false)] {
+            let json = format!(
+                r#"{{"format":"lazyvault","format_version":"{version}","created_by":"x"}}"#
+            );
+            assert_eq!(
+                Manifest::from_json(json.as_bytes()).is_ok(),
+                ok,
+                "{version}"
+            );
+        }
     }
 
     #[test]

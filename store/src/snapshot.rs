@@ -31,6 +31,8 @@ pub(crate) struct Snapshot {
     layers: Layers,
     /// Where the next refresh resumes reading the journal.
     end: Position,
+    /// The checkpoint's journal position (`[0, 0]` without one).
+    base_pos: Position,
     version: u64,
     /// The secondary indexes the writer keeps (readers answer their
     /// queries by scanning, with the same results).
@@ -76,9 +78,10 @@ impl Snapshot {
     /// One attempt: the newest usable checkpoint (at most version `at`)
     /// plus the journal after it. A checkpoint that cannot be used (damaged,
     /// a run missing, not a file) gives way to the next older one, and
-    /// finally to the whole journal: checkpoints are derived data, the
-    /// journal is the truth (`verify` reports the damage, `repair` writes a
-    /// new checkpoint). `Ok(None)`: a checkpoint was removed under us, try
+    /// finally to the whole journal while it still starts at its first
+    /// segment (`verify` reports the damage, `repair` writes a new
+    /// checkpoint); once covered segments were removed, the checkpoints'
+    /// error. `Ok(None)`: a checkpoint was removed under us, try
     /// again.
     fn try_open(root: &Path, at: Option<u64>) -> Result<Option<Snapshot>> {
         let all = checkpoint::list(root)?;
@@ -123,6 +126,18 @@ impl Snapshot {
                 }
             }
         }
+        if !all.is_empty() && !journal::is_whole(root)? {
+            // The journal alone no longer holds what the checkpoints did.
+            let why = first_err.map_or_else(String::new, |e| format!(" ({e})"));
+            return Err(Error::corrupt(
+                format!("store {}", root.display()),
+                format!(
+                    "no checkpoint can be read{why}, and the journal no longer holds the \
+                     records written before its first segment; `lazyvault repair` keeps what \
+                     can be read, a backup restores the rest"
+                ),
+            ));
+        }
         match Self::from_checkpoint(root, None, at) {
             Ok(mut snap) => {
                 snap._pin = spare_pin;
@@ -155,6 +170,7 @@ impl Snapshot {
             base,
             layers: Layers::new(runs, doc.as_ref().map_or(0, |d| d.records)),
             end: doc.as_ref().map_or((0, 0), CheckpointDoc::position),
+            base_pos: doc.as_ref().map_or((0, 0), CheckpointDoc::position),
             version: doc.as_ref().map_or(0, |d| d.version),
             indexes: read_index_list(root),
             run_docs: doc.as_ref().map(|d| d.runs.clone()).unwrap_or_default(),
@@ -331,5 +347,16 @@ impl RecordIndex for Snapshot {
 
     fn journal_pos(&self) -> Result<Option<Position>> {
         Ok(Some(self.end))
+    }
+
+    fn base_pos(&self) -> Position {
+        self.base_pos
+    }
+
+    fn checkpointed(&self, key: &str) -> Result<crate::journal::Committed> {
+        Ok(self
+            .layers
+            .checkpointed(key)?
+            .map(|(r, p)| (r.to_vec(), p.map(<[u8]>::to_vec))))
     }
 }

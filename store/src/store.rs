@@ -263,7 +263,7 @@ pub struct Store {
 /// What a handle reads through.
 enum State {
     Closed,
-    Reading(Snapshot),
+    Reading(Box<Snapshot>),
     Writing(Arc<Writer>),
 }
 
@@ -271,7 +271,7 @@ impl State {
     fn index(&self) -> Result<&dyn RecordIndex> {
         match self {
             State::Closed => Err(Error::closed()),
-            State::Reading(s) => Ok(s),
+            State::Reading(s) => Ok(&**s),
             State::Writing(w) => Ok(w.index()),
         }
     }
@@ -354,7 +354,7 @@ impl Store {
         }
         let state = if has_manifest {
             check_manifest(&manifest_path)?;
-            State::Reading(Snapshot::open(&root, at)?)
+            State::Reading(Box::new(Snapshot::open(&root, at)?))
         } else {
             State::Writing(Self::create(&root)?)
         };

@@ -349,8 +349,8 @@ fn hostile_member_names_and_foreign_zips_are_refused() {
     assert!(err.to_string().contains("is missing"), "{err}");
     // a newer major version
     let newer = String::from_utf8(manifest.clone()).unwrap().replace(
-        &format!("\"{}\"", lazyvault_store::schema::FORMAT_VERSION),
-        "\"2.0\"",
+        &format!("\"{}\"", lazyvault_store::schema::ARCHIVE_FORMAT_VERSION),
+        "\"3.0\"",
     );
     let bytes = zip_with(&[
         (MANIFEST_MEMBER, newer.as_bytes(), stored),

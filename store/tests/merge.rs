@@ -508,10 +508,9 @@ fn the_record_cap_applies_to_merged_records() {
     make_source(&a, &["a1"], 1);
     // A committed record over the cap (as a writer without the cap wrote
     // it), appended to the source's journal.
-    let (_, segment) = journal::segments(&a).unwrap().pop().unwrap();
+    let (segment, mut bytes) = records::tail_segment(&a);
     let record =
         json!({"meta": {"text": "x".repeat(MAX_RECORD_BYTES)}, "arrays": {}, "layout": null});
-    let mut bytes = fs::read(&segment).unwrap();
     for entry in [
         journal::Entry {
             key: "big".into(),

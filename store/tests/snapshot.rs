@@ -11,6 +11,9 @@ use lazyvault_store::{
     map_payload, ArraySource, Error, Mode, OpenError, StorageError, Store, UsageError,
     CHECKPOINT_DIR,
 };
+#[path = "common/records.rs"]
+mod records;
+
 use serde_json::{json, Map, Value};
 
 fn meta(v: Value) -> Map<String, Value> {
@@ -382,9 +385,18 @@ fn checkpoints(path: &Path) -> Vec<PathBuf> {
 }
 
 #[test]
-fn damaged_or_stray_checkpoints_give_way_to_the_journal_and_repair_replaces_them() {
+fn damaged_or_stray_checkpoints_give_way_to_older_ones_and_repair_replaces_them() {
     let dir = tempfile::tempdir().unwrap();
-    let path = new_store(dir.path());
+    // A reader held the new store's checkpoint while it was written: that
+    // checkpoint and the journal after it are still there.
+    let path = dir.path().join("s.lv");
+    let store = Store::open(&path, Mode::Create).unwrap();
+    let pin = Store::open(&path, Mode::ReadOnly).unwrap();
+    for i in 0..20 {
+        put(&store, &format!("k{i:02}"), i);
+    }
+    store.close().unwrap();
+    drop(pin);
     let expected = values(&Store::open(&path, Mode::ReadOnly).unwrap());
     for what in ["truncated", "a run missing", "a stray newer file"] {
         let copy = dir.path().join(format!("copy-{}", what.replace(' ', "-")));
@@ -396,29 +408,9 @@ fn damaged_or_stray_checkpoints_give_way_to_the_journal_and_repair_replaces_them
             .unwrap()
             .success());
         let path = copy;
-        let newest = checkpoints(&path).pop().unwrap();
-        match what {
-            "truncated" => fs::File::options()
-                .write(true)
-                .open(&newest)
-                .unwrap()
-                .set_len(100)
-                .unwrap(),
-            "a run missing" => {
-                for e in fs::read_dir(path.join(CHECKPOINT_DIR)).unwrap() {
-                    let p = e.unwrap().path();
-                    if p.extension().is_some_and(|e| e == "run") {
-                        fs::remove_file(p).unwrap();
-                    }
-                }
-            }
-            _ => fs::write(
-                path.join(CHECKPOINT_DIR).join("ffffffffffffffff.ckpt"),
-                b"junk",
-            )
-            .unwrap(),
-        }
-        // Readers fall back to the journal: every record, nothing else.
+        damage_newest_checkpoint(&path, what);
+        // Readers fall back to the older checkpoint and the journal after
+        // it: every record, nothing else.
         let reader = Store::open(&path, Mode::ReadOnly).unwrap();
         assert_eq!(values(&reader), expected, "{what}");
         let report = reader.verify().unwrap();
@@ -437,6 +429,71 @@ fn damaged_or_stray_checkpoints_give_way_to_the_journal_and_repair_replaces_them
         let reader = Store::open(&path, Mode::ReadOnly).unwrap();
         assert!(reader.verify().unwrap().is_ok(), "{what} after repair");
         assert_eq!(reader.len().unwrap(), expected.len() as u64 + 1, "{what}");
+    }
+}
+
+/// Damages the newest checkpoint of the store at `path` as `what` says.
+fn damage_newest_checkpoint(path: &Path, what: &str) {
+    let newest = checkpoints(path).pop().unwrap();
+    match what {
+        "truncated" => fs::File::options()
+            .write(true)
+            .open(&newest)
+            .unwrap()
+            .set_len(100)
+            .unwrap(),
+        "a run missing" => {
+            let doc = fs::read(&newest).unwrap();
+            for e in fs::read_dir(path.join(CHECKPOINT_DIR)).unwrap() {
+                let p = e.unwrap().path();
+                let name = p.file_name().unwrap().to_str().unwrap().to_owned();
+                let listed = doc.windows(name.len()).any(|w| w == name.as_bytes());
+                if p.extension().is_some_and(|e| e == "run") && listed {
+                    fs::remove_file(p).unwrap();
+                }
+            }
+        }
+        _ => fs::write(
+            path.join(CHECKPOINT_DIR).join("ffffffffffffffff.ckpt"),
+            b"junk",
+        )
+        .unwrap(),
+    }
+}
+
+#[test]
+fn a_damaged_checkpoint_whose_journal_is_gone_is_refused_never_read_as_empty() {
+    // Since 1.6 the journal a checkpoint covers goes once no reader needs
+    // it: the checkpoint alone holds those records.
+    let dir = tempfile::tempdir().unwrap();
+    let path = new_store(dir.path());
+    assert_eq!(lazyvault_store::journal::segments(&path).unwrap(), []);
+    for what in ["truncated", "a run missing"] {
+        let copy = dir.path().join(format!("gone-{}", what.replace(' ', "-")));
+        assert!(std::process::Command::new("cp")
+            .arg("-a")
+            .arg(&path)
+            .arg(&copy)
+            .status()
+            .unwrap()
+            .success());
+        damage_newest_checkpoint(&copy, what);
+        assert!(
+            matches!(Store::open(&copy, Mode::ReadOnly), Err(Error::Corrupt(_))),
+            "{what}"
+        );
+        assert!(
+            matches!(Store::open(&copy, Mode::Append), Err(Error::Corrupt(_))),
+            "{what}"
+        );
+        // repair keeps what can be read (nothing here), and says so.
+        let report = Store::repair(&copy).unwrap();
+        assert!(
+            report.skipped.iter().any(|s| s.contains("no checkpoint")),
+            "{what}: {:?}",
+            report.skipped
+        );
+        assert_eq!(report.records, 0);
     }
 }
 
@@ -491,9 +548,10 @@ fn journal_segments_stay_consecutive_for_readers_to_probe() {
             // What a session killed before its first commit leaves: a
             // segment holding only an unacknowledged put. The next writer
             // removes it and reuses its number.
-            let stray_number = *numbers(&path).last().unwrap() + 1;
-            let mut bytes = b"LVJRNL\0\x01".to_vec();
-            bytes.extend_from_slice(&stray_number.to_le_bytes());
+            // (The closed store's checkpoint covers every segment: the
+            // next one is the number its position names.)
+            let (stray, mut bytes) = records::tail_segment(&path);
+            assert_eq!(bytes.len(), 16, "a new segment");
             bytes.extend_from_slice(&lazyvault_store::journal::encode(
                 &lazyvault_store::journal::Entry {
                     key: "k02".into(),
@@ -503,7 +561,6 @@ fn journal_segments_stay_consecutive_for_readers_to_probe() {
                     },
                 },
             ));
-            let stray = path.join(format!("journal/{stray_number:016x}.log"));
             fs::write(&stray, bytes).unwrap();
             // readers ignore it: no commit covers it
             let r = Store::open(&path, Mode::ReadOnly).unwrap();

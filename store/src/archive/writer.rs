@@ -259,7 +259,7 @@ impl<W: Write + Seek> ArchiveWriter<W> {
     fn finish(mut self) -> Result<W> {
         let manifest = ArchiveManifest {
             format: lazyvault_schema::FORMAT_NAME.to_owned(),
-            format_version: lazyvault_schema::FORMAT_VERSION.to_string(),
+            format_version: lazyvault_schema::ARCHIVE_FORMAT_VERSION.to_string(),
             kind: ARCHIVE_KIND.to_owned(),
             created_by: format!("lazyvault {}", env!("CARGO_PKG_VERSION")),
             records: self.records,

@@ -47,6 +47,11 @@ impl Layers {
         if let Some(c) = self.tail.get(key) {
             return Ok(c.as_ref().map(|(r, p)| (&r[..], p.as_deref())));
         }
+        self.checkpointed(key)
+    }
+
+    /// The value of `key` in the runs alone (as the checkpoint holds it).
+    pub(crate) fn checkpointed(&self, key: &str) -> Result<Option<Stored<'_>>> {
         for run in &self.runs {
             if let Some(v) = run.get(key)? {
                 return Ok(match v {

@@ -45,6 +45,13 @@ pub(crate) trait RecordIndex: Sync {
     fn indexes(&self) -> Vec<String>;
     /// The journal position this state reflects.
     fn journal_pos(&self) -> Result<Option<Position>>;
+    /// The journal position of the checkpoint its records start from
+    /// (`[0, 0]`: none, the whole journal): the journal before it may be
+    /// gone, the checkpoint's runs hold its records.
+    fn base_pos(&self) -> Position;
+    /// The record JSON and pickled remainder of `key` as the checkpoint its
+    /// records start from holds them (not its changes since).
+    fn checkpointed(&self, key: &str) -> Result<crate::journal::Committed>;
 }
 
 /// Every record in key order (see [`RecordIndex::scan_range`]).

@@ -137,6 +137,8 @@ pub(crate) struct Index {
     records: parking_lot::RwLock<Layers>,
     /// The journal position after the last change applied.
     pos: std::sync::Mutex<Option<Position>>,
+    /// The position of the checkpoint the records start from.
+    base_pos: std::sync::Mutex<Position>,
 }
 
 /// The process that first opened a sled database in this process image
@@ -224,6 +226,7 @@ impl Index {
             defs: RwLock::new(defs),
             records: parking_lot::RwLock::new(Layers::default()),
             pos: std::sync::Mutex::new(None),
+            base_pos: std::sync::Mutex::new((0, 0)),
         })
     }
 
@@ -264,18 +267,32 @@ impl Index {
         }
         *self.records.write() = layers;
         *self.pos.lock().unwrap_or_else(|p| p.into_inner()) = Some(tail.end);
+        *self.base_pos.lock().unwrap_or_else(|p| p.into_inner()) = from;
         Ok(tail)
     }
 
-    /// After a checkpoint of every change so far was published: its runs
-    /// replace the runs and changes held. If a run does not open, the
-    /// records stay as they were (the same records).
-    pub(crate) fn rebase(&self, root: &Path, runs: &[RunDoc]) {
+    /// After a checkpoint of every change so far was published (at
+    /// journal position `at`): its runs replace the runs and changes held.
+    /// If a run does not open, the records stay as they were (the same
+    /// records).
+    pub(crate) fn rebase(&self, root: &Path, runs: &[RunDoc], at: Position) {
         if let Ok(opened) = open_runs(root, runs) {
             let mut layers = self.records.write();
             let len = layers.len;
             *layers = Layers::new(opened, len);
+            *self.base_pos.lock().unwrap_or_else(|p| p.into_inner()) = at;
         }
+    }
+
+    /// Starts the records from the runs of `doc` (a checkpoint of the
+    /// store at `root`), with no change after it: what `repair` builds on.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] for a run that does not open.
+    pub(crate) fn start_from(&self, root: &Path, doc: &CheckpointDoc) -> Result<()> {
+        *self.records.write() = Layers::new(open_runs(root, &doc.runs)?, doc.records);
+        *self.base_pos.lock().unwrap_or_else(|p| p.into_inner()) = doc.position();
+        Ok(())
     }
 
     /// The keys changed since the checkpoint loaded (or rebased on).
@@ -753,6 +770,18 @@ impl RecordIndex for Index {
 
     fn journal_pos(&self) -> Result<Option<Position>> {
         Index::journal_pos(self)
+    }
+
+    fn base_pos(&self) -> Position {
+        *self.base_pos.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn checkpointed(&self, key: &str) -> Result<crate::journal::Committed> {
+        Ok(self
+            .records
+            .read_recursive()
+            .checkpointed(key)?
+            .map(|(r, p)| (r.to_vec(), p.map(<[u8]>::to_vec))))
     }
 }
 

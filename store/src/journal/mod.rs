@@ -44,3 +44,14 @@ pub(crate) type Position = (u64, u64);
 
 /// One put as the writer appends it: key, record JSON, pickled remainder.
 pub(crate) type Put<'a> = (&'a str, &'a [u8], Option<&'a [u8]>);
+
+/// Whether the journal of the store at `root` still starts at its first
+/// segment (number 1): replayed alone it gives every record.
+/// Since 1.6 the segments a checkpoint covers are removed once no reader
+/// needs them, and from then on only a checkpoint holds their records.
+///
+/// # Errors
+/// I/O errors listing `journal/`.
+pub(crate) fn is_whole(root: &std::path::Path) -> crate::error::Result<bool> {
+    Ok(segments(root)?.first().is_some_and(|(n, _)| *n == 1))
+}

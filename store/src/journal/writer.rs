@@ -71,15 +71,8 @@ impl JournalWriter {
         Ok(self.current.as_mut().expect("just opened"))
     }
 
-    /// Starts a new segment now, even if nothing is appended to it.
-    pub(crate) fn start_segment(&mut self) -> Result<()> {
-        self.open_segment()?;
-        self.dirty = true;
-        self.uncommitted = true;
-        Ok(())
-    }
-
     /// Appends a put of `key`; returns the position after it.
+    #[cfg(test)]
     pub(crate) fn put(
         &mut self,
         key: &str,
@@ -188,6 +181,13 @@ impl JournalWriter {
         self.sync()?;
         self.uncommitted = false;
         Ok(true)
+    }
+
+    /// Appends a commit even when nothing changed since the last one: a
+    /// new version of the same records (what `gc()` makes).
+    pub(crate) fn commit_version(&mut self) -> Result<()> {
+        self.uncommitted = true;
+        self.commit().map(drop)
     }
 
     /// Bytes appended so far by this writer.

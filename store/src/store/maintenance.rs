@@ -16,7 +16,7 @@ use crate::checkpoint::{self, CHECKPOINT_DIR};
 use crate::error::{Error, Result};
 use crate::fsio;
 use crate::index::{self, Index, RecordIndex};
-use crate::journal::{self, Change, JournalWriter, Position, JOURNAL_DIR};
+use crate::journal::{self, Change, Position, JOURNAL_DIR};
 use crate::payload::{self, TMP_SUFFIX};
 
 /// One version of a key in the journal.
@@ -33,19 +33,26 @@ struct Replay {
     end: Option<Position>,
 }
 
-/// Replays the journal of `root` up to `committed` (every segment after
-/// its segment is ignored, and that segment is read up to its offset);
-/// everything when `None`.
-fn replay(root: &Path, committed: Option<Position>) -> Result<Replay> {
+/// Replays the journal of `root` from `from` (the position of the
+/// checkpoint the records start from: earlier segments may be gone) up to
+/// `to` (every segment after its segment is ignored, and that segment is
+/// read up to its offset); to the end when `None`.
+fn replay(root: &Path, from: Position, to: Option<Position>) -> Result<Replay> {
     let mut out = Replay::default();
     for (number, path) in journal::segments(root)? {
-        let limit = match committed {
+        if number < from.0 {
+            continue;
+        }
+        let limit = match to {
             Some((segment, _)) if number > segment => continue,
             Some((segment, end)) if number == segment => Some(end),
             _ => None,
         };
         let read = journal::read_segment(&path, number, limit)?;
         for (entry, end) in read.entries {
+            if number == from.0 && end <= from.1 {
+                continue; // before the checkpoint: its runs hold it
+            }
             out.end = Some((number, end));
             if entry.change != Change::Commit {
                 out.entries += 1;
@@ -62,6 +69,14 @@ fn replay(root: &Path, committed: Option<Position>) -> Result<Replay> {
         }
     }
     Ok(out)
+}
+
+/// The bytes of every journal segment of the store at `root`.
+fn journal_size(root: &Path) -> Result<u64> {
+    Ok(journal::segments(root)?
+        .iter()
+        .map(|(_, p)| fs::metadata(p).map_or(0, |m| m.len()))
+        .sum())
 }
 
 /// Calls `f(path, file_name, size)` for every file in the subdirectories of
@@ -136,9 +151,10 @@ struct JournalCheck {
 
 impl JournalCheck {
     fn new(root: &Path, index: &dyn RecordIndex) -> Result<JournalCheck> {
-        // Only what the index has seen: without a position, nothing.
+        // What the index has seen after its checkpoint (whose runs `verify`
+        // checks on their own): without a position, nothing.
         let committed = index.journal_pos()?.unwrap_or((0, 0));
-        let latest = replay(root, Some(committed))?
+        let latest = replay(root, index.base_pos(), Some(committed))?
             .versions
             .into_iter()
             .filter_map(|(k, mut v)| v.pop().map(|last| (k, last)))
@@ -147,9 +163,16 @@ impl JournalCheck {
     }
 
     /// How the index's `record` and `pickle` of `key` disagree with the
-    /// journal, if they do.
-    fn record(&mut self, key: &str, record: &[u8], pickle: Option<Vec<u8>>) -> Option<String> {
-        match self.latest.remove(key) {
+    /// journal after its checkpoint or, for a key the journal does not
+    /// name there, with the checkpoint, if they do.
+    fn record(
+        &mut self,
+        index: &dyn RecordIndex,
+        key: &str,
+        record: &[u8],
+        pickle: Option<Vec<u8>>,
+    ) -> Result<Option<String>> {
+        Ok(match self.latest.remove(key) {
             Some(Change::Put {
                 record: r,
                 pickle: p,
@@ -162,8 +185,14 @@ impl JournalCheck {
                 Some(format!("record {key:?}: the journal says it was deleted"))
             }
             Some(Change::Commit) => unreachable!("replay keeps no commits"),
-            None => Some(format!("record {key:?}: not in the journal")),
-        }
+            None => match index.checkpointed(key)? {
+                Some((r, p)) if r == record && p == pickle => None,
+                _ => Some(format!(
+                    "record {key:?}: not in the journal after the checkpoint, nor in the \
+                     checkpoint"
+                )),
+            },
+        })
     }
 
     /// After the scan: the records only the journal holds.
@@ -298,13 +327,10 @@ impl Store {
         }
         let (_view, w) = self.writer()?;
         let retention = self.retention();
-        // The compacted journal and a full checkpoint: about twice the
-        // journal written anew before the old one goes.
-        let journal: u64 = journal::segments(&self.root)?
-            .iter()
-            .map(|(_, p)| fs::metadata(p).map_or(0, |m| m.len()))
-            .sum();
-        w.check_space(journal.saturating_mul(2))?;
+        // A full checkpoint: about the journal's records written anew
+        // before the segments it covers go.
+        let journal_bytes = journal_size(&self.root)?;
+        w.check_space(journal_bytes)?;
         let mut state = w.lock();
         // Retired payloads that this gc may remove on the way (their
         // sizes now, to report them).
@@ -331,43 +357,19 @@ impl Store {
             ));
         }
         // Packs mostly dead: live members rewritten into new packs, their
-        // records put again. No commit of their own: the compacted journal
-        // below holds them and its commit (gc's one new version) covers
-        // them and retires the old packs.
+        // records put again. No commit of their own: gc's one commit below
+        // covers them and retires the old packs.
         let mut report = GcReport {
             packs_compacted: self.compact_packs(&w, &mut state)?,
             ..GcReport::default()
         };
-        let old_segments = Self::compact_journal(&self.root, index, &mut state)?;
-        if !state.retiring.is_empty() {
-            let (version, at) = (state.version, std::time::SystemTime::now());
-            let retiring = std::mem::take(&mut state.retiring);
-            state
-                .retired
-                .extend(retiring.into_iter().map(|relpath| super::writer::Retired {
-                    version,
-                    at,
-                    relpath,
-                }));
-        }
+        // gc's one new version: it commits the rewritten records (or
+        // nothing), and the full checkpoint below shows it.
+        w.commit(&mut state, true)?;
         w.checkpoint(&mut state, true, retention)?;
-        let retained = checkpoint::cleanup(&self.root, retention)?;
-        let needed_from = retained.oldest_position.map_or(0, |(segment, _)| segment);
-        let mut freed = 0u64;
-        let mut removed_any = false;
-        for (number, path) in old_segments {
-            if number < needed_from {
-                freed += fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-                fsio::remove_file(&path).map_err(Error::io(&path))?;
-                removed_any = true;
-            }
-        }
-        if removed_any {
-            payload::sync_dir(&self.root.join(JOURNAL_DIR))?;
-        }
-        // The compacted segment holds every record up to its commit.
-        let kept = state.committed_pos.1;
-        report.journal_bytes_freed = freed.saturating_sub(kept);
+        // The checkpoint's cleanup removed the journal segments it covers
+        // (unless a reader still needs an older checkpoint).
+        report.journal_bytes_freed = journal_bytes.saturating_sub(journal_size(&self.root)?);
         let mut live = Self::referenced(index)?;
         live.extend(retained_ids(&self.root)?);
         for rel in state
@@ -552,42 +554,14 @@ impl Store {
         let mut check = JournalCheck::new(root, index)?;
         let mut bad = 0;
         index.scan(|key, bytes| {
-            bad += usize::from(check.record(key, bytes, index.get_pickle(key)?).is_some());
+            bad += usize::from(
+                check
+                    .record(index, key, bytes, index.get_pickle(key)?)?
+                    .is_some(),
+            );
             Ok(())
         })?;
         Ok(bad + check.finish().len())
-    }
-
-    /// Writes every record to a new segment, makes it durable and the
-    /// index's position, and commits it (a new version with the same
-    /// records). Returns the older segments, which readers of older
-    /// checkpoints may still read: the caller removes them once no kept
-    /// checkpoint needs them. A crash at any point leaves a journal that
-    /// replays to the same records.
-    fn compact_journal(
-        root: &Path,
-        index: &Index,
-        state: &mut WriterState,
-    ) -> Result<Vec<(u64, PathBuf)>> {
-        let old = journal::segments(root)?;
-        state.journal.finish_segment();
-        let number = state.journal.next_number();
-        let mut compact = JournalWriter::new(root, number);
-        compact.start_segment()?;
-        index.scan(|key, record| {
-            let pickle = index.get_pickle(key)?;
-            compact.put(key, record, pickle.as_deref()).map(drop)
-        })?;
-        compact.sync()?;
-        index.set_journal_pos(compact.position().expect("started"))?;
-        index.flush()?;
-        compact.commit()?;
-        state.version += 1;
-        state.committed_pos = compact.position().expect("started");
-        index.mark_committed(state.committed_pos)?;
-        state.journal = compact;
-        state.journal.finish_segment();
-        Ok(old)
     }
 
     /// Checks every record against its payloads (present, header matching,
@@ -626,7 +600,7 @@ impl Store {
             report.records += 1;
             report
                 .problems
-                .extend(check.record(key, bytes, index.get_pickle(key)?));
+                .extend(check.record(index, key, bytes, index.get_pickle(key)?)?);
             let record = match Record::from_json(bytes) {
                 Ok(r) => r,
                 Err(e) => {
@@ -789,7 +763,21 @@ impl Store {
                     .collect::<Result<_>>()?
             }
         };
-        let replayed = replay(&root, None)?;
+        // The records start from the newest checkpoint whose runs check
+        // whole: the journal before it may be gone (since 1.6), its runs
+        // hold those records. Without one, the whole journal.
+        let base = intact_checkpoint(&root)?;
+        if base.is_none() && !checkpoint::list(&root)?.is_empty() && !journal::is_whole(&root)? {
+            report.skipped.push(
+                "no checkpoint can be read whole, and the journal no longer holds the records \
+                 written before its first segment: only the journal's records are kept"
+                    .to_owned(),
+            );
+        }
+        let from = base
+            .as_ref()
+            .map_or((0, 0), checkpoint::CheckpointDoc::position);
+        let replayed = replay(&root, from, None)?;
         report.entries = replayed.entries;
         report.skipped.extend(replayed.torn);
         // The new index is built aside and swapped in only when complete: a
@@ -799,9 +787,17 @@ impl Store {
             fs::remove_dir_all(&building).map_err(Error::io(&building))?;
         }
         let index = Index::open(&building)?;
+        if let Some(doc) = &base {
+            index.start_from(&root, doc)?;
+        }
         let mut keys: Vec<_> = replayed.versions.into_iter().collect();
         keys.sort_by(|a, b| a.0.cmp(&b.0));
-        let end = replayed.end.unwrap_or((0, journal::SEGMENT_HEADER_LEN));
+        let in_journal: HashSet<String> = keys.iter().map(|(k, _)| k.clone()).collect();
+        let end = replayed.end.unwrap_or(if from == (0, 0) {
+            (0, journal::SEGMENT_HEADER_LEN)
+        } else {
+            from
+        });
         for (key, versions) in keys {
             let mut fallback = None;
             let mut chosen = false;
@@ -830,11 +826,26 @@ impl Store {
                         "record {key:?}: kept in its latest version, whose payloads are damaged"
                     ));
                     index.put(&key, &record, pickle.as_deref(), end)?;
-                    chosen = true;
+                } else {
+                    // Deleted after the checkpoint, which may hold it.
+                    index.remove(&key, end)?;
                 }
             }
-            report.records += u64::from(chosen);
         }
+        // The checkpoint's records that the journal does not name again:
+        // the only version there is, kept, its damage reported.
+        index.scan(|key, record| {
+            if !in_journal.contains(key) {
+                if let Err(e) = Self::payloads_usable(&root, key, record) {
+                    report.skipped.push(format!(
+                        "record {key:?}: kept in its latest version, whose payloads are \
+                         damaged ({e})"
+                    ));
+                }
+            }
+            Ok(())
+        })?;
+        report.records = index.len()?;
         index.set_journal_pos(end)?;
         for (name, segs) in index_names {
             index.create_index(&name, segs)?;
@@ -910,6 +921,31 @@ impl Store {
     }
 }
 
+/// Checks the run `r` of a checkpoint whole: its header, order, every
+/// entry, and its checksum against the one the checkpoint names.
+fn check_run(root: &Path, r: &checkpoint::RunDoc) -> Result<()> {
+    let run = Run::open(&root.join(CHECKPOINT_DIR).join(&r.file))?;
+    let sum = run.verify()?;
+    let expected = format!("xxh3-64:{sum:016x}");
+    if expected != r.checksum {
+        return Err(Error::corrupt(
+            format!("checkpoint run {}", r.file),
+            format!("checksum is {expected}, the checkpoint says {}", r.checksum),
+        ));
+    }
+    Ok(())
+}
+
+/// The newest checkpoint of the store at `root` that reads and whose runs
+/// all check whole ([`check_run`]).
+fn intact_checkpoint(root: &Path) -> Result<Option<checkpoint::CheckpointDoc>> {
+    Ok(checkpoint::list(root)?
+        .iter()
+        .rev()
+        .filter_map(|(_, path)| checkpoint::read(path).ok())
+        .find(|doc| doc.runs.iter().all(|r| check_run(root, r).is_ok())))
+}
+
 /// Each run of each checkpoint checked whole (checksum, order, every
 /// entry): one line per problem.
 fn verify_checkpoints(root: &Path) -> Result<Vec<String>> {
@@ -932,18 +968,7 @@ fn verify_checkpoints(root: &Path) -> Result<Vec<String>> {
             if !seen.insert(r.file.clone()) {
                 continue;
             }
-            let checked = Run::open(&root.join(CHECKPOINT_DIR).join(&r.file)).and_then(|run| {
-                let sum = run.verify()?;
-                let expected = format!("xxh3-64:{sum:016x}");
-                if expected != r.checksum {
-                    return Err(Error::corrupt(
-                        format!("checkpoint run {}", r.file),
-                        format!("checksum is {expected}, the checkpoint says {}", r.checksum),
-                    ));
-                }
-                Ok(())
-            });
-            if let Err(e) = checked {
+            if let Err(e) = check_run(root, &r) {
                 problems.push(format!(
                     "{e} (`lazyvault repair` writes a new checkpoint from the journal)"
                 ));

@@ -56,10 +56,16 @@ impl Store {
         }
         // Right after the last segment kept: segment numbers stay
         // consecutive, which readers rely on to find them without listing.
-        let kept = segments
+        // A checkpoint at the start of a segment not yet written (`[n, 0]`)
+        // means the next one is `n`.
+        let highest = segments
             .iter()
             .map(|(n, _)| *n)
-            .filter(|n| *n <= keep_segment);
-        Ok(kept.max().map_or(1, |n| n + 1).max(keep_segment + 1))
+            .filter(|n| *n <= keep_segment)
+            .max();
+        Ok(match highest {
+            Some(h) if h >= keep_segment => h + 1,
+            _ => keep_segment.max(1),
+        })
     }
 }

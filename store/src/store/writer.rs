@@ -20,7 +20,7 @@ use crate::columns::Columns;
 use crate::error::{Error, Result};
 use crate::fsio;
 use crate::index::Index;
-use crate::journal::{JournalWriter, Position};
+use crate::journal::{self, JournalWriter, Position};
 
 use super::columnar::Layered;
 use super::{INDEX_DIR, LOCK_FILE};
@@ -229,6 +229,7 @@ impl Writer {
                 (lock_file, Index::open(&index_dir)?)
             }
         };
+        upgrade_manifest(root)?;
         // The newest checkpoint that can be read (readers skip damaged
         // ones the same way); none: the next checkpoint is a full one.
         let usable = |doc: &CheckpointDoc| {
@@ -241,6 +242,16 @@ impl Writer {
             .rev()
             .filter_map(|(_, path)| checkpoint::read(path).ok())
             .find(usable);
+        if base.is_none() && !checkpoint::list(root)?.is_empty() && !journal::is_whole(root)? {
+            // Every checkpoint is damaged, and the journal no longer holds
+            // what they did: starting from it alone would lose records.
+            return Err(Error::corrupt(
+                format!("store {}", root.display()),
+                "no checkpoint can be read (`lazyvault verify` names the damage) and the \
+                 journal no longer holds the records written before its first segment; \
+                 `lazyvault repair` keeps what can be read, a backup restores the rest",
+            ));
+        }
         let from = base.as_ref().map_or((0, 0), CheckpointDoc::position);
         let next_segment = super::Store::recover_journal(root, from)?;
         // The records: that checkpoint plus the committed journal after it,
@@ -328,6 +339,24 @@ impl Writer {
     /// reader may still see, and writes a checkpoint when the journal grew
     /// past [`CHECKPOINT_TAIL_BYTES`] since the last.
     pub(crate) fn flush(&self, w: &mut WriterState, retention: Duration) -> Result<()> {
+        self.commit(w, false)?;
+        let tail = w.journal.appended().saturating_sub(w.checkpointed_bytes);
+        // The changes are committed: a checkpoint that cannot be written
+        // now (no space) is retried at the next flush or close.
+        if tail >= CHECKPOINT_TAIL_BYTES && self.check_space(tail).is_ok() {
+            let _ = self.checkpoint(w, false, retention);
+        } else if !w.retired.is_empty() {
+            let retained = checkpoint::cleanup(&self.root, retention)?;
+            self.remove_retired(w, &retained, retention);
+        }
+        Ok(())
+    }
+
+    /// Makes the changes so far durable (the journal first, one fsync,
+    /// then the secondary indexes) and commits them: a new version, which
+    /// retires the payloads they replaced. With `new_version`, commits even
+    /// when nothing changed. Returns whether it committed.
+    pub(crate) fn commit(&self, w: &mut WriterState, new_version: bool) -> Result<bool> {
         let index = self.index();
         // The journal first: after a power loss the index may lose what its
         // flush reported durable, the journal may not.
@@ -337,7 +366,13 @@ impl Writer {
         }
         index.flush()?;
         // Only now are the changes acknowledged: say so in the journal.
-        if w.journal.commit()? {
+        let committed = if new_version {
+            w.journal.commit_version()?;
+            true
+        } else {
+            w.journal.commit()?
+        };
+        if committed {
             w.version += 1;
             w.committed_pos = w.journal.position().expect("just appended");
             index.mark_committed(w.committed_pos)?;
@@ -351,16 +386,7 @@ impl Writer {
                     relpath,
                 }));
         }
-        let tail = w.journal.appended().saturating_sub(w.checkpointed_bytes);
-        // The changes are committed: a checkpoint that cannot be written
-        // now (no space) is retried at the next flush or close.
-        if tail >= CHECKPOINT_TAIL_BYTES && self.check_space(tail).is_ok() {
-            let _ = self.checkpoint(w, false, retention);
-        } else if !w.retired.is_empty() {
-            let retained = checkpoint::cleanup(&self.root, retention)?;
-            self.remove_retired(w, &retained, retention);
-        }
-        Ok(())
+        Ok(committed)
     }
 
     /// Unlinks the retired payloads that no reader on this machine may see
@@ -458,17 +484,24 @@ impl Writer {
                 _ => vec![RunDoc::from_info(&write_full_run(index, &dir)?)],
             };
             fsio::sync_dir(&dir).map_err(Error::io(&dir))?;
+            // Later changes go to a new segment, so that this checkpoint
+            // covers whole segments: they go once no reader needs an older
+            // checkpoint (the runs hold their records).
+            w.journal.finish_segment();
+            w.committed_pos = (w.journal.next_number(), 0);
+            index.mark_committed(w.committed_pos)?;
             let doc = CheckpointDoc::new(w.version, w.committed_pos, index.len()?, runs.clone());
             checkpoint::write(&self.root, &doc)?;
             // Every change is in it (the caller flushed): the index reads
             // the new runs and drops the changes it held.
-            index.rebase(&self.root, &runs);
+            index.rebase(&self.root, &runs, w.committed_pos);
             w.runs = Some(runs);
             w.columns_missing = false;
             w.dirty.clear();
             w.checkpointed_bytes = w.journal.appended();
         }
         let retained = checkpoint::cleanup(&self.root, retention)?;
+        remove_covered_segments(&self.root, &retained)?;
         self.remove_retired(w, &retained, retention);
         Ok(())
     }
@@ -531,6 +564,55 @@ impl Drop for Writer {
 
 /// How long `close()` waits for sled to shut down after it failed to write.
 const STUCK_CLOSE_WAIT: Duration = Duration::from_secs(5);
+
+/// Rewrites the manifest of a store of an older major (1.x) as
+/// [`FORMAT_VERSION`](lazyvault_schema::FORMAT_VERSION), durably, before
+/// this writer removes any journal segment: from then on a 1.x writer,
+/// which would rebuild its index from a journal that no longer holds every
+/// record, refuses the store. Its `created_by` stays.
+///
+/// # Errors
+/// [`OpenError::Format`](crate::OpenError::Format) for a manifest that does
+/// not check; I/O errors.
+fn upgrade_manifest(root: &Path) -> Result<()> {
+    use lazyvault_schema::{Manifest, FORMAT_VERSION, MANIFEST_FILE};
+    let path = root.join(MANIFEST_FILE);
+    let bytes = fs::read(&path).map_err(Error::io(&path))?;
+    let mut manifest = Manifest::from_json(&bytes).map_err(|source| {
+        Error::from(crate::OpenError::Format {
+            path: path.clone(),
+            source,
+        })
+    })?;
+    let version = manifest.check().expect("checked by from_json");
+    if version.major >= FORMAT_VERSION.major {
+        return Ok(());
+    }
+    manifest.format_version = FORMAT_VERSION.to_string();
+    super::write_file_durably(&path, &manifest.to_json())
+}
+
+/// Unlinks the journal segments numbered below the segment of the oldest
+/// checkpoint kept (every reader starts from a kept checkpoint, whose runs
+/// hold their records), then fsyncs `journal/`. Returns the bytes freed.
+pub(crate) fn remove_covered_segments(root: &Path, retained: &checkpoint::Retained) -> Result<u64> {
+    let Some((needed_from, _)) = retained.oldest_position else {
+        return Ok(0);
+    };
+    let mut freed = 0u64;
+    let mut removed_any = false;
+    for (number, path) in journal::segments(root)? {
+        if number < needed_from {
+            freed += fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            fsio::remove_file(&path).map_err(Error::io(&path))?;
+            removed_any = true;
+        }
+    }
+    if removed_any {
+        crate::payload::sync_dir(&root.join(journal::JOURNAL_DIR))?;
+    }
+    Ok(freed)
+}
 
 /// One run of every record of `index` (a first checkpoint, or `gc()`).
 pub(crate) fn write_full_run(index: &Index, dir: &Path) -> Result<checkpoint::run::RunInfo> {
