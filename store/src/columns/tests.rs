@@ -256,6 +256,51 @@ fn a_dictionary_code_out_of_range_is_corrupt() {
     }
 }
 
+/// The columns a query reads are decoded together, before it runs, and
+/// checked as at first use; the others stay undecoded.
+#[test]
+fn a_query_decodes_the_columns_it_reads_together() {
+    let c = build(&[
+        json!({"t": 1.5, "s": "Si", "n": 1, "p": {"a": 1, "b": "x"}}),
+        json!({"t": 2.5, "s": "Ge", "n": 2, "p": {"a": 2}}),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let info = c.write(dir.path(), "r.arrow").unwrap();
+    let opened = Columns::open(&dir.path().join("r.arrow"), &info).unwrap();
+    let typed = |p: &[&str]| {
+        let p: Vec<String> = p.iter().map(|s| s.to_string()).collect();
+        opened.paths[&p].typed.unwrap()
+    };
+    let query = crate::query::Query::parse("t > 2 and s == 'Si' or exists(p)").unwrap();
+    let mut read = query.columns_read(&opened);
+    read.sort_unstable();
+    let mut expected = vec![
+        typed(&["t"]),
+        typed(&["s"]),
+        typed(&["p", "a"]),
+        typed(&["p", "b"]),
+    ];
+    expected.sort_unstable();
+    assert_eq!(read, expected);
+    opened.prefetch(&read);
+    for (i, cell) in opened.cells.iter().enumerate() {
+        assert_eq!(cell.get().is_some(), read.contains(&i), "column {i}");
+        if let Some(decoded) = cell.get() {
+            assert!(decoded.is_some(), "column {i} failed its checks");
+        }
+    }
+    // A damaged column is refused by the prefetch as at first use.
+    let damaged = ColumnsInfo {
+        columns: info.columns.iter().map(|c| c ^ 1).collect(),
+        ..info.clone()
+    };
+    let opened = Columns::open(&dir.path().join("r.arrow"), &damaged).unwrap();
+    opened.prefetch(&read);
+    for &i in &read {
+        assert_eq!(opened.cells[i].get(), Some(&None), "column {i}");
+    }
+}
+
 #[test]
 #[ignore = "timing probe: LV_COLUMNS_FILE=<path> cargo test --release -- --ignored probe"]
 fn probe_open_phases() {
