@@ -182,3 +182,24 @@ fn at_most_64_packs_are_kept_open() {
         assert!((1..=64).contains(&open), "round {round}: {open} packs open");
     }
 }
+
+/// Packs are kept by store directory and id: a copy of a store has the
+/// same pack ids, and each copy's reads come from its own file.
+#[test]
+fn a_copied_store_reads_its_own_packs() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let (path, copy) = (dir.path().join("s.lv"), dir.path().join("copy.lv"));
+    let (a, _) = two_in_one_pack(&path);
+    let pack = a.relpath();
+    fs::create_dir_all(copy.join(&pack).parent().unwrap()).unwrap();
+    let mut bytes = fs::read(path.join(&pack)).unwrap();
+    // the copy's member of `a` holds 7s instead of 1s
+    let data = (a.pack_offset.unwrap() + a.data_offset) as usize;
+    bytes[data..data + 100].fill(7);
+    fs::write(copy.join(&pack), &bytes).unwrap();
+    for _ in 0..2 {
+        assert_eq!(load_payload(&path, &a).unwrap().as_bytes(), [1; 100]);
+        assert_eq!(load_payload(&copy, &a).unwrap().as_bytes(), [7; 100]);
+    }
+}
