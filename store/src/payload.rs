@@ -1009,14 +1009,19 @@ fn load_member(root: &Path, entry: &ArrayEntry, keep: bool) -> Result<MappedPayl
     let buf = &mut owned[at..at + total];
     let start = entry.npy_start();
     let got = pread_up_to(&file, buf, start).map_err(|e| Error::io(path())(e))?;
-    let header = npy::read_header(&mut &buf[..got], header_limit(entry));
     let whole = start.saturating_add(got as u64) >= start.saturating_add(total as u64);
     let fine = whole
-        && header
-            .as_ref()
-            .is_ok_and(|h| check_header_matches(h, entry).is_ok());
+        && (AcceptedHeader::is(&buf[..offset], entry) || {
+            let header = npy::read_header(&mut &buf[..got], header_limit(entry));
+            let ok = header.is_ok_and(|h| check_header_matches(&h, entry).is_ok());
+            if ok {
+                AcceptedHeader::remember(&buf[..offset], entry);
+            }
+            ok
+        });
     if !fine {
-        // The same checks again, for their errors naming the pack.
+        // The checks again, for their errors naming the pack.
+        let header = npy::read_header(&mut &buf[..got], header_limit(entry));
         let path = path();
         check_header(header, entry, &path)?;
         check_length(
@@ -1030,6 +1035,64 @@ fn load_member(root: &Path, entry: &ArrayEntry, keep: bool) -> Result<MappedPayl
         offset: at + offset,
         len,
     })
+}
+
+/// The last `.npy` header this thread's reads of pack members accepted
+/// for an entry, and the fields of that entry it was checked against.
+/// Checking a header is a pure function of its bytes (the first
+/// `data_offset` of the member: a header that passes is exactly that long)
+/// and of these fields, so the same bytes for the same fields pass again
+/// without parsing: the members of a pack written together mostly share
+/// one header.
+struct AcceptedHeader {
+    bytes: Vec<u8>,
+    descr: String,
+    shape: Vec<u64>,
+    fortran_order: bool,
+    nbytes: u64,
+    pickled: bool,
+}
+
+thread_local! {
+    static ACCEPTED: std::cell::RefCell<Option<AcceptedHeader>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+impl AcceptedHeader {
+    /// Whether `header` (a member's first `entry.data_offset` bytes) was
+    /// accepted last for an entry of the same fields.
+    fn is(header: &[u8], entry: &ArrayEntry) -> bool {
+        ACCEPTED
+            .try_with(|a| {
+                a.try_borrow().is_ok_and(|a| {
+                    a.as_ref().is_some_and(|a| {
+                        a.bytes == header
+                            && a.descr == entry.descr
+                            && a.shape == entry.shape
+                            && a.fortran_order == entry.fortran_order
+                            && a.nbytes == entry.nbytes
+                            && a.pickled == entry.pickled
+                    })
+                })
+            })
+            .unwrap_or(false)
+    }
+
+    /// Remembers `header` as accepted for `entry` (after its checks).
+    fn remember(header: &[u8], entry: &ArrayEntry) {
+        let _ = ACCEPTED.try_with(|a| {
+            if let Ok(mut a) = a.try_borrow_mut() {
+                *a = Some(AcceptedHeader {
+                    bytes: header.to_vec(),
+                    descr: entry.descr.clone(),
+                    shape: entry.shape.clone(),
+                    fortran_order: entry.fortran_order,
+                    nbytes: entry.nbytes,
+                    pickled: entry.pickled,
+                });
+            }
+        });
+    }
 }
 
 /// Reads into `buf` from offset `at` of `file` until `buf` is full or the

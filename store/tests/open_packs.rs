@@ -150,6 +150,14 @@ fn a_kept_pack_is_checked_on_every_read() {
     drop(file);
     let err = load_payload(reader.root(), &b).unwrap_err();
     assert!(matches!(err, Error::Corrupt(_)), "{err:?}");
+    // a record whose fields differ from the header it points at is refused
+    // right after a read of that same header was accepted
+    load_payload(reader.root(), &a).unwrap();
+    let mut reshaped = a.clone();
+    reshaped.shape = vec![50, 2];
+    let err = load_payload(reader.root(), &reshaped).unwrap_err();
+    assert!(matches!(err, Error::Corrupt(_)), "{err:?}");
+    load_payload(reader.root(), &a).unwrap();
     // and a record saying more than the pack holds is refused, never read
     let mut long = a.clone();
     long.pack_offset = Some(a.pack_offset.unwrap() + (1 << 30));
