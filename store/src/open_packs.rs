@@ -6,8 +6,9 @@
 //! (FORMAT.md, "Packs"), so a descriptor opened for a path reads the bytes
 //! that path will hold for as long as it exists, and the same bytes after
 //! it was removed. The process keeps a few recently read packs open, by
-//! path, and every check of a read (header against the record, length)
-//! still runs on each read.
+//! store directory and pack id (the id as a number: a read formats no path
+//! and hashes none), and every check of a read (header against the
+//! record, length) still runs on each read.
 //!
 //! A kept descriptor holds the disk space of a pack another process
 //! removed: lazyvault's own removals ([`crate::fsio::remove_file`]) drop
@@ -21,7 +22,6 @@
 //! read as before. After `fork()` a child shares the kept descriptors,
 //! which is harmless: reads use `pread`, which has no file position.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -55,10 +55,18 @@ fn nofile_limit() -> u64 {
     0
 }
 
+/// A kept pack: its store directory, id, descriptor and last use.
+struct Kept {
+    root: PathBuf,
+    id: u128,
+    file: Arc<File>,
+    used: u64,
+}
+
 #[derive(Default)]
 struct OpenPacks {
-    /// path → (the open pack, the tick of its last use).
-    files: HashMap<PathBuf, (Arc<File>, u64)>,
+    /// At most [`capacity`] (64): a scan of the ids beats hashing a key.
+    files: Vec<Kept>,
     tick: u64,
 }
 
@@ -67,68 +75,97 @@ fn cache() -> &'static Mutex<OpenPacks> {
     CACHE.get_or_init(Mutex::default)
 }
 
-/// The pack at `path` (absolute), open for reading: a kept descriptor, or
-/// one `open` makes (with the error `open` gives), kept for the next reads.
+/// A pack id (32 lowercase hex digits, checked by the caller) as a number;
+/// `None` for anything else.
+fn id_of(pack: &str) -> Option<u128> {
+    if pack.len() != 32 || !pack.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        return None;
+    }
+    u128::from_str_radix(pack, 16).ok()
+}
+
+/// The pack `pack` (its id) of the store at `root` (absolute), open for
+/// reading: a kept descriptor, or one `open` makes (with the error `open`
+/// gives), kept for the next reads.
 pub(crate) fn open(
-    path: &Path,
-    open: impl FnOnce(&Path) -> crate::Result<File>,
+    root: &Path,
+    pack: &str,
+    open: impl FnOnce() -> crate::Result<File>,
 ) -> crate::Result<Arc<File>> {
-    let keep = path.is_absolute() && capacity() > 0;
-    if keep {
-        if let Ok(mut packs) = cache().try_lock() {
-            packs.tick += 1;
-            let tick = packs.tick;
-            if let Some((file, used)) = packs.files.get_mut(path) {
-                *used = tick;
-                return Ok(Arc::clone(file));
-            }
+    let id = id_of(pack).filter(|_| root.is_absolute() && capacity() > 0);
+    let Some(id) = id else {
+        return open().map(Arc::new);
+    };
+    if let Ok(mut packs) = cache().try_lock() {
+        packs.tick += 1;
+        let tick = packs.tick;
+        if let Some(kept) = packs
+            .files
+            .iter_mut()
+            .find(|k| k.id == id && k.root.as_os_str() == root.as_os_str())
+        {
+            kept.used = tick;
+            return Ok(Arc::clone(&kept.file));
         }
     }
-    let file = Arc::new(open(path)?);
-    if keep {
-        if let Ok(mut packs) = cache().try_lock() {
-            if packs.files.len() >= capacity() {
-                let oldest = packs
-                    .files
-                    .iter()
-                    .min_by_key(|(_, (_, used))| *used)
-                    .map(|(p, _)| p.clone());
-                if let Some(oldest) = oldest {
-                    packs.files.remove(&oldest);
-                }
+    let file = Arc::new(open()?);
+    if let Ok(mut packs) = cache().try_lock() {
+        // The same id under another directory (a copied store) is
+        // replaced: one descriptor per id.
+        packs.files.retain(|k| k.id != id);
+        if packs.files.len() >= capacity() {
+            let oldest = (0..packs.files.len()).min_by_key(|&i| packs.files[i].used);
+            if let Some(oldest) = oldest {
+                packs.files.swap_remove(oldest);
             }
-            let tick = packs.tick;
-            packs
-                .files
-                .insert(path.to_owned(), (Arc::clone(&file), tick));
         }
+        let used = packs.tick;
+        packs.files.push(Kept {
+            root: root.to_owned(),
+            id,
+            file: Arc::clone(&file),
+            used,
+        });
     }
     Ok(file)
 }
 
-/// Closes the kept descriptor of `path`, if any (before lazyvault removes
-/// the file, so that removing it frees its space).
+/// Closes the kept descriptor of the pack at `path`, if any (before
+/// lazyvault removes the file, so that removing it frees its space).
 pub(crate) fn forget(path: &Path) {
-    forget_where(|p| p == path);
+    let pack = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_suffix(".npz"))
+        .and_then(id_of);
+    let Some(id) = pack else {
+        return; // not a pack: none kept
+    };
+    forget_where(|k| {
+        k.id == id
+            && k.root
+                .join(lazyvault_schema::pack_relpath(&format!("{id:032x}")))
+                == path
+    });
 }
 
 /// Closes the kept descriptors of every pack under `root` (a store's
 /// directory: when its reader moves to a newer snapshot or closes).
 pub(crate) fn forget_under(root: &Path) {
-    forget_where(|p| p.starts_with(root));
+    forget_where(|k| k.root.starts_with(root));
 }
 
-fn forget_where(matches: impl Fn(&Path) -> bool) {
+fn forget_where(matches: impl Fn(&Kept) -> bool) {
     // Not on the read path: waits briefly for the lock, but never blocks
     // for good (a lock a forked child inherited locked stays locked).
     for _ in 0..100 {
         match cache().try_lock() {
             Ok(mut packs) => {
-                packs.files.retain(|p, _| !matches(p));
+                packs.files.retain(|k| !matches(k));
                 return;
             }
             Err(std::sync::TryLockError::Poisoned(p)) => {
-                p.into_inner().files.retain(|p, _| !matches(p));
+                p.into_inner().files.retain(|k| !matches(k));
                 return;
             }
             Err(std::sync::TryLockError::WouldBlock) => std::thread::yield_now(),

@@ -642,17 +642,12 @@ pub const READ_MAX_BYTES: u64 = 64 * 1024;
 /// data: its header is a multiple of 64 bytes).
 pub(crate) const DATA_ALIGN: usize = 64;
 
-/// One `DATA_ALIGN`-aligned block of an owned payload buffer.
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Block([u8; DATA_ALIGN]);
-
 /// Where the bytes of a [`MappedPayload`] live.
 enum Bytes {
     /// A zero-size array: nothing read or mapped (POSIX cannot map 0 bytes).
     Empty,
     /// A small payload read into memory (its data starts `DATA_ALIGN`-aligned).
-    Owned(Vec<Block>),
+    Owned(Vec<u8>),
     /// A large payload, memory-mapped read-only.
     Mapped(Mmap),
 }
@@ -680,7 +675,7 @@ impl MappedPayload {
     pub fn as_bytes(&self) -> &[u8] {
         match &self.bytes {
             Bytes::Empty => &[],
-            Bytes::Owned(blocks) => &blocks_as_bytes(blocks)[self.offset..self.offset + self.len],
+            Bytes::Owned(v) => &v[self.offset..self.offset + self.len],
             Bytes::Mapped(m) => &m[self.offset..self.offset + self.len],
         }
     }
@@ -692,22 +687,15 @@ impl MappedPayload {
     }
 }
 
-fn blocks_as_bytes(blocks: &[Block]) -> &[u8] {
-    // SAFETY: `Block` is `repr(C)` over a byte array with no padding (its
-    // size equals its alignment), so the blocks are contiguous bytes.
-    unsafe {
-        std::slice::from_raw_parts(blocks.as_ptr().cast::<u8>(), std::mem::size_of_val(blocks))
-    }
-}
-
-fn blocks_as_bytes_mut(blocks: &mut [Block]) -> &mut [u8] {
-    // SAFETY: as in `blocks_as_bytes`; every bit pattern is a valid `u8`.
-    unsafe {
-        std::slice::from_raw_parts_mut(
-            blocks.as_mut_ptr().cast::<u8>(),
-            std::mem::size_of_val(blocks),
-        )
-    }
+/// A zeroed buffer for `total` bytes read from a file, and where they
+/// start in it: `DATA_ALIGN`-aligned, so that data at a multiple of
+/// `DATA_ALIGN` past the start is too. A plain allocation with room to
+/// align in: an aligned one (`posix_memalign`) costs several times as much
+/// per small read. The `Vec` is never grown, so the start never moves.
+fn aligned_buffer(total: usize) -> (Vec<u8>, usize) {
+    let buf = vec![0u8; total + DATA_ALIGN - 1];
+    let start = (DATA_ALIGN - buf.as_ptr() as usize % DATA_ALIGN) % DATA_ALIGN;
+    (buf, start)
 }
 
 /// Checks that a payload's `.npy` header says what its record says (dtype,
@@ -888,8 +876,8 @@ fn load_unpacked(root: &Path, entry: &ArrayEntry) -> Result<MappedPayload> {
     }
     let len = entry.nbytes as usize; // at most READ_MAX_BYTES
     let total = offset + len;
-    let mut blocks = vec![Block([0; DATA_ALIGN]); total.div_ceil(DATA_ALIGN)];
-    let buf = &mut blocks_as_bytes_mut(&mut blocks)[..total];
+    let (mut owned, at) = aligned_buffer(total);
+    let buf = &mut owned[at..at + total];
     let got = read_up_to(&mut file, buf).map_err(Error::io(&path))?;
     check_header(
         npy::read_header(&mut &buf[..got], npy::NUMPY_MAX_HEADER_LEN),
@@ -898,8 +886,8 @@ fn load_unpacked(root: &Path, entry: &ArrayEntry) -> Result<MappedPayload> {
     )?;
     check_length(got as u64, total as u64, &path)?;
     Ok(MappedPayload {
-        bytes: Bytes::Owned(blocks),
-        offset,
+        bytes: Bytes::Owned(owned),
+        offset: at + offset,
         len,
     })
 }
@@ -985,13 +973,23 @@ pub fn read_payload(root: &Path, entry: &ArrayEntry) -> Result<Vec<u8>> {
 /// open for the next reads, or read from a descriptor kept open (packs are
 /// immutable, see `open_packs`).
 fn load_member(root: &Path, entry: &ArrayEntry, keep: bool) -> Result<MappedPayload> {
-    let path = entry_path(root, entry)?;
+    // The checks of `entry_path`; the path itself is made only to open
+    // the pack or to name it in an error (a kept pack is found by id).
+    entry
+        .validate("payload")
+        .map_err(|e| Error::corrupt("record", e))?;
+    if let Some(problem) = npy::numpy_refuses(&entry.descr, &entry.shape) {
+        return Err(Error::corrupt("record", problem));
+    }
+    let pack = entry.pack.as_deref().unwrap_or_default();
+    let path = || root.join(entry.relpath());
     let file = if keep {
-        open_packs::open(&path, open_existing)?
+        open_packs::open(root, pack, || open_existing(&path()))?
     } else {
-        std::sync::Arc::new(open_existing(&path)?)
+        std::sync::Arc::new(open_existing(&path())?)
     };
     if !packable(entry) {
+        let path = path();
         return Err(Error::corrupt(
             format!("payload {}", path.display()),
             format!(
@@ -1007,25 +1005,94 @@ fn load_member(root: &Path, entry: &ArrayEntry, keep: bool) -> Result<MappedPayl
     let offset = entry.data_offset as usize; // at most MAX_PACKED_HEADER
     let len = entry.nbytes as usize; // at most READ_MAX_BYTES
     let total = offset + len;
-    let mut blocks = vec![Block([0; DATA_ALIGN]); total.div_ceil(DATA_ALIGN)];
-    let buf = &mut blocks_as_bytes_mut(&mut blocks)[..total];
-    let got = pread_up_to(&file, buf, entry.npy_start()).map_err(Error::io(&path))?;
-    check_header(
-        npy::read_header(&mut &buf[..got], header_limit(entry)),
-        entry,
-        &path,
-    )?;
+    let (mut owned, at) = aligned_buffer(total);
+    let buf = &mut owned[at..at + total];
     let start = entry.npy_start();
-    check_length(
-        start.saturating_add(got as u64),
-        start.saturating_add(total as u64),
-        &path,
-    )?;
+    let got = pread_up_to(&file, buf, start).map_err(|e| Error::io(path())(e))?;
+    let whole = start.saturating_add(got as u64) >= start.saturating_add(total as u64);
+    let fine = whole
+        && (AcceptedHeader::is(&buf[..offset], entry) || {
+            let header = npy::read_header(&mut &buf[..got], header_limit(entry));
+            let ok = header.is_ok_and(|h| check_header_matches(&h, entry).is_ok());
+            if ok {
+                AcceptedHeader::remember(&buf[..offset], entry);
+            }
+            ok
+        });
+    if !fine {
+        // The checks again, for their errors naming the pack.
+        let header = npy::read_header(&mut &buf[..got], header_limit(entry));
+        let path = path();
+        check_header(header, entry, &path)?;
+        check_length(
+            start.saturating_add(got as u64),
+            start.saturating_add(total as u64),
+            &path,
+        )?;
+    }
     Ok(MappedPayload {
-        bytes: Bytes::Owned(blocks),
-        offset,
+        bytes: Bytes::Owned(owned),
+        offset: at + offset,
         len,
     })
+}
+
+/// The last `.npy` header this thread's reads of pack members accepted
+/// for an entry, and the fields of that entry it was checked against.
+/// Checking a header is a pure function of its bytes (the first
+/// `data_offset` of the member: a header that passes is exactly that long)
+/// and of these fields, so the same bytes for the same fields pass again
+/// without parsing: the members of a pack written together mostly share
+/// one header.
+struct AcceptedHeader {
+    bytes: Vec<u8>,
+    descr: String,
+    shape: Vec<u64>,
+    fortran_order: bool,
+    nbytes: u64,
+    pickled: bool,
+}
+
+thread_local! {
+    static ACCEPTED: std::cell::RefCell<Option<AcceptedHeader>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+impl AcceptedHeader {
+    /// Whether `header` (a member's first `entry.data_offset` bytes) was
+    /// accepted last for an entry of the same fields.
+    fn is(header: &[u8], entry: &ArrayEntry) -> bool {
+        ACCEPTED
+            .try_with(|a| {
+                a.try_borrow().is_ok_and(|a| {
+                    a.as_ref().is_some_and(|a| {
+                        a.bytes == header
+                            && a.descr == entry.descr
+                            && a.shape == entry.shape
+                            && a.fortran_order == entry.fortran_order
+                            && a.nbytes == entry.nbytes
+                            && a.pickled == entry.pickled
+                    })
+                })
+            })
+            .unwrap_or(false)
+    }
+
+    /// Remembers `header` as accepted for `entry` (after its checks).
+    fn remember(header: &[u8], entry: &ArrayEntry) {
+        let _ = ACCEPTED.try_with(|a| {
+            if let Ok(mut a) = a.try_borrow_mut() {
+                *a = Some(AcceptedHeader {
+                    bytes: header.to_vec(),
+                    descr: entry.descr.clone(),
+                    shape: entry.shape.clone(),
+                    fortran_order: entry.fortran_order,
+                    nbytes: entry.nbytes,
+                    pickled: entry.pickled,
+                });
+            }
+        });
+    }
 }
 
 /// Reads into `buf` from offset `at` of `file` until `buf` is full or the

@@ -150,6 +150,14 @@ fn a_kept_pack_is_checked_on_every_read() {
     drop(file);
     let err = load_payload(reader.root(), &b).unwrap_err();
     assert!(matches!(err, Error::Corrupt(_)), "{err:?}");
+    // a record whose fields differ from the header it points at is refused
+    // right after a read of that same header was accepted
+    load_payload(reader.root(), &a).unwrap();
+    let mut reshaped = a.clone();
+    reshaped.shape = vec![50, 2];
+    let err = load_payload(reader.root(), &reshaped).unwrap_err();
+    assert!(matches!(err, Error::Corrupt(_)), "{err:?}");
+    load_payload(reader.root(), &a).unwrap();
     // and a record saying more than the pack holds is refused, never read
     let mut long = a.clone();
     long.pack_offset = Some(a.pack_offset.unwrap() + (1 << 30));
@@ -180,5 +188,26 @@ fn at_most_64_packs_are_kept_open() {
         }
         let open = fds_under(&path.join("arrays")).len();
         assert!((1..=64).contains(&open), "round {round}: {open} packs open");
+    }
+}
+
+/// Packs are kept by store directory and id: a copy of a store has the
+/// same pack ids, and each copy's reads come from its own file.
+#[test]
+fn a_copied_store_reads_its_own_packs() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let (path, copy) = (dir.path().join("s.lv"), dir.path().join("copy.lv"));
+    let (a, _) = two_in_one_pack(&path);
+    let pack = a.relpath();
+    fs::create_dir_all(copy.join(&pack).parent().unwrap()).unwrap();
+    let mut bytes = fs::read(path.join(&pack)).unwrap();
+    // the copy's member of `a` holds 7s instead of 1s
+    let data = (a.pack_offset.unwrap() + a.data_offset) as usize;
+    bytes[data..data + 100].fill(7);
+    fs::write(copy.join(&pack), &bytes).unwrap();
+    for _ in 0..2 {
+        assert_eq!(load_payload(&path, &a).unwrap().as_bytes(), [1; 100]);
+        assert_eq!(load_payload(&copy, &a).unwrap().as_bytes(), [7; 100]);
     }
 }

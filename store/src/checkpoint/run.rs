@@ -573,6 +573,10 @@ pub(crate) struct Run<B: AsRef<[u8]>> {
     /// Offset of the key table, checked: `64 <= table`, `table % 8 == 0`,
     /// `table + 8 * count + 8 == bytes.len()`.
     table: u64,
+    /// The position the last [`Run::lower_bound`] returned: a reader going
+    /// through keys in order (`for k in store.keys()`) looks up the next
+    /// key after it, found with two key reads instead of a binary search.
+    hint: std::sync::atomic::AtomicU64,
 }
 
 impl Run<Mmap> {
@@ -662,6 +666,7 @@ impl<B: AsRef<[u8]>> Run<B> {
             count,
             table,
             bytes,
+            hint: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -799,6 +804,22 @@ impl<B: AsRef<[u8]>> Run<B> {
     /// is checked by `entry`). Errors: [`Error::Corrupt`] for an entry
     /// whose offset or lengths are out of bounds.
     pub(crate) fn lower_bound(&self, key: &[u8]) -> Result<u64> {
+        use std::sync::atomic::Ordering::Relaxed;
+        // The answer is `h` when the key before `h` is below `key` and the
+        // key at `h` is not (what the binary search finds too, keys being
+        // in order): tried at the hint, then just after it.
+        let at =
+            |h: u64| -> Result<bool> {
+                Ok((h == 0 || self.key_at(h - 1)? < key)
+                    && (h == self.count || self.key_at(h)? >= key))
+            };
+        let hint = self.hint.load(Relaxed);
+        for h in [hint + 1, hint] {
+            if h <= self.count && at(h)? {
+                self.hint.store(h, Relaxed);
+                return Ok(h);
+            }
+        }
         let (mut lo, mut hi) = (0, self.count);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
@@ -808,6 +829,7 @@ impl<B: AsRef<[u8]>> Run<B> {
                 hi = mid;
             }
         }
+        self.hint.store(lo, Relaxed);
         Ok(lo)
     }
 
@@ -1102,6 +1124,51 @@ mod tests {
     fn fix_header_crc(bytes: &mut [u8]) {
         let crc = crc32fast::hash(&bytes[..56]);
         bytes[56..60].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// `lower_bound` starts from the last answer (a reader going through
+    /// keys in order): whatever the order of the look-ups, present keys or
+    /// not, it answers as a binary search does.
+    #[test]
+    fn lower_bound_in_any_order_of_look_ups() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut model = BTreeMap::new();
+        for i in (0..60).step_by(2) {
+            model.insert(format!("k{i:02}"), Some((b"{}".to_vec(), None)));
+        }
+        let info = write_run(dir.path(), "r", &model);
+        let run = Run::open(&dir.path().join(&info.file)).unwrap();
+        let keys: Vec<&String> = model.keys().collect();
+        let expected = |q: &str| {
+            keys.iter()
+                .position(|k| k.as_str() >= q)
+                .unwrap_or(keys.len())
+        };
+        let mut queries: Vec<String> = (0..62).map(|i| format!("k{i:02}")).collect();
+        queries.extend(["".into(), "a".into(), "z".into(), "k".into(), "k591".into()]);
+        let mut state = 7u64;
+        let mut orders = vec![queries.clone(), queries.iter().rev().cloned().collect()];
+        for _ in 0..3 {
+            let mut shuffled = queries.clone();
+            for i in (1..shuffled.len()).rev() {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                shuffled.swap(i, (state >> 33) as usize % (i + 1));
+            }
+            orders.push(shuffled);
+        }
+        for order in orders {
+            for q in &order {
+                for _ in 0..2 {
+                    assert_eq!(
+                        run.lower_bound(q.as_bytes()).unwrap(),
+                        expected(q) as u64,
+                        "{q:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -351,31 +351,123 @@ pub(crate) struct Mapped {
 }
 
 impl Mapped {
-    /// Decodes column `i` (Arrow validates it); never panics.
+    /// Decodes column `i` (Arrow validates it; a dictionary column's codes
+    /// are checked by [`dictionary_of`]); never panics.
     pub(crate) fn decode_column(
         &self,
         schema: &arrow_schema::SchemaRef,
         i: usize,
     ) -> std::result::Result<arrow_array::ArrayRef, String> {
+        use arrow_schema::DataType as T;
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let message = message_of(self.block.as_slice(), self.meta_len as i32)?;
             let batch = message
                 .header_as_record_batch()
                 .ok_or("the record batch block holds another message")?;
             let body = self.block.slice(self.meta_len);
+            let field = schema.fields().get(i).ok_or("no such column")?;
+            // A dictionary column with Int32 codes is read as its Int32
+            // codes (the same node and buffers in the IPC layout, validated
+            // by Arrow as any Int32 column), then the codes are checked
+            // against the dictionary in one pass: Arrow's own check tests
+            // each code's validity bit and bounds one by one (about as
+            // long as hashing the column).
+            let (schema, values) = match field.data_type() {
+                T::Dictionary(k, v) if **k == T::Int32 => {
+                    #[allow(deprecated)] // the id Arrow's reader keys dictionaries by
+                    let values = match field.dict_id().and_then(|id| self.dictionaries.get(&id)) {
+                        Some(values) => values.clone(),
+                        // As Arrow: a column of nulls may have no dictionary.
+                        None => arrow_array::new_empty_array(v),
+                    };
+                    let mut fields: Vec<arrow_schema::FieldRef> =
+                        schema.fields().iter().cloned().collect();
+                    fields[i] = Arc::new(arrow_schema::Field::new(
+                        field.name(),
+                        T::Int32,
+                        field.is_nullable(),
+                    ));
+                    (Arc::new(arrow_schema::Schema::new(fields)), Some(values))
+                }
+                _ => (schema.clone(), None),
+            };
             let decoded = arrow_ipc::reader::read_record_batch(
                 &body,
                 batch,
-                schema.clone(),
+                schema,
                 &self.dictionaries,
                 Some(&[i]),
                 &self.version,
             )
             .map_err(|e| e.to_string())?;
-            Ok(decoded.column(0).clone())
+            let column = decoded.column(0).clone();
+            match values {
+                Some(values) => dictionary_of(&column, values),
+                None => Ok(column),
+            }
         }))
         .unwrap_or_else(|_| Err("the Arrow reader could not read it".into()))
     }
+}
+
+/// The dictionary array of `codes` (an Int32 column Arrow decoded and
+/// validated) into `values` (a dictionary Arrow decoded and validated),
+/// once every code of a valid (non-null) row is checked to index
+/// `values`: the check `DictionaryArray::try_new` makes, as one
+/// branch-free max over the codes (nulls masked to 0) that the compiler
+/// vectorizes. Cast to `u32`, a negative code is above any valid index.
+fn dictionary_of(
+    codes: &arrow_array::ArrayRef,
+    values: arrow_array::ArrayRef,
+) -> std::result::Result<arrow_array::ArrayRef, String> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::Int32Type;
+    use arrow_array::Array;
+    let codes = codes
+        .as_primitive_opt::<Int32Type>()
+        .ok_or("dictionary codes that are not Int32")?
+        .clone();
+    let raw: &[i32] = codes.values();
+    let max = match codes.nulls() {
+        None => raw.iter().fold(0u32, |m, &c| m.max(c as u32)),
+        Some(nulls) => {
+            let mut m = 0u32;
+            let mut chunks = raw.chunks_exact(64);
+            let mut bits = nulls.inner().bit_chunks().iter();
+            for (chunk, valid) in (&mut chunks).zip(&mut bits) {
+                for (j, &c) in chunk.iter().enumerate() {
+                    // all ones where the row is valid, zero where null
+                    let mask = 0u32.wrapping_sub(((valid >> j) & 1) as u32);
+                    m = m.max(c as u32 & mask);
+                }
+            }
+            let valid = nulls.inner().bit_chunks().remainder_bits();
+            for (j, &c) in chunks.remainder().iter().enumerate() {
+                let mask = 0u32.wrapping_sub(((valid >> j) & 1) as u32);
+                m = m.max(c as u32 & mask);
+            }
+            m
+        }
+    };
+    // Codes index `values` when the largest valid one is below its length
+    // (and below 2^31, so that no negative code passes whatever the
+    // length); a column of nulls only indexes nothing (Arrow's rule).
+    let limit = values.len().min(1 << 31);
+    let all_null = codes.null_count() == codes.len();
+    if !all_null && max as usize >= limit {
+        return Err(format!(
+            "a dictionary code {} past the dictionary's {} values",
+            max as i32,
+            values.len()
+        ));
+    }
+    // SAFETY: `DictionaryArray::new_unchecked` is sound when `try_new`
+    // would succeed, and `try_new` checks only that every code of a valid
+    // row is in `0..values.len()`: just proven (every valid code, as u32,
+    // is below `limit`, and a negative one would be at least 2^31). The
+    // codes and the values themselves were built and validated by Arrow.
+    let array = unsafe { arrow_array::DictionaryArray::<Int32Type>::new_unchecked(codes, values) };
+    Ok(Arc::new(array))
 }
 
 /// The message at the start of a block (`meta` bytes, checked by

@@ -306,6 +306,45 @@ impl Columns {
             .as_ref()
     }
 
+    /// Decodes the columns `wanted` that are not decoded yet, two or more
+    /// at a time where the machine has the cores: decoding a mapped column
+    /// checks it (Arrow's validation, its checksum), a pass over its bytes,
+    /// and a query's first use names a few columns at once. Each column is
+    /// decoded and checked exactly as [`Columns::column`] does; a thread
+    /// that cannot be started leaves its share to the caller's.
+    pub(crate) fn prefetch(&self, wanted: &[usize]) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        if self.source.is_none() {
+            return;
+        }
+        let mut todo: Vec<usize> = wanted
+            .iter()
+            .copied()
+            .filter(|&i| self.cells.get(i).is_some_and(|c| c.get().is_none()))
+            .collect();
+        todo.sort_unstable();
+        todo.dedup();
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(todo.len())
+            .min(4);
+        if threads < 2 {
+            return; // decoded at first use, on this thread
+        }
+        let next = AtomicUsize::new(0);
+        let work = || {
+            while let Some(&i) = todo.get(next.fetch_add(1, Ordering::Relaxed)) {
+                let _ = self.column(i);
+            }
+        };
+        std::thread::scope(|scope| {
+            for _ in 1..threads {
+                let _ = std::thread::Builder::new().spawn_scoped(scope, work);
+            }
+            work();
+        });
+    }
+
     /// Every column as one record batch (decoding those not yet decoded).
     ///
     /// # Errors

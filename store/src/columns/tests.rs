@@ -189,6 +189,118 @@ fn damaged_bytes_are_errors() {
     assert!(refused > 100, "{refused}");
 }
 
+/// A dictionary code past its dictionary, or negative, is refused as
+/// corrupt (whatever the checksums: a file written so); a code in a null
+/// row is never read and passes, as Arrow's own check lets it.
+#[test]
+fn a_dictionary_code_out_of_range_is_corrupt() {
+    use arrow_array::types::Int32Type;
+    let c = build(&[
+        json!({"s": "Si"}),
+        json!({"s": "Ge"}),
+        json!({"t": 1}),
+        json!({"s": "Si"}),
+    ]);
+    let s = c.paths[&vec!["s".to_string()]].typed.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let info = c.write(dir.path(), "r.arrow").unwrap();
+    let path = dir.path().join("r.arrow");
+    let good = std::fs::read(&path).unwrap();
+    // Where the codes of column `s` lie in the file.
+    let buffer = arrow_buffer::Buffer::from_vec(good.clone());
+    let decoded = Columns::decode(&buffer).unwrap();
+    let column = decoded.column(s).unwrap().as_dictionary::<Int32Type>();
+    assert_eq!(column.values().len(), 2);
+    assert!(column.is_null(2));
+    let codes = column.keys().values().as_ptr() as usize - buffer.as_ptr() as usize;
+    // Open without the per-column checksums, so that the code check
+    // itself is what refuses.
+    let unchecked = ColumnsInfo {
+        footer: None,
+        columns: Vec::new(),
+        ..info.clone()
+    };
+    for (row, code, refused) in [
+        (1, 2, true),
+        (3, -1, true),
+        (0, i32::MAX, true),
+        (2, 9, false),
+        (1, 0, false),
+    ] {
+        let mut bytes = good.clone();
+        bytes[codes + 4 * row..codes + 4 * row + 4].copy_from_slice(&code.to_le_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        let opened = Columns::open(&path, &unchecked).unwrap();
+        let why = opened
+            .source
+            .as_ref()
+            .unwrap()
+            .decode_column(opened.schema(), s)
+            .err();
+        let batch = opened.batch();
+        if refused {
+            let why = why.unwrap_or_else(|| panic!("code {code} in row {row} passed"));
+            assert!(why.contains("dictionary code"), "{why}");
+            match batch {
+                Err(Error::Corrupt(e)) => assert!(e.to_string().contains("cannot be read"), "{e}"),
+                other => panic!("code {code} in row {row}: {other:?}"),
+            }
+            assert!(read_file_bytes(&bytes).is_err());
+        } else {
+            assert_eq!(why, None, "code {code} in row {row}");
+            let batch = batch.unwrap();
+            let got = batch.column(s).as_dictionary::<Int32Type>();
+            assert_eq!(got.keys().value(row), code);
+            assert_eq!(read_file_bytes(&bytes), Ok(4));
+        }
+    }
+}
+
+/// The columns a query reads are decoded together, before it runs, and
+/// checked as at first use; the others stay undecoded.
+#[test]
+fn a_query_decodes_the_columns_it_reads_together() {
+    let c = build(&[
+        json!({"t": 1.5, "s": "Si", "n": 1, "p": {"a": 1, "b": "x"}}),
+        json!({"t": 2.5, "s": "Ge", "n": 2, "p": {"a": 2}}),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let info = c.write(dir.path(), "r.arrow").unwrap();
+    let opened = Columns::open(&dir.path().join("r.arrow"), &info).unwrap();
+    let typed = |p: &[&str]| {
+        let p: Vec<String> = p.iter().map(|s| s.to_string()).collect();
+        opened.paths[&p].typed.unwrap()
+    };
+    let query = crate::query::Query::parse("t > 2 and s == 'Si' or exists(p)").unwrap();
+    let mut read = query.columns_read(&opened);
+    read.sort_unstable();
+    let mut expected = vec![
+        typed(&["t"]),
+        typed(&["s"]),
+        typed(&["p", "a"]),
+        typed(&["p", "b"]),
+    ];
+    expected.sort_unstable();
+    assert_eq!(read, expected);
+    opened.prefetch(&read);
+    for (i, cell) in opened.cells.iter().enumerate() {
+        assert_eq!(cell.get().is_some(), read.contains(&i), "column {i}");
+        if let Some(decoded) = cell.get() {
+            assert!(decoded.is_some(), "column {i} failed its checks");
+        }
+    }
+    // A damaged column is refused by the prefetch as at first use.
+    let damaged = ColumnsInfo {
+        columns: info.columns.iter().map(|c| c ^ 1).collect(),
+        ..info.clone()
+    };
+    let opened = Columns::open(&dir.path().join("r.arrow"), &damaged).unwrap();
+    opened.prefetch(&read);
+    for &i in &read {
+        assert_eq!(opened.cells[i].get(), Some(&None), "column {i}");
+    }
+}
+
 #[test]
 #[ignore = "timing probe: LV_COLUMNS_FILE=<path> cargo test --release -- --ignored probe"]
 fn probe_open_phases() {
@@ -234,4 +346,40 @@ fn probe_build() {
     let t = std::time::Instant::now();
     c.write(dir.path(), "x.arrow").unwrap();
     eprintln!("write {:?}", t.elapsed());
+}
+
+#[test]
+#[ignore = "timing probe: LV_COLUMNS_FILE=<path> cargo test --release -- --ignored probe_first_use"]
+fn probe_first_use() {
+    let Ok(path) = std::env::var("LV_COLUMNS_FILE") else {
+        return;
+    };
+    let path = std::path::PathBuf::from(path);
+    let info = ColumnsInfo {
+        file: String::new(),
+        bytes: std::fs::metadata(&path).unwrap().len(),
+        checksum: 0,
+        footer: None,
+        columns: Vec::new(),
+    };
+    let names = ["temperature", "material"];
+    for _ in 0..5 {
+        let c = Columns::open(&path, &info).unwrap();
+        let mut line = String::new();
+        for name in names {
+            let i = c.paths[&vec![name.to_string()]].typed.unwrap();
+            let t = std::time::Instant::now();
+            let a = c.column(i).unwrap();
+            let decode = t.elapsed();
+            let t = std::time::Instant::now();
+            let sum = file::column_checksum(a.as_ref());
+            let hash = t.elapsed();
+            let t = std::time::Instant::now();
+            let sum2 = file::column_checksum(a.as_ref());
+            let hash2 = t.elapsed();
+            assert_eq!(sum, sum2);
+            line += &format!("{name}: decode {decode:?} hash {hash:?} again {hash2:?}; ");
+        }
+        eprintln!("{line}");
+    }
 }

@@ -867,6 +867,80 @@ fn describe_compare(lhs: &Operand, rhs: &Operand) -> String {
 }
 
 impl Query {
+    /// The columns of `cols` that evaluating this query reads (those
+    /// `resolve` and `exists` reach for), so that they can be decoded
+    /// together before ([`Columns::prefetch`]).
+    pub(crate) fn columns_read(&self, cols: &Columns) -> Vec<usize> {
+        fn operand(o: &Operand) -> Option<&PathExpr> {
+            match o {
+                Operand::Path(p) => Some(p),
+                Operand::Literal(_) => None,
+            }
+        }
+        let mut out = Vec::new();
+        let facts = |array: &str, out: &mut Vec<usize>| {
+            if let Some(f) = cols.facts.get(array) {
+                out.extend(f.values().copied());
+            }
+        };
+        let mut paths: Vec<(&PathExpr, bool)> = Vec::new();
+        let mut stack = vec![&self.root];
+        while let Some(node) = stack.pop() {
+            match node {
+                Node::Or(items) | Node::And(items) => stack.extend(items),
+                Node::Not(inner) => stack.push(inner),
+                Node::Compare { lhs, rhs, .. } => {
+                    paths.extend(
+                        [operand(lhs), operand(rhs)]
+                            .into_iter()
+                            .flatten()
+                            .map(|p| (p, false)),
+                    );
+                }
+                Node::Exists(p) => paths.push((p, true)),
+                Node::IsNan(p) => paths.push((p, false)),
+                Node::Method { target, arg, .. } => {
+                    paths.push((target, false));
+                    paths.extend(operand(arg).map(|p| (p, false)));
+                }
+            }
+        }
+        for (path, exists) in paths {
+            if path.root == Root::Key {
+                out.push(cols.key);
+                continue;
+            }
+            let fields: Vec<String> = path
+                .segs
+                .iter()
+                .map_while(|s| match s {
+                    Seg::Field(f) => Some(f.clone()),
+                    Seg::Index(_) => None,
+                })
+                .collect();
+            if !fields.is_empty() {
+                let exact: PathColumns = cols.paths.get(&fields).copied().unwrap_or_default();
+                out.extend([exact.typed, exact.json].into_iter().flatten());
+                if fields.len() == path.segs.len() {
+                    for (p, pc) in &cols.paths {
+                        if p.len() > fields.len() && p.starts_with(&fields) {
+                            out.extend([pc.typed, pc.json].into_iter().flatten());
+                        }
+                    }
+                }
+            }
+            if path.root == Root::Field {
+                if let Some(fact) = &path.fact {
+                    facts(&fact.array, &mut out);
+                }
+                if let (true, Some(array)) = (exists, &path.array) {
+                    facts(array, &mut out);
+                }
+            }
+        }
+        out
+    }
+
     /// The query's answer for every row of `cols` (see the module docs).
     /// Rows that are not live (deleted keys) are answered like any other:
     /// the caller masks them.

@@ -55,6 +55,11 @@ impl Layered {
             .zip(&self.skipped)
             .map(|(r, skipped)| {
                 let cols = &r.columns;
+                // The first query of a reader decodes and checks its
+                // columns: all of them at once.
+                let mut wanted = query.columns_read(cols);
+                wanted.push(cols.live);
+                cols.prefetch(&wanted);
                 let live = live_rows(cols, skipped);
                 let mut verdict = query.eval_columns(cols);
                 if cols.live().is_none() {
