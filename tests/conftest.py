@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -55,13 +56,22 @@ def npy_bytes(store_path: Path, entry: dict[str, Any]) -> bytes:
     return data[start : start + entry["data_offset"] + entry["nbytes"]] if start else data
 
 
+def pack_member(pack: Path, entry: dict[str, Any]) -> str:
+    """The name of the member of ``pack`` holding the payload of ``entry``: the one whose name
+    without ``.npy`` starts the id (``<id[:24]>.npy`` since format 1.6, ``<id>.npy`` before;
+    FORMAT.md, "Packs")."""
+    with zipfile.ZipFile(pack) as z:
+        (name,) = [n for n in z.namelist() if entry["id"].startswith(n.removesuffix(".npy"))]
+    return name
+
+
 def load_with_numpy(store_path: Path, entry: dict[str, Any], **kwargs: Any) -> np.ndarray:
     """The payload as numpy alone reads it: ``np.load`` of the .npy file, or of the pack as an
-    npz (its member ``<id>.npy``)."""
+    npz (its member, see ``pack_member``)."""
     path, _ = payload_location(store_path, entry)
     if "pack" in entry:
         with np.load(path, **kwargs) as npz:
-            return npz[entry["id"]]
+            return npz[pack_member(path, entry).removesuffix(".npy")]
     return np.load(path, **kwargs)
 
 

@@ -20,6 +20,8 @@ import pytest
 import lazyvault as lv
 from lazyvault.record import array_entries
 
+from conftest import pack_member
+
 READ_MAX = 64 * 1024
 
 
@@ -35,13 +37,46 @@ def member_data_offset(pack: Path, entry: dict[str, Any]) -> int:
     """Where the array's data start in the pack, found through the zip's own
     directory (not the entry's pack_offset)."""
     with zipfile.ZipFile(pack) as z:
-        info = z.getinfo(f"{entry['id']}.npy")
+        info = z.getinfo(pack_member(pack, entry))
     with pack.open("rb") as f:
         f.seek(info.header_offset + 26)
         name_len, extra_len = np.frombuffer(f.read(4), "<u2")
     start = info.header_offset + 30 + int(name_len) + int(extra_len)
     assert start == entry["pack_offset"]
     return start + entry["data_offset"]
+
+
+def test_small_records_take_64_bytes_of_local_header_and_74_of_directory(tmp_path: Path) -> None:
+    """Issue 15's small records (one 512-byte array each): every member of the update()
+    chunk's pack starts 64-byte aligned, so its local header (30 B, the 28 B name, the 6 B
+    alignment field) takes exactly 64 bytes, and its central directory entry (46 B and the
+    name, no alignment field) 74 (FORMAT.md, "Packs", format 1.6)."""
+    path = tmp_path / "s.lv"
+    n = 1000
+    with lv.Store.open(path) as store:
+        store.update({f"r{i}": {"i": i, "x": np.arange(64.0) + i} for i in range(n)})
+        store.flush()
+        ids = {entries(store, f"r{i}")["x"]["id"]: i for i in range(n)}
+    (pack,) = files(path, ".npz")
+    npy = 128 + 512  # the .npy header and the data of one member
+    assert pack.stat().st_size == n * (64 + npy + 74) + 22  # and the end record
+    with zipfile.ZipFile(pack) as z, pack.open("rb") as f:
+        infos = z.infolist()
+        assert len(infos) == n
+        for info in infos:
+            assert len(info.filename) == 28 and info.extra == b""
+            f.seek(info.header_offset + 26)
+            name_len, extra_len = np.frombuffer(f.read(4), "<u2")
+            assert (name_len, extra_len) == (28, 6)
+            # the local field: zipalign's id 0xd935, 2 bytes of data, the alignment 64
+            assert f.read(28 + 6)[28:] == bytes.fromhex("35d9 0200 4000")
+            assert (info.header_offset + 64) % 64 == 0
+    by_name = {id_[:24]: i for id_, i in ids.items()}
+    assert len(by_name) == n
+    with np.load(pack) as npz:
+        assert sorted(npz.files) == sorted(by_name)
+        for name in npz.files:
+            np.testing.assert_array_equal(npz[name], np.arange(64.0) + by_name[name])
 
 
 def test_np_load_reads_a_pack_as_an_npz_of_the_arrays(tmp_path: Path) -> None:
@@ -64,12 +99,13 @@ def test_np_load_reads_a_pack_as_an_npz_of_the_arrays(tmp_path: Path) -> None:
         assert [p.name for p in files(path, ".npy")] == [f"{got['big']['id']}.npy"]
         assert "pack" not in got["big"]
         with np.load(pack) as npz:
-            assert sorted(npz.files) == sorted(got[name]["id"] for name in arrays)
+            # members are named by the first 24 digits of the payload id (format 1.6)
+            assert sorted(npz.files) == sorted(got[name]["id"][:24] for name in arrays)
             for name, expected in arrays.items():
                 entry = got[name]
                 assert entry["pack"] == pack.stem
                 assert member_data_offset(pack, entry) % 64 == 0
-                member = npz[entry["id"]]
+                member = npz[entry["id"][:24]]
                 assert member.dtype == expected.dtype and member.shape == expected.shape
                 assert member.flags.f_contiguous == expected.flags.f_contiguous
                 np.testing.assert_array_equal(member, expected)
@@ -142,7 +178,8 @@ def test_gc_compacts_a_pack_whose_bytes_are_mostly_dead(tmp_path: Path) -> None:
         after = {p.name for p in files(path, ".npz")}
         (new,) = after - before  # the two live members, rewritten
         with np.load(path / "arrays" / new[:2] / new) as npz:
-            assert sorted(npz.files) == sorted(entries(store, k)["x"]["id"] for k in ("k8", "k9"))
+            ids = (entries(store, k)["x"]["id"] for k in ("k8", "k9"))
+            assert sorted(npz.files) == sorted(i[:24] for i in ids)
         for i in range(10):
             want = np.full(500, i) if i >= 8 else np.full(3, -i)
             np.testing.assert_array_equal(store[f"k{i}"].x, want)
@@ -220,7 +257,7 @@ def test_verify_names_the_key_of_a_flipped_byte_in_a_packed_member(tmp_path: Pat
     assert '"bad"' in problem and '"y"' in problem and ".npz" in problem
     # np.load's own CRC check of the zip sees it too
     with np.load(pack) as npz, pytest.raises(zipfile.BadZipFile):
-        npz[entry["id"]]
+        npz[entry["id"][:24]]
 
 
 def test_a_reader_keeps_reading_a_packed_array_after_overwrite_and_gc(tmp_path: Path) -> None:

@@ -45,6 +45,8 @@ pub use error::{
 };
 pub use fsio::fault;
 pub use lazyvault_schema as schema;
+#[doc(hidden)]
+pub use payload::legacy;
 pub use payload::{
     load_payload, map_payload, open_payload, read_payload, ArraySource, MappedPayload,
     READ_MAX_BYTES,

@@ -174,6 +174,8 @@ struct PackOut {
     tmp: PathBuf,
     path: PathBuf,
     zip: StoredZipWriter<BufWriter<FaultFile>>,
+    /// Its member names so far: a name is unique within a pack.
+    names: HashSet<String>,
 }
 
 /// The pack's file, each write of which is one store file operation for
@@ -213,10 +215,43 @@ pub(crate) fn files_for<'a>(arrays: impl IntoIterator<Item = &'a ArraySource<'a>
     files + usize::from(small)
 }
 
-/// The name of a packed payload's member: `<id>.npy` (so that `np.load`
-/// of the pack, an npz, names the array by its payload id).
+/// Hex digits of the payload id in a pack member's name (since 1.6).
+const MEMBER_ID_DIGITS: usize = 24;
+
+/// The name of a packed payload's member: `<id[0:24]>.npy`, so that
+/// `np.load` of the pack (an npz) names the array by the start of its
+/// payload id. 28 bytes: with the 30-byte local header and the 6-byte
+/// alignment field (`zipalign`'s, the smallest the `zip` crate accepts:
+/// id, length and the alignment) a member starting 64-byte aligned has its
+/// `.npy` bytes 64 bytes later (FORMAT.md, "Packs"). Packs written before
+/// named members `<id>.npy`; nothing reads member names back, so both are
+/// read alike.
 pub(crate) fn member_name(id: &str) -> String {
-    format!("{id}.npy")
+    if legacy::names() {
+        return format!("{id}.npy");
+    }
+    format!("{}.npy", id.get(..MEMBER_ID_DIGITS).unwrap_or(id))
+}
+
+/// The pack layout written before 1.6 (members named `<id>.npy`, their
+/// alignment padding repeated in the central directory), for tests that
+/// old packs are still read, verified, compacted and merged. Process-wide:
+/// a test that sets it must be alone in its test binary.
+#[doc(hidden)]
+pub mod legacy {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    static OLD_NAMES: AtomicBool = AtomicBool::new(false);
+
+    /// Packs written from now on have the layout before 1.6 (`true`) or
+    /// the current one.
+    pub fn write_old_packs(old: bool) {
+        OLD_NAMES.store(old, Ordering::SeqCst);
+    }
+
+    pub(crate) fn names() -> bool {
+        OLD_NAMES.load(Ordering::Relaxed)
+    }
 }
 
 impl<'r> PayloadWriter<'r> {
@@ -371,8 +406,10 @@ impl<'r> PayloadWriter<'r> {
     }
 
     /// Appends the payload of `entry` (its `header` and `data`) to this
-    /// writer's pack under the same member id, for a compaction; returns
-    /// the entry with its new `pack` and `pack_offset` (checksum kept).
+    /// writer's pack under the same member id (a new one in the rare case
+    /// that the pack has a member of its name), for a compaction; returns
+    /// the entry with its new `pack`, `pack_offset` and perhaps `id`
+    /// (checksum kept).
     pub(crate) fn write_packed(
         &mut self,
         header: &[u8],
@@ -387,7 +424,7 @@ impl<'r> PayloadWriter<'r> {
     }
 
     /// Appends a small payload (`header` and `data`, see [`packable`]) to
-    /// this writer's pack as member `<id>.npy`, its data 64-byte aligned
+    /// this writer's pack as member [`member_name`], its data 64-byte aligned
     /// in the pack; returns its entry with `pack` and `pack_offset`. The
     /// pack is written to `<pack>.npz.tmp` and made durable and renamed by
     /// [`Self::finish`].
@@ -401,7 +438,9 @@ impl<'r> PayloadWriter<'r> {
         self.write_member_as(&id, header, entry, data)
     }
 
-    /// [`Self::write_member`] under the member id `id`.
+    /// [`Self::write_member`] under the member id `id`, or under a new
+    /// random id when the pack already has a member of `id`'s name (two
+    /// ids that start alike: member names hold only the start of an id).
     fn write_member_as(
         &mut self,
         id: &str,
@@ -421,20 +460,27 @@ impl<'r> PayloadWriter<'r> {
             self.pack = Some(self.open_pack()?);
         }
         let pack = self.pack.as_mut().expect("opened above");
+        let mut id = id.to_owned();
+        let mut name = member_name(&id);
+        while pack.names.contains(&name) {
+            id = uuid::Uuid::new_v4().simple().to_string();
+            name = member_name(&id);
+        }
         let mut crc = crc32fast::Hasher::new();
         crc.update(header);
         crc.update(data);
         let tmp = &pack.tmp;
         let zip = &mut pack.zip;
-        zip.begin(&member_name(id), size, true, Some(crc.finalize()))
+        zip.begin(&name, size, true, Some(crc.finalize()))
             .map_err(Error::io(tmp))?;
+        pack.names.insert(name);
         let offset = zip.position();
         zip.write(header)
             .and_then(|()| zip.write(data))
             .and_then(|()| zip.end())
             .map_err(Error::io(tmp))?;
         Ok(ArrayEntry {
-            id: id.to_owned(),
+            id,
             checksum: Some(checksum(data)),
             pack: Some(pack.id.clone()),
             pack_offset: Some(offset),
@@ -459,9 +505,16 @@ impl<'r> PayloadWriter<'r> {
         };
         let zip =
             StoredZipWriter::new(BufWriter::with_capacity(1 << 20, out), ZipLimits::default())
+                .map(|zip| zip.central_padding(legacy::names()))
                 .map_err(Error::io(&tmp));
         match zip {
-            Ok(zip) => Ok(PackOut { id, tmp, path, zip }),
+            Ok(zip) => Ok(PackOut {
+                id,
+                tmp,
+                path,
+                zip,
+                names: HashSet::new(),
+            }),
             Err(e) => {
                 let _ = fsio::remove_file(&tmp);
                 Err(e)
@@ -1156,5 +1209,67 @@ mod tests {
         let e = check_header_matches(&header(vec![u64::MAX / 2]), &huge).unwrap_err();
         assert!(e.contains("header implies no size"), "{e}");
         assert!(!e.contains("Some") && !e.contains("None"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod pack_names {
+    use std::io::Read;
+
+    use super::{prepare_payload, ArraySource, PayloadWriter};
+
+    /// Two members whose ids start alike (the same first 24 digits, the
+    /// part in a member name): the second gets a new id, and the pack
+    /// names each member once.
+    #[test]
+    fn a_member_name_taken_in_the_pack_gets_a_new_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = [7u8; 40];
+        let src = ArraySource {
+            name: "x".into(),
+            descr: "'|u1'".into(),
+            dtype: "uint8".into(),
+            shape: vec![40],
+            fortran_order: false,
+            data: &data,
+            pickled: false,
+        };
+        let (header, entry) = prepare_payload(&src).unwrap();
+        let mut writer = PayloadWriter::new(dir.path(), 1).unwrap();
+        let ids = [
+            "0123456789abcdef01234567aaaaaaaa",
+            "0123456789abcdef01234567bbbbbbbb",
+        ];
+        let written: Vec<_> = ids
+            .iter()
+            .map(|id| {
+                let entry = lazyvault_schema::ArrayEntry {
+                    id: (*id).into(),
+                    ..entry.clone()
+                };
+                writer.write_packed(&header, &entry, &data).unwrap()
+            })
+            .collect();
+        writer.finish().unwrap();
+        assert_eq!(written[0].id, ids[0]);
+        assert_ne!(written[1].id[..24], ids[0][..24]);
+        assert_eq!(written[1].id.len(), 32);
+        let pack = dir.path().join(written[0].relpath());
+        let mut zip = zip::ZipArchive::new(std::fs::File::open(pack).unwrap()).unwrap();
+        let names: Vec<String> = (0..zip.len())
+            .map(|i| zip.by_index_raw(i).unwrap().name().unwrap().into_owned())
+            .collect();
+        let want: Vec<String> = written
+            .iter()
+            .map(|e| format!("{}.npy", &e.id[..24]))
+            .collect();
+        assert_eq!(names, want);
+        for (i, e) in written.iter().enumerate() {
+            let mut member = zip.by_index(i).unwrap();
+            assert_eq!(member.data_start().unwrap(), e.pack_offset.unwrap());
+            let mut bytes = Vec::new();
+            member.read_to_end(&mut bytes).unwrap();
+            assert_eq!(&bytes[e.data_offset as usize..], &data[..]);
+        }
     }
 }

@@ -178,14 +178,24 @@ fn the_pack_is_a_zip_of_standard_aligned_npy_members() {
     let bytes = fs::read(&packs[0]).unwrap();
     let mut zip = zip::ZipArchive::new(fs::File::open(&packs[0]).unwrap()).unwrap();
     assert_eq!(zip.len(), arrays.len());
+    // local headers agree with the central directory (which lacks the padding)
+    zip.validate_header_consistency().unwrap();
+    let mut starts = Vec::new();
     for a in &arrays {
         let entry = &record.arrays[a.name];
-        let name = format!("{}.npy", entry.id);
+        // since 1.6: the first 24 digits of the id
+        let name = format!("{}.npy", &entry.id[..24]);
         let mut member = zip.by_name(&name).unwrap();
         assert_eq!(member.compression(), zip::CompressionMethod::Stored);
+        // the alignment field is in the local header only
+        assert_eq!(member.extra_data().unwrap_or_default(), Vec::<u8>::new());
         let start = member.data_start().unwrap();
         assert_eq!(start, entry.pack_offset.unwrap(), "{}", a.name);
         assert_eq!(start % 64, 0, "{}: member data 64-byte aligned", a.name);
+        // local header (30 B), name (28 B), alignment field (6 B at least)
+        let local = start - member.header_start();
+        assert!((64..128).contains(&local), "{}: {local}", a.name);
+        starts.push((member.header_start(), local));
         let mut npy_bytes = Vec::new();
         member.read_to_end(&mut npy_bytes).unwrap(); // checks the CRC-32
         assert_eq!(
@@ -199,6 +209,9 @@ fn the_pack_is_a_zip_of_standard_aligned_npy_members() {
         assert_eq!(header.data_offset, entry.data_offset);
         assert_eq!(&npy_bytes[entry.data_offset as usize..], &a.data[..]);
     }
+    // a member starting 64-byte aligned (the first) has a 64-byte local header
+    starts.sort_unstable();
+    assert_eq!(starts[0], (0, 64));
 }
 
 #[test]

@@ -397,8 +397,9 @@ impl Store {
 
     /// Rewrites the packs more than half of whose member bytes no record
     /// references (FORMAT.md, "Packs"): the live members of each go into a
-    /// new pack (the same `.npy` bytes and member ids; one pack for all
-    /// the packs compacted), the records using them are put again with the
+    /// new pack (the same `.npy` bytes and member ids, but for a rare id
+    /// whose short member name is taken there; one pack for all the packs
+    /// compacted), the records using them are put again with the
     /// new `pack` and `pack_offset` (one batch), and the old packs are
     /// retired: unlinked once no reader may still see them. A member whose
     /// data no longer match its recorded checksum leaves its pack as it is

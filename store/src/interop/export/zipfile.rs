@@ -68,7 +68,8 @@ impl Default for ZipLimits {
 struct Entry {
     name: Vec<u8>,
     ascii: bool,
-    /// The alignment padding, repeated in the central directory.
+    /// The alignment padding, repeated in the central directory (empty
+    /// without [`StoredZipWriter::central_padding`]).
     extra: Vec<u8>,
     crc: u32,
     size: u64,
@@ -94,6 +95,8 @@ pub(crate) struct StoredZipWriter<W: Write + Seek> {
     limits: ZipLimits,
     entries: Vec<Entry>,
     open: Option<Open>,
+    /// The central directory repeats each member's alignment padding.
+    central_padding: bool,
 }
 
 fn misuse(what: &str) -> io::Error {
@@ -111,7 +114,20 @@ impl<W: Write + Seek> StoredZipWriter<W> {
             limits,
             entries: Vec::new(),
             open: None,
+            central_padding: true,
         })
+    }
+
+    /// Whether the central directory repeats each member's alignment
+    /// padding (the default, as CPython's `zipfile` writes an `extra` it
+    /// was given; exports keep it). Without, the alignment field is in the
+    /// local header only, as Android's `zipalign` and the `zip` crate write
+    /// it (a member's local and central extra fields may differ): 6 to 69 bytes
+    /// less per member, which packs of many small arrays save (FORMAT.md,
+    /// "Packs").
+    pub(crate) fn central_padding(mut self, repeat: bool) -> Self {
+        self.central_padding = repeat;
+        self
     }
 
     /// Starts member `name` of exactly `size` bytes. `align`: its data start
@@ -176,6 +192,9 @@ impl<W: Write + Seek> StoredZipWriter<W> {
         header.extend_from_slice(&name_bytes);
         header.extend_from_slice(&local_extra);
         self.out.write_all(&header)?;
+        if !self.central_padding {
+            extra.clear();
+        }
         self.entries.push(Entry {
             name: name_bytes,
             ascii,
@@ -418,6 +437,35 @@ mod tests {
         }
         // no zip64 end record below the limits
         assert!(!bytes.windows(4).any(|w| w == END64_SIG));
+    }
+
+    #[test]
+    fn without_central_padding_the_alignment_field_is_local_only() {
+        let mut z = StoredZipWriter::new(Cursor::new(Vec::new()), ZipLimits::default())
+            .unwrap()
+            .central_padding(false);
+        for (name, data, align, _) in members() {
+            z.add(name, &data, align).unwrap();
+        }
+        let bytes = z.finish().unwrap().into_inner();
+        let padded = build(ZipLimits::default(), &members());
+        // the same local headers and data, a shorter central directory
+        let mut zip = zip::ZipArchive::new(Cursor::new(&bytes)).unwrap();
+        zip.validate_header_consistency().unwrap();
+        let cd = zip.central_directory_start() as usize;
+        assert_eq!(bytes[..cd], padded[..cd]);
+        assert!(bytes.len() < padded.len());
+        for i in 0..zip.len() {
+            assert_eq!(zip.by_index_raw(i).unwrap().extra_data(), None);
+        }
+        for ((name, data, align, _), (got_name, got, start)) in
+            members().iter().zip(read_back(&bytes))
+        {
+            assert_eq!((name, data), (&got_name.as_str(), &got));
+            if *align {
+                assert_eq!(start % ALIGN, 0, "{name}");
+            }
+        }
     }
 
     #[test]
