@@ -58,7 +58,7 @@ def npy_bytes(store_path: Path, entry: dict[str, Any]) -> bytes:
 
 def pack_member(pack: Path, entry: dict[str, Any]) -> str:
     """The name of the member of ``pack`` holding the payload of ``entry``: the one whose name
-    without ``.npy`` starts the id (``<id[:24]>.npy`` since format 1.6, ``<id>.npy`` before;
+    without ``.npy`` starts the id (``<id[:24]>.npy`` since format 2.0, ``<id>.npy`` before;
     FORMAT.md, "Packs")."""
     with zipfile.ZipFile(pack) as z:
         (name,) = [n for n in z.namelist() if entry["id"].startswith(n.removesuffix(".npy"))]

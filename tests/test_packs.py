@@ -50,7 +50,7 @@ def test_small_records_take_64_bytes_of_local_header_and_74_of_directory(tmp_pat
     """Issue 15's small records (one 512-byte array each): every member of the update()
     chunk's pack starts 64-byte aligned, so its local header (30 B, the 28 B name, the 6 B
     alignment field) takes exactly 64 bytes, and its central directory entry (46 B and the
-    name, no alignment field) 74 (FORMAT.md, "Packs", format 1.6)."""
+    name, no alignment field) 74 (FORMAT.md, "Packs", format 2.0)."""
     path = tmp_path / "s.lv"
     n = 1000
     with lv.Store.open(path) as store:
@@ -99,7 +99,7 @@ def test_np_load_reads_a_pack_as_an_npz_of_the_arrays(tmp_path: Path) -> None:
         assert [p.name for p in files(path, ".npy")] == [f"{got['big']['id']}.npy"]
         assert "pack" not in got["big"]
         with np.load(pack) as npz:
-            # members are named by the first 24 digits of the payload id (format 1.6)
+            # members are named by the first 24 digits of the payload id (format 2.0)
             assert sorted(npz.files) == sorted(got[name]["id"][:24] for name in arrays)
             for name, expected in arrays.items():
                 entry = got[name]

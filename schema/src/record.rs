@@ -55,7 +55,7 @@ pub struct ArrayEntry {
     /// The pack holding this payload as a member (format 1.4): its id, 32
     /// lowercase hex digits; the file is `arrays/<pack[0..2]>/<pack>.npz`,
     /// an uncompressed zip whose member `<id[0..24]>.npy` (`<id>.npy` in
-    /// packs before format 1.6) is this payload. `None`:
+    /// packs before format 2.0) is this payload. `None`:
     /// the payload is the file `arrays/<id[0..2]>/<id>.npy`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pack: Option<String>,

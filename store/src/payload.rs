@@ -215,7 +215,7 @@ pub(crate) fn files_for<'a>(arrays: impl IntoIterator<Item = &'a ArraySource<'a>
     files + usize::from(small)
 }
 
-/// Hex digits of the payload id in a pack member's name (since 1.6).
+/// Hex digits of the payload id in a pack member's name (since 2.0).
 const MEMBER_ID_DIGITS: usize = 24;
 
 /// The name of a packed payload's member: `<id[0:24]>.npy`, so that
@@ -233,7 +233,7 @@ pub(crate) fn member_name(id: &str) -> String {
     format!("{}.npy", id.get(..MEMBER_ID_DIGITS).unwrap_or(id))
 }
 
-/// The pack layout written before 1.6 (members named `<id>.npy`, their
+/// The pack layout written before 2.0 (members named `<id>.npy`, their
 /// alignment padding repeated in the central directory), for tests that
 /// old packs are still read, verified, compacted and merged. Process-wide:
 /// a test that sets it must be alone in its test binary.
@@ -243,7 +243,7 @@ pub mod legacy {
 
     static OLD_NAMES: AtomicBool = AtomicBool::new(false);
 
-    /// Packs written from now on have the layout before 1.6 (`true`) or
+    /// Packs written from now on have the layout before 2.0 (`true`) or
     /// the current one.
     pub fn write_old_packs(old: bool) {
         OLD_NAMES.store(old, Ordering::SeqCst);
