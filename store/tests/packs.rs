@@ -696,3 +696,41 @@ fn a_merged_pack_is_linked_once_and_compacted_in_the_target_only() {
         assert_eq!(got.as_bytes(), &datas[i][..]);
     }
 }
+
+#[test]
+fn verify_names_a_pack_whose_zip_end_record_was_cut_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.lv");
+    let store = Store::open(&path, Mode::Append).unwrap();
+    let data = vec![3u8; 300];
+    let srcs = [u8_array("a", &data), u8_array("b", &data)];
+    store
+        .put("k", Map::new(), Value::Null, &srcs, None)
+        .unwrap();
+    store.flush().unwrap();
+    assert!(store.verify().unwrap().is_ok());
+    let entry = store.get("k").unwrap().unwrap().arrays["b"].clone();
+    let pack = pack_of(&path, &entry);
+    let bytes = fs::read(&pack).unwrap();
+    let members_end = (entry.npy_start() + entry.data_offset + entry.nbytes) as usize;
+    // the end record gone, then the central directory too: members intact
+    for cut in [bytes.len() - 22, members_end + 10, members_end] {
+        fs::write(&pack, &bytes[..cut]).unwrap();
+        assert!(zip::ZipArchive::new(fs::File::open(&pack).unwrap()).is_err());
+        let report = store.verify().unwrap();
+        assert_eq!(report.problems.len(), 1, "{cut}: {report:?}");
+        let p = &report.problems[0];
+        assert!(p.contains(pack.to_str().unwrap()), "{p}");
+        assert!(p.contains("zip") && p.contains("\"k\""), "{p}");
+        assert_eq!(load_payload(&path, &entry).unwrap().as_bytes(), &data[..]);
+    }
+    // the end record pointing elsewhere
+    let mut moved = bytes.clone();
+    let n = moved.len();
+    moved[n - 6] ^= 1; // central directory offset
+    fs::write(&pack, &moved).unwrap();
+    let report = store.verify().unwrap();
+    assert_eq!(report.problems.len(), 1, "{report:?}");
+    fs::write(&pack, &bytes).unwrap();
+    assert!(store.verify().unwrap().is_ok());
+}

@@ -622,6 +622,8 @@ impl Store {
         let mut report = VerifyReport::default();
         let mut referenced = HashSet::new();
         let mut check = JournalCheck::new(&self.root, index)?;
+        // pack id -> (the first key using it, how many entries do)
+        let mut packs: HashMap<String, (String, u64)> = HashMap::new();
         index::scan(index, |key, bytes| {
             report.records += 1;
             report
@@ -637,6 +639,12 @@ impl Store {
             for (name, entry) in &record.arrays {
                 report.arrays += 1;
                 referenced.extend(file_ids(entry.clone()));
+                if let Some(pack) = &entry.pack {
+                    packs
+                        .entry(pack.clone())
+                        .or_insert_with(|| (key.to_owned(), 0))
+                        .1 += 1;
+                }
                 let checked = if checksums {
                     self.verify_checksum(entry).and_then(|hashed| {
                         report.checksummed += u64::from(!matches!(hashed, Hashed::NotCompared));
@@ -660,6 +668,7 @@ impl Store {
             Self::go_on(progress(report.records, total))
         })?;
         report.problems.extend(check.finish());
+        report.problems.extend(self.pack_problems(packs)?);
         report.problems.extend(verify_checkpoints(&self.root)?);
         if let Some((_, state)) = &writer_state {
             // Payloads of replaced records, removed once no reader needs them.
@@ -682,6 +691,38 @@ impl Store {
         drop(writer_state);
         drop(view);
         Ok(report)
+    }
+
+    /// One line per pack (of those `packs` names, with a key using each and
+    /// the number of entries that do) that is no readable zip: its end
+    /// record or central directory cut off or damaged. lazyvault reads
+    /// members by offset, so nothing is lost, but `np.load(pack)` fails
+    /// (FORMAT.md, "Packs"). A missing pack is left to its members' lines.
+    fn pack_problems(&self, packs: HashMap<String, (String, u64)>) -> Result<Vec<String>> {
+        let mut packs: Vec<_> = packs.into_iter().collect();
+        packs.sort();
+        let mut problems = Vec::new();
+        for (pack, (key, uses)) in packs {
+            let path = path_of(&self.root, &pack);
+            let len = match fs::metadata(&path) {
+                Ok(m) => m.len(),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(Error::io(&path)(e)),
+            };
+            let problem = match crate::pack::zip_end_problem(&path, len) {
+                Ok(None) => continue,
+                Ok(Some(problem)) => problem,
+                Err(e) => e.to_string(),
+            };
+            problems.push(format!(
+                "pack {}: damaged, unreadable as a zip: {problem}; np.load cannot read it \
+                 (lazyvault still reads its members by offset). {uses} array(s) use it, \
+                 of record {key:?} among others: put those records again (their arrays go to a \
+                 new pack) and gc() retires this one, or restore the file from a backup",
+                path.display()
+            ));
+        }
+        Ok(problems)
     }
 
     /// [`Store::verify_with`] with checksums and no progress reports.
