@@ -589,3 +589,56 @@ fn shapes_numpy_cannot_hold_are_refused_and_read_as_corrupt() {
         assert!(matches!(result, Err(Error::Corrupt(_))), "{result:?}");
     }
 }
+
+#[test]
+fn verify_reports_a_layout_naming_an_array_the_record_lacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.lv");
+    let store = Store::open(&path, Mode::Append).unwrap();
+    let data = bytes_of(&[1.0, 2.0]);
+    let layout = json!({"dict": {"x": {"array": "x"}, "lost": {"list": [{"array": "frames/9"}]},
+                        "t": 1, "d": {"dict": {"array": "not a node"}}}});
+    store
+        .put(
+            "k",
+            meta(json!({"t": 1})),
+            layout,
+            &[f64_source("x", &data, vec![2])],
+            None,
+        )
+        .unwrap();
+    let fields = json!({"fields": ["t", "x", "gone"]});
+    store
+        .put(
+            "f",
+            meta(json!({"t": 1})),
+            fields,
+            &[f64_source("x", &data, vec![2])],
+            None,
+        )
+        .unwrap();
+    let sound = json!({"fields": ["x", "t"]});
+    store
+        .put(
+            "ok",
+            meta(json!({"t": 1})),
+            sound,
+            &[f64_source("x", &data, vec![2])],
+            None,
+        )
+        .unwrap();
+    let report = store.verify().unwrap();
+    assert_eq!(report.problems.len(), 2, "{report:?}");
+    let k = report
+        .problems
+        .iter()
+        .find(|p| p.contains("\"k\""))
+        .unwrap();
+    assert!(k.contains("\"frames/9\"") && k.contains("layout"), "{k}");
+    let f = report
+        .problems
+        .iter()
+        .find(|p| p.contains("\"f\""))
+        .unwrap();
+    assert!(f.contains("\"gone\""), "{f}");
+}

@@ -636,6 +636,7 @@ impl Store {
                     return Self::go_on(progress(report.records, total));
                 }
             };
+            report.problems.extend(layout_problems(key, &record));
             for (name, entry) in &record.arrays {
                 report.arrays += 1;
                 referenced.extend(file_ids(entry.clone()));
@@ -949,6 +950,70 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// One line per array path the layout of `record` (FORMAT.md, "Layout")
+/// names that its `arrays` lack: loading the record would fail there.
+fn layout_problems(key: &str, record: &Record) -> Vec<String> {
+    let mut missing: Vec<&str> = Vec::new();
+    let layout = &record.layout;
+    let fields = layout
+        .as_object()
+        .filter(|m| m.len() == 1)
+        .and_then(|m| m.get("fields"));
+    if let Some(fields) = fields {
+        // names neither a metadata field nor an array path
+        for name in fields.as_array().into_iter().flatten() {
+            if let Some(name) = name.as_str() {
+                if !record.arrays.contains_key(name) && !record.meta.contains_key(name) {
+                    missing.push(name);
+                }
+            }
+        }
+    } else {
+        let mut stack = vec![layout];
+        while let Some(node) = stack.pop() {
+            let Some((kind, body)) = node
+                .as_object()
+                .filter(|m| m.len() == 1)
+                .and_then(|m| m.iter().next())
+            else {
+                continue;
+            };
+            match (kind.as_str(), body) {
+                ("dict", Value::Object(m)) => stack.extend(m.values()),
+                ("list" | "tuple", Value::Array(items)) => stack.extend(items),
+                ("array", Value::String(path)) if !record.arrays.contains_key(path) => {
+                    missing.push(path);
+                }
+                ("masked", Value::Object(m)) => {
+                    stack.extend(
+                        ["data", "mask", "fill_value"]
+                            .iter()
+                            .filter_map(|f| m.get(*f)),
+                    );
+                }
+                ("object", Value::Object(o)) => {
+                    if let Some(Value::Object(state)) = o.get("state") {
+                        stack.extend(state.values());
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    missing.sort_unstable();
+    missing.dedup();
+    missing
+        .into_iter()
+        .map(|path| {
+            format!(
+                "record {key:?}: its layout names the array {path:?}, which its arrays lack \
+                 (loading the record fails; its metadata and other arrays stay readable): put \
+                 the record again with that array"
+            )
+        })
+        .collect()
 }
 
 /// Each run of each checkpoint checked whole (checksum, order, every
