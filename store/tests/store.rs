@@ -642,3 +642,31 @@ fn verify_reports_a_layout_naming_an_array_the_record_lacks() {
         .unwrap();
     assert!(f.contains("\"gone\""), "{f}");
 }
+
+#[test]
+fn verify_reports_an_entry_whose_dtype_disagrees_with_its_descr() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.lv");
+    let store = Store::open(&path, Mode::Append).unwrap();
+    let data = bytes_of(&[1.0, 2.0]);
+    let mut wrong = f64_source("w/x", &data, vec![2]);
+    wrong.dtype = "int32".into();
+    store
+        .put("k", Map::new(), Value::Null, &[wrong], None)
+        .unwrap();
+    store
+        .put(
+            "fine",
+            Map::new(),
+            Value::Null,
+            &[f64_source("x", &data, vec![2])],
+            None,
+        )
+        .unwrap();
+    let report = store.verify().unwrap();
+    assert_eq!(report.problems.len(), 1, "{report:?}");
+    let p = &report.problems[0];
+    for part in ["\"k\"", "\"w/x\"", "\"int32\"", "'<f8'", "float64"] {
+        assert!(p.contains(part), "{part} not in {p}");
+    }
+}

@@ -646,6 +646,11 @@ impl Store {
                         .or_insert_with(|| (key.to_owned(), 0))
                         .1 += 1;
                 }
+                if let Some(problem) = dtype_problem(entry) {
+                    report
+                        .problems
+                        .push(format!("record {key:?} array {name:?}: {problem}"));
+                }
                 let checked = if checksums {
                     self.verify_checksum(entry).and_then(|hashed| {
                         report.checksummed += u64::from(!matches!(hashed, Hashed::NotCompared));
@@ -950,6 +955,21 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// How the array entry's `dtype` disagrees with its `descr`, if it does:
+/// `dtype` must be numpy's name of the dtype the descr gives. A descr this
+/// version does not know (no name for it) is not judged.
+fn dtype_problem(entry: &ArrayEntry) -> Option<String> {
+    let name = crate::npy::dtype_name(&entry.descr);
+    if name == entry.descr || name == entry.dtype {
+        return None;
+    }
+    Some(format!(
+        "the entry's dtype {:?} disagrees with its descr {} (numpy's name for it is {name:?}); \
+         the record is damaged: put it again with the array's true dtype",
+        entry.dtype, entry.descr
+    ))
 }
 
 /// One line per array path the layout of `record` (FORMAT.md, "Layout")
