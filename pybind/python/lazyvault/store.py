@@ -203,15 +203,19 @@ class Handle(RecordsDisplay, Mapping[str, Record]):
             return KeysView(self)
         return self._index().find(_query_text(expr))
 
-    def find(self, expr: str | Callable[[Record], bool]) -> Results:
-        """Records whose metadata match ``expr``, in key (archive) order.
+    def find(self, expr: str | Callable[[Record], bool] | None = None) -> Results:
+        """Records whose metadata match ``expr``, in key (archive) order; every record when
+        ``expr`` is ``None`` (as :meth:`count` counts them all).
 
         ``expr`` is a query (``"temperature > 250 and material == 'Si'"``, grammar in
         store/QUERY.md) evaluated in Rust over the index, opening no payload, with the GIL released
         (a full scan runs on two threads when there are two cores); or a Python callable taking a
         :class:`Record` (slower: each record crosses into Python). Raises :class:`QueryError` (a
-        ``ValueError`` with ``.column``) for a malformed query, ``TypeError`` for anything else.
+        ``ValueError`` with ``.column``) for a malformed query, ``TypeError`` for anything else
+        (``find(3)``).
         """
+        if expr is None:
+            return Results(self, self._index().keys())
         if callable(expr):
             return Results(self, [k for k in self._index().keys() if expr(self[k])])
         if not isinstance(expr, str):
