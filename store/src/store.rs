@@ -185,6 +185,12 @@ pub struct GcReport {
     /// no record's any more (FORMAT.md, "Packs"); each is retired, and
     /// removed once no reader may still see it.
     pub packs_compacted: u64,
+    /// Packs that were due for that rewrite but left as they are because
+    /// they are damaged: a live member that no longer reads or no longer
+    /// matches its checksum, or no readable zip (nothing damaged is copied
+    /// under a good checksum). [`Store::verify`] names them and their
+    /// records.
+    pub packs_damaged: u64,
 }
 
 /// What [`Store::verify`] or [`Store::verify_with`] found: damage is

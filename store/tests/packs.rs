@@ -734,3 +734,48 @@ fn verify_names_a_pack_whose_zip_end_record_was_cut_off() {
     fs::write(&pack, &bytes).unwrap();
     assert!(store.verify().unwrap().is_ok());
 }
+
+#[test]
+fn gc_says_how_many_packs_it_left_because_they_are_damaged() {
+    for damage in ["data", "header"] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.lv");
+        let store = Store::open(&path, Mode::Append).unwrap();
+        store.set_retention(std::time::Duration::ZERO);
+        let datas: Vec<Vec<u8>> = (0..10).map(|i| vec![i as u8; 1000 + i]).collect();
+        let srcs: Vec<[ArraySource; 1]> = datas.iter().map(|d| [u8_array("x", d)]).collect();
+        let keys: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
+        store
+            .put_many(records(&keys, &srcs, Map::new(), None))
+            .unwrap();
+        let entry = store.get("k9").unwrap().unwrap().arrays["x"].clone();
+        let pack = pack_of(&path, &entry);
+        for key in &keys[..7] {
+            let srcs = [u8_array("x", &[2; 8])];
+            store
+                .put(key, Map::new(), Value::Null, &srcs, None)
+                .unwrap();
+        }
+        store.flush().unwrap();
+        // a live member damaged: its pack is mostly dead, but left as it is
+        let mut bytes = fs::read(&pack).unwrap();
+        let at = match damage {
+            "data" => entry.npy_start() + entry.data_offset + 3,
+            _ => entry.npy_start() + 20,
+        };
+        bytes[at as usize] ^= 0x21;
+        fs::write(&pack, &bytes).unwrap();
+        let report = store.gc().unwrap();
+        assert_eq!(report.packs_compacted, 0, "{damage}: {report:?}");
+        assert_eq!(report.packs_damaged, 1, "{damage}: {report:?}");
+        assert!(pack.exists());
+        let verified = store.verify().unwrap();
+        assert!(
+            verified.problems.iter().any(|p| p.contains("\"k9\"")),
+            "{verified:?}"
+        );
+        // the sound members still read
+        let k8 = store.get("k8").unwrap().unwrap().arrays["x"].clone();
+        assert_eq!(load_payload(&path, &k8).unwrap().as_bytes(), &datas[8][..]);
+    }
+}

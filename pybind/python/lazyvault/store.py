@@ -756,8 +756,12 @@ class Store(Handle, MutableMapping[str, Record]):
         """Flushes, removes payload and temporary files no record references (left by a crash or an
         overwrite), compacts the journal to one entry per record, and rewrites the packs of small
         arrays that are more than half dead. Returns ``{"removed_files": n, "removed_bytes": n,
-        "journal_bytes_freed": n, "packs_compacted": n}`` (sizes in bytes). ``progress`` (see
-        :class:`Store`) gets ``(0, 1)``, then ``(1, 1)``: the core works in one step."""
+        "journal_bytes_freed": n, "packs_compacted": n, "packs_damaged": n}`` (sizes in bytes).
+        ``packs_damaged`` counts the packs due for that rewrite but left as they are because they
+        are damaged (a live member that no longer reads or matches its checksum, or no readable
+        zip): nothing damaged is copied under a good checksum; :meth:`verify` names them and their
+        records. ``progress`` (see :class:`Store`) gets ``(0, 1)``, then ``(1, 1)``: the core
+        works in one step."""
         with progress_callback(progress, "gc", "step") as report:
             tick = report or _no_report
             tick(0, 1)

@@ -334,8 +334,10 @@ impl Store {
         // records put again. No commit of their own: the compacted journal
         // below holds them and its commit (gc's one new version) covers
         // them and retires the old packs.
+        let (packs_compacted, packs_damaged) = self.compact_packs(&w, &mut state)?;
         let mut report = GcReport {
-            packs_compacted: self.compact_packs(&w, &mut state)?,
+            packs_compacted,
+            packs_damaged,
             ..GcReport::default()
         };
         let old_segments = Self::compact_journal(&self.root, index, &mut state)?;
@@ -398,14 +400,20 @@ impl Store {
     /// new pack (the same `.npy` bytes and member ids; one pack for all
     /// the packs compacted), the records using them are put again with the
     /// new `pack` and `pack_offset` (one batch), and the old packs are
-    /// retired: unlinked once no reader may still see them. A member whose
-    /// data no longer match its recorded checksum leaves its pack as it is
-    /// (`verify` reports it; nothing damaged is copied under a good
-    /// checksum). Nothing is compacted when the disk has no room for the
-    /// copies (gc then frees what it can without). Returns the number of
-    /// packs compacted. The caller holds the writer lock and commits (the
-    /// old packs are in `retiring`).
-    fn compact_packs(&self, w: &super::writer::Writer, state: &mut WriterState) -> Result<u64> {
+    /// retired: unlinked once no reader may still see them. A pack with a
+    /// member that no longer reads (header, length) or whose data no longer
+    /// match its recorded checksum, or that is no readable zip, is left as
+    /// it is and counted as damaged (`verify` reports it; nothing damaged
+    /// is copied under a good checksum). Nothing is compacted when the disk
+    /// has no room for the copies (gc then frees what it can without).
+    /// Returns the numbers of packs compacted and of packs left because
+    /// damaged. The caller holds the writer lock and commits (the old packs
+    /// are in `retiring`).
+    fn compact_packs(
+        &self,
+        w: &super::writer::Writer,
+        state: &mut WriterState,
+    ) -> Result<(u64, u64)> {
         let index = w.index();
         // pack id -> (key, array name, entry) of its live members
         let mut live: HashMap<String, Vec<(String, String, ArrayEntry)>> = HashMap::new();
@@ -422,6 +430,7 @@ impl Store {
             Ok(())
         })?;
         let mut chosen = Vec::new();
+        let mut damaged = 0u64;
         for (pack, members) in live {
             let path = self.root.join(lazyvault_schema::pack_relpath(&pack));
             // every member live (the common case): its 22-byte end record
@@ -430,7 +439,8 @@ impl Store {
                 continue;
             }
             let Some(total) = pack_member_bytes(&path) else {
-                continue; // unreadable: verify reports its members
+                damaged += 1; // no readable zip: verify names it
+                continue;
             };
             let used: u64 = members
                 .iter()
@@ -441,7 +451,7 @@ impl Store {
             }
         }
         if chosen.is_empty() {
-            return Ok(0);
+            return Ok((0, damaged));
         }
         // The live members are written anew before the old packs go: on a
         // disk without room for them, gc frees what it can without this.
@@ -453,7 +463,7 @@ impl Store {
         if w.check_space_for(chosen.iter().map(|(_, m)| m.len()).sum(), copied)
             .is_err()
         {
-            return Ok(0);
+            return Ok((0, damaged));
         }
         chosen.sort_by(|a, b| a.0.cmp(&b.0));
         let mut writer = payload::PayloadWriter::new(&self.root, 1)?;
@@ -464,7 +474,14 @@ impl Store {
                 let mut entries = Vec::with_capacity(members.len());
                 let mut sound = true;
                 for (key, name, entry) in members {
-                    let data = payload::load_payload(&self.root, entry)?;
+                    let data = match payload::load_payload(&self.root, entry) {
+                        Ok(data) => data,
+                        Err(Error::Corrupt(_)) => {
+                            sound = false;
+                            break;
+                        }
+                        Err(e) => return Err(e),
+                    };
                     let intact = entry
                         .checksum
                         .as_deref()
@@ -481,7 +498,8 @@ impl Store {
                     entries.push((key.clone(), name.clone(), new));
                 }
                 if !sound {
-                    continue; // its members stay where they are
+                    damaged += 1; // its members stay where they are
+                    continue;
                 }
                 retired.push(lazyvault_schema::pack_relpath(pack));
                 for (key, name, entry) in entries {
@@ -502,7 +520,7 @@ impl Store {
         }
         if moved.is_empty() {
             writer.abort(); // an empty pack, if any
-            return Ok(0);
+            return Ok((0, damaged));
         }
         // The records again, their moved entries pointing into the new pack.
         let mut keys: Vec<&String> = moved.keys().collect();
@@ -543,7 +561,7 @@ impl Store {
         }
         let compacted = retired.len() as u64;
         state.retiring.extend(retired);
-        Ok(compacted)
+        Ok((compacted, damaged))
     }
 
     /// How many keys the index and the journal (replayed up to the index's
