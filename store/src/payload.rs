@@ -938,17 +938,13 @@ pub fn map_payload(root: &Path, entry: &ArrayEntry) -> Result<MappedPayload> {
     })
 }
 
-/// Opens the payload file at `path`; a missing file is corruption.
+/// Opens the payload file at `path`; a missing file is corruption. Whether
+/// the record read was stale or the store is damaged is not known here
+/// (see [`Store::missing_payload_hint`](crate::Store::missing_payload_hint)).
 fn open_existing(path: &Path) -> Result<File> {
     File::open(path).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
-            Error::corrupt(
-                format!("payload {}", path.display()),
-                "file is missing: the record was overwritten or deleted since it was read, and no \
-                 snapshot keeps it any more; call store.refresh() (a reader) and take store[key] \
-                 again",
-            )
-            .with_path(path)
+            Error::corrupt(format!("payload {}", path.display()), "file is missing").with_path(path)
         } else {
             crate::StorageError::Io {
                 path: path.to_owned(),

@@ -833,6 +833,34 @@ impl Store {
         self.view()?.index().get(key)
     }
 
+    /// What to say of the missing payload file of `entry`, an array of the
+    /// record `key` as some handle read it (its file is gone): when the
+    /// latest commit of the store at `root` (read as a new reader would)
+    /// still references that payload, the store is damaged; when `key` was
+    /// overwritten or deleted since, the record read was stale and its
+    /// payload was removed once no snapshot needed it. Opens no payload;
+    /// for error messages (a damaged checkpoint or journal makes it say
+    /// neither).
+    pub fn missing_payload_hint(root: &Path, key: &str, entry: &ArrayEntry) -> String {
+        let latest = Store::open(root, Mode::ReadOnly).and_then(|s| s.get(key));
+        match latest {
+            Ok(record) => {
+                let same = |e: &ArrayEntry| e.id == entry.id && e.pack == entry.pack;
+                if record.is_some_and(|r| r.arrays.values().any(same)) {
+                    "the store's latest commit still references it: the store is damaged \
+                     (`lazyvault verify` lists every missing payload); restore the file from a \
+                     backup, or put the record again"
+                        .to_owned()
+                } else {
+                    "the record was overwritten or deleted since it was read, and no snapshot \
+                     keeps it any more; call store.refresh() (a reader) and take store[key] again"
+                        .to_owned()
+                }
+            }
+            Err(e) => format!("`lazyvault verify` lists every missing payload ({e})"),
+        }
+    }
+
     /// The decoded, validated record of `key`, or `None`.
     ///
     /// # Errors

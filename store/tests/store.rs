@@ -670,3 +670,49 @@ fn verify_reports_an_entry_whose_dtype_disagrees_with_its_descr() {
         assert!(p.contains(part), "{part} not in {p}");
     }
 }
+
+#[test]
+fn a_missing_payload_says_missing_and_why_only_when_known() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.lv");
+    let store = Store::open(&path, Mode::Append).unwrap();
+    store.set_retention(std::time::Duration::ZERO);
+    let data = bytes_of(&[1.5; 20_000]); // a payload file of its own
+    let src = [f64_source("z", &data, vec![20_000])];
+    store.put("k", Map::new(), Value::Null, &src, None).unwrap();
+    store.flush().unwrap();
+    let old = store.get("k").unwrap().unwrap().arrays["z"].clone();
+    let file = store.root().join(old.relpath());
+    fs::remove_file(&file).unwrap();
+    let err = load_payload(&path, &old).unwrap_err().to_string();
+    assert!(
+        err.contains("file is missing") && err.contains(file.to_str().unwrap()),
+        "{err}"
+    );
+    assert!(!err.contains("overwritten"), "{err}");
+    // the latest commit still references it: damage, not a stale record
+    let hint = Store::missing_payload_hint(&path, "k", &old);
+    assert!(
+        hint.contains("still references") && hint.contains("verify"),
+        "{hint}"
+    );
+    // replaced since: the record read was stale
+    let data2 = bytes_of(&[2.5; 20_000]);
+    let src2 = [f64_source("z", &data2, vec![20_000])];
+    store
+        .put("k", Map::new(), Value::Null, &src2, None)
+        .unwrap();
+    store.flush().unwrap();
+    let hint = Store::missing_payload_hint(&path, "k", &old);
+    assert!(
+        hint.contains("overwritten or deleted since it was read"),
+        "{hint}"
+    );
+    store.delete("k").unwrap();
+    store.flush().unwrap();
+    let hint = Store::missing_payload_hint(&path, "k", &old);
+    assert!(
+        hint.contains("overwritten or deleted since it was read"),
+        "{hint}"
+    );
+}
