@@ -1005,13 +1005,29 @@ fn load_member(root: &Path, entry: &ArrayEntry, keep: bool) -> Result<MappedPayl
     let total = offset + len;
     let mut blocks = vec![Block([0; DATA_ALIGN]); total.div_ceil(DATA_ALIGN)];
     let buf = &mut blocks_as_bytes_mut(&mut blocks)[..total];
-    let got = pread_up_to(&file, buf, entry.npy_start()).map_err(Error::io(&path))?;
+    let start = entry.npy_start();
+    let got = pread_up_to(&file, buf, start).map_err(Error::io(&path))?;
+    if got < total {
+        // the pack ends inside (or before) the member: say that, not what
+        // the cut happened to leave of its .npy header
+        let len = file
+            .metadata()
+            .map_or(start.saturating_add(got as u64), |m| m.len());
+        return Err(Error::corrupt(
+            format!("pack {}", path.display()),
+            format!(
+                "the file is truncated: {len} bytes, but its member at offset {start} needs {} \
+                 (its .npy header and data)",
+                start.saturating_add(total as u64)
+            ),
+        )
+        .with_path(&path));
+    }
     check_header(
         npy::read_header(&mut &buf[..got], header_limit(entry)),
         entry,
         &path,
     )?;
-    let start = entry.npy_start();
     check_length(
         start.saturating_add(got as u64),
         start.saturating_add(total as u64),

@@ -779,3 +779,34 @@ fn gc_says_how_many_packs_it_left_because_they_are_damaged() {
         assert_eq!(load_payload(&path, &k8).unwrap().as_bytes(), &datas[8][..]);
     }
 }
+
+#[test]
+fn a_truncated_pack_says_so_with_the_member_offset_and_the_pack_length() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.lv");
+    let store = Store::open(&path, Mode::Append).unwrap();
+    let data = vec![4u8; 1000];
+    let srcs = [u8_array("a", &data), u8_array("b", &data)];
+    store
+        .put("k", Map::new(), Value::Null, &srcs, None)
+        .unwrap();
+    store.close().unwrap();
+    let store = Store::open(&path, Mode::ReadOnly).unwrap();
+    let entry = store.get("k").unwrap().unwrap().arrays["b"].clone();
+    let pack = pack_of(&path, &entry);
+    let start = entry.npy_start();
+    // cut inside the member's data, then inside its header, then before it
+    for cut in [start + entry.data_offset + 10, start + 20, start - 5] {
+        let bytes = fs::read(&pack).unwrap();
+        fs::write(&pack, &bytes[..cut as usize]).unwrap();
+        let err = load_payload(&path, &entry).unwrap_err().to_string();
+        assert!(!err.contains("truncated .npy header"), "{cut}: {err}");
+        for part in [
+            format!("pack {}: the file is truncated", pack.display()),
+            format!("{cut} bytes"),
+            format!("offset {start}"),
+        ] {
+            assert!(err.contains(&part), "{part:?} not in {err}");
+        }
+    }
+}
