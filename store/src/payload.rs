@@ -805,13 +805,15 @@ fn open_entry_file(root: &Path, entry: &ArrayEntry) -> Result<(File, PathBuf)> {
 /// The path of the payload file (or pack) of `entry` under `root`, once the
 /// entry's id (which names the path) and data offset are checked.
 fn entry_path(root: &Path, entry: &ArrayEntry) -> Result<PathBuf> {
+    // The array's path is not known here: callers name it (with_array, or
+    // the Python layer's "record 'k' array 'x': ...").
     entry
-        .validate("payload")
-        .map_err(|e| Error::corrupt("record", e))?;
+        .check()
+        .map_err(|p| Error::corrupt("array entry", p))?;
     // numpy could not hold it (a record written before import refused such
     // shapes): a damaged record, not numpy's ValueError at the reader
     if let Some(problem) = npy::numpy_refuses(&entry.descr, &entry.shape) {
-        return Err(Error::corrupt("record", problem));
+        return Err(Error::corrupt("array entry", problem));
     }
     Ok(root.join(entry.relpath()))
 }

@@ -716,3 +716,35 @@ fn a_missing_payload_says_missing_and_why_only_when_known() {
         "{hint}"
     );
 }
+
+#[test]
+fn a_damaged_entry_names_no_made_up_array() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.lv");
+    let store = Store::open(&path, Mode::Append).unwrap();
+    let data = bytes_of(&[1.0; 4]);
+    let src = [f64_source("frames/0", &data, vec![4])];
+    store.put("k", Map::new(), Value::Null, &src, None).unwrap();
+    let entry = store.get("k").unwrap().unwrap().arrays["frames/0"].clone();
+    let damaged = [
+        lazyvault_store::schema::ArrayEntry {
+            data_offset: 100,
+            ..entry.clone()
+        },
+        lazyvault_store::schema::ArrayEntry {
+            id: "not hex".into(),
+            ..entry.clone()
+        },
+        lazyvault_store::schema::ArrayEntry {
+            shape: vec![1; 65],
+            ..entry.clone()
+        },
+    ];
+    for bad in damaged {
+        for err in [load_payload(&path, &bad), map_payload(&path, &bad)] {
+            let text = err.unwrap_err().to_string();
+            assert!(!text.contains("\"payload\""), "{text}");
+            assert!(text.starts_with("array entry: "), "{text}");
+        }
+    }
+}
