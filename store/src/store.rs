@@ -207,8 +207,10 @@ pub struct VerifyReport {
     /// Of those, the payloads whose checksum did not match (each is also
     /// one of the `problems`).
     pub checksum_mismatches: u64,
-    /// One line per damaged or missing payload, undecodable record, or
-    /// disagreement between the index and the journal.
+    /// One line per damaged or missing payload, pack that is no readable
+    /// zip, undecodable record, entry whose dtype disagrees with its descr,
+    /// layout naming an array the record lacks, or disagreement between the
+    /// index and the journal.
     pub problems: Vec<String>,
     /// Payload or temporary files that no record references, as paths under
     /// [`Store::root`] (not a problem: [`Store::gc`] removes them).

@@ -739,8 +739,11 @@ class Store(Handle, MutableMapping[str, Record]):
         """Checks every record against its payload files (each exists, its ``.npy`` header agrees
         with the record, it holds all the data; with ``checksums``, the data hashed against the
         XXH3-64 recorded at write time, reading every byte) and the journal (each key's latest entry
-        is its record; no record is in the journal alone). Files no record references are orphans
-        (``gc()`` removes them). ``progress`` (see :class:`Store`) counts records.
+        is its record; no record is in the journal alone); that each array entry's ``dtype`` is
+        numpy's name of its ``descr``, that the layout names no array path the record lacks, and
+        that each pack is a readable zip (its end record and central directory, from its tail, as
+        ``np.load`` needs them). Files no record references are orphans (``gc()`` removes them).
+        ``progress`` (see :class:`Store`) counts records.
 
         Returns ``{"ok": bool, "records": int, "arrays": int, "checksummed": int,
         "checksum_mismatches": int, "problems": [str], "orphans": [path]}``: ``checksummed`` counts

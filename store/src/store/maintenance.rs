@@ -611,7 +611,10 @@ impl Store {
     /// Checks every record against its payloads (present, header matching,
     /// long enough, and with `checksums` the data hashed against the
     /// checksum recorded at write time) and against the journal (the latest
-    /// entry of each key is that record; no key is in the journal alone),
+    /// entry of each key is that record; no key is in the journal alone);
+    /// checks that each entry's `dtype` is numpy's name of its `descr`, that
+    /// the layout names no array path the record lacks, and that each pack
+    /// is a readable zip (end record and central directory, from its tail);
     /// and lists orphan files. `progress(done, total)` is called with
     /// `(0, total)` first, then after each record; returning `false` stops
     /// the check with [`UsageError::Cancelled`](crate::UsageError::Cancelled).
