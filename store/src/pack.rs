@@ -162,3 +162,73 @@ impl PackDeaths {
         None
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problem_of(bytes: &[u8]) -> Option<String> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.npz");
+        std::fs::write(&path, bytes).unwrap();
+        zip_end_problem(&path, bytes.len() as u64).unwrap()
+    }
+
+    /// A zip of `members` stored members, as the zip crate writes it.
+    fn zip_of(members: usize) -> Vec<u8> {
+        use std::io::Write;
+        let mut w = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+        let opts = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Stored);
+        for i in 0..members {
+            w.start_file(format!("{i}.npy"), opts).unwrap();
+            w.write_all(&[i as u8; 100]).unwrap();
+        }
+        w.finish().unwrap().into_inner()
+    }
+
+    /// An empty zip ending as CPython's zipfile ends a zip64 one: zip64
+    /// end record, its locator, then the end record with its fields maxed.
+    fn empty_zip64(record_at: u64) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend(ZIP64_EOCD_SIG.to_le_bytes());
+        b.extend(44u64.to_le_bytes());
+        b.extend([45, 0, 45, 0]);
+        b.extend([0u8; 8]); // disks
+        b.extend([0u8; 32]); // entries twice, central directory size and offset
+        b.extend(ZIP64_LOCATOR_SIG.to_le_bytes());
+        b.extend(0u32.to_le_bytes());
+        b.extend(record_at.to_le_bytes());
+        b.extend(1u32.to_le_bytes());
+        b.extend(EOCD_SIG.to_le_bytes());
+        b.extend([0u8; 4]);
+        b.extend([0xff; 12]);
+        b.extend([0u8; 2]);
+        b
+    }
+
+    #[test]
+    fn the_zip_end_is_judged_from_the_tail() {
+        for members in [0, 1, 3] {
+            let zip = zip_of(members);
+            assert_eq!(problem_of(&zip), None, "{members}");
+            // cut: the end record gone, or the central directory cut
+            assert!(problem_of(&zip[..zip.len() - 1]).is_some());
+            if members > 0 {
+                assert!(problem_of(&zip[..zip.len() - 23]).is_some());
+            }
+        }
+        assert!(problem_of(b"short").unwrap().contains("5 bytes"));
+        let zip64 = empty_zip64(0);
+        assert_eq!(problem_of(&zip64), None);
+        assert!(problem_of(&empty_zip64(8)).unwrap().contains("zip64"));
+        // a central directory that does not start with a central header
+        let mut zip = zip_of(2);
+        let n = zip.len();
+        let at = u32::from_le_bytes(zip[n - 6..n - 2].try_into().unwrap()) as usize;
+        zip[at] ^= 1;
+        assert!(problem_of(&zip)
+            .unwrap()
+            .contains("central directory header"));
+    }
+}
