@@ -259,3 +259,37 @@ def test_archive_and_export_errors_name_the_users_path(store: lv.Store, tmp_path
     with pytest.raises(lv.StorageError) as failed:
         store.export(target)
     assert failed.value.filename == str(target) and ".tmp" not in str(failed.value)
+
+
+def test_a_missing_payload_of_an_unchanged_store_says_missing_not_overwritten(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "s.lv"
+    with lv.Store.open(path) as store:
+        store["big"] = {"z": np.zeros(100_000)}  # a payload file of its own
+        store["small"] = {"y": np.arange(3)}  # a pack member
+    for key, name in (("big", "z"), ("small", "y")):
+        with lv.Store.open(path, mode="r") as reader:
+            file, _ = payload_location(path, reader[key]._record["arrays"][name])
+        file.unlink()
+        with lv.Store.open(path, mode="r") as reader:  # nobody wrote since
+            with pytest.raises(lv.CorruptError) as info:
+                _ = reader[key][name]
+        text = str(info.value)
+        assert "file is missing" in text and str(file) in text, text
+        assert "overwritten or deleted" not in text, text
+        assert "lazyvault verify" in text, text
+        assert (info.value.key, info.value.array, info.value.path) == (key, name, str(file))
+
+
+def test_a_payload_removed_after_its_record_was_overwritten_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "s.lv"
+    with lv.Store.open(path, retention=0) as store:
+        store["k"] = {"z": np.zeros(100_000)}
+        store.flush()
+        old = store["k"]
+        store["k"] = {"z": np.ones(100_000)}
+        store.gc()  # nothing pins the old payload: removed
+        with pytest.raises(lv.CorruptError, match="overwritten or deleted since it was read"):
+            _ = old.z
+        np.testing.assert_array_equal(store["k"].z, np.ones(100_000))

@@ -175,6 +175,7 @@ class StoreModel(RuleBasedStateMachine):
             "removed_bytes",
             "journal_bytes_freed",
             "packs_compacted",
+            "packs_damaged",
         }
         assert report["removed_files"] >= 0 and report["removed_bytes"] >= 0
         assert self.store.verify()["orphans"] == []

@@ -385,3 +385,30 @@ def test_a_writer_of_small_records_killed_at_random_loses_no_commit(tmp_path: Pa
                 store.gc()
                 assert store.verify()["ok"]
                 assert not list((path / "arrays").glob("*/*.tmp"))
+
+
+def test_gc_reports_packs_left_because_damaged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lazyvault._cli import main
+
+    path = tmp_path / "s.lv"
+    with lv.Store.open(path) as store:
+        store.update({f"k{i}": {"x": np.full(500, i)} for i in range(10)})
+        (pack,) = files(path, ".npz")
+        for i in range(8):  # mostly dead: due for compaction
+            store[f"k{i}"] = {"x": np.full(3, -i)}
+        entry = entries(store, "k9")["x"]
+    data = bytearray(pack.read_bytes())
+    data[member_data_offset(pack, entry) + 5] ^= 0x10  # a live member damaged
+    pack.write_bytes(bytes(data))
+    with lv.Store.open(path) as store:
+        report = store.gc()
+        assert report["packs_compacted"] == 0 and report["packs_damaged"] == 1, report
+        assert pack.exists()
+        problems = store.verify()["problems"]
+        assert any("'k9'" in p or '"k9"' in p for p in problems), problems
+    assert main(["gc", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "1 pack(s) left as they are because damaged" in out, out
+    assert "lazyvault verify" in out, out

@@ -122,3 +122,11 @@ def test_bad_queries_raise_query_error_with_column(runs: lv.Store, expr: str, co
 def test_find_rejects_other_types(runs: lv.Store) -> None:
     with pytest.raises(TypeError):
         runs.find(42)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not int"):
+        runs.find(3)  # type: ignore[arg-type]
+
+
+def test_find_none_is_every_record_as_count_none_counts(runs: lv.Store) -> None:
+    every = runs.find(None)
+    assert every.keys() == sorted(runs.keys()) == runs.find().keys()
+    assert len(every) == runs.count(None) == len(runs)

@@ -72,9 +72,10 @@ impl ArchiveCore {
 
     /// The checked byte range of the array described by `entry`.
     fn range(&self, entry: &schema::ArrayEntry) -> PyResult<std::ops::Range<usize>> {
+        // the caller names the record and array (not known here)
         entry
-            .validate("array")
-            .map_err(|e| lazyvault_store::Error::corrupt("record", e))
+            .check()
+            .map_err(|p| lazyvault_store::Error::corrupt("array entry", p))
             .py_err()?;
         self.index().array_range(self.bytes(), entry).py_err()
     }

@@ -255,6 +255,22 @@ impl RecordArrays {
     }
 }
 
+/// What to say of the missing payload file of `entry`, an array of the
+/// record `key` of the store at `root` as some handle read it: damage when
+/// the store's latest commit still references it, else a record read before
+/// it was overwritten or deleted (see `Store::missing_payload_hint`). Opens
+/// no payload; for error messages.
+#[pyfunction]
+pub fn missing_payload_hint(
+    py: Python<'_>,
+    root: &str,
+    key: &str,
+    entry: PyRef<'_, ArrayEntry>,
+) -> String {
+    let entry = &entry.0;
+    py.detach(|| lazyvault_store::Store::missing_payload_hint(Path::new(root), key, entry))
+}
+
 /// Reads the data of the payload of `entry` (the pickle of an `object`
 /// array) as bytes, with the same checks as [`map_array`].
 #[pyfunction]

@@ -109,6 +109,7 @@ pub fn gc_report<'py>(py: Python<'py>, r: &GcReport) -> PyResult<Bound<'py, PyDi
     d.set_item("removed_bytes", r.removed_bytes)?;
     d.set_item("journal_bytes_freed", r.journal_bytes_freed)?;
     d.set_item("packs_compacted", r.packs_compacted)?;
+    d.set_item("packs_damaged", r.packs_damaged)?;
     Ok(d)
 }
 

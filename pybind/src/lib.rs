@@ -30,6 +30,7 @@ fn _lazyvault(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(archive::dumps_archive, m)?)?;
     m.add_function(wrap_pyfunction!(array::map_array, m)?)?;
     m.add_function(wrap_pyfunction!(array::read_array_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(array::missing_payload_hint, m)?)?;
     m.add_function(wrap_pyfunction!(array::npy_header, m)?)?;
     m.add_function(wrap_pyfunction!(array::parse_descr, m)?)?;
     m.add_function(wrap_pyfunction!(store::check_query, m)?)?;

@@ -243,47 +243,52 @@ fn is_hex_id(id: &str) -> bool {
 
 impl ArrayEntry {
     /// Checks the rules that protect the file system and the mapping: the id
-    /// is exactly 32 lowercase hex digits and the data offset is 64-aligned.
+    /// is exactly 32 lowercase hex digits and the data offset is 64-aligned
+    /// (see [`ArrayEntry::check`]), and the array path `name` is not empty.
     pub fn validate(&self, name: &str) -> Result<(), SchemaError> {
-        if !is_hex_id(&self.id) {
-            return Err(SchemaError::InvalidRecord(format!(
-                "array {name:?}: payload id {:?} is not {PAYLOAD_ID_LEN} lowercase hex digits",
-                self.id
-            )));
-        }
-        if self.data_offset < 64 || !self.data_offset.is_multiple_of(64) {
-            return Err(SchemaError::InvalidRecord(format!(
-                "array {name:?}: data offset {} is not a positive multiple of 64",
-                self.data_offset
-            )));
-        }
+        self.check()
+            .map_err(|p| SchemaError::InvalidRecord(format!("array {name:?}: {p}")))?;
         if name.is_empty() {
             return Err(SchemaError::InvalidRecord("empty array name".into()));
+        }
+        Ok(())
+    }
+
+    /// [`ArrayEntry::validate`]'s rules of the entry alone, for a caller that
+    /// does not know the array's path (it names the array itself): what is
+    /// wrong, if anything.
+    pub fn check(&self) -> Result<(), String> {
+        if !is_hex_id(&self.id) {
+            return Err(format!(
+                "payload id {:?} is not {PAYLOAD_ID_LEN} lowercase hex digits",
+                self.id
+            ));
+        }
+        if self.data_offset < 64 || !self.data_offset.is_multiple_of(64) {
+            return Err(format!(
+                "data offset {} is not a positive multiple of 64",
+                self.data_offset
+            ));
         }
         match (&self.pack, self.pack_offset) {
             (None, None) => {}
             (Some(pack), Some(offset)) => {
                 if !is_hex_id(pack) {
-                    return Err(SchemaError::InvalidRecord(format!(
-                        "array {name:?}: pack id {pack:?} is not {PAYLOAD_ID_LEN} lowercase hex digits"
-                    )));
+                    return Err(format!(
+                        "pack id {pack:?} is not {PAYLOAD_ID_LEN} lowercase hex digits"
+                    ));
                 }
                 let aligned = offset
                     .checked_add(self.data_offset)
                     .is_some_and(|end| end.is_multiple_of(64));
                 if !aligned {
-                    return Err(SchemaError::InvalidRecord(format!(
-                        "array {name:?}: pack offset {offset} plus data offset {} is not a \
-                         multiple of 64",
+                    return Err(format!(
+                        "pack offset {offset} plus data offset {} is not a multiple of 64",
                         self.data_offset
-                    )));
+                    ));
                 }
             }
-            _ => {
-                return Err(SchemaError::InvalidRecord(format!(
-                    "array {name:?}: pack and pack_offset must be given together"
-                )))
-            }
+            _ => return Err("pack and pack_offset must be given together".into()),
         }
         Ok(())
     }

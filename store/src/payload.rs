@@ -846,13 +846,15 @@ fn open_entry_file(root: &Path, entry: &ArrayEntry) -> Result<(File, PathBuf)> {
 /// The path of the payload file (or pack) of `entry` under `root`, once the
 /// entry's id (which names the path) and data offset are checked.
 fn entry_path(root: &Path, entry: &ArrayEntry) -> Result<PathBuf> {
+    // The array's path is not known here: callers name it (with_array, or
+    // the Python layer's "record 'k' array 'x': ...").
     entry
-        .validate("payload")
-        .map_err(|e| Error::corrupt("record", e))?;
+        .check()
+        .map_err(|p| Error::corrupt("array entry", p))?;
     // numpy could not hold it (a record written before import refused such
     // shapes): a damaged record, not numpy's ValueError at the reader
     if let Some(problem) = npy::numpy_refuses(&entry.descr, &entry.shape) {
-        return Err(Error::corrupt("record", problem));
+        return Err(Error::corrupt("array entry", problem));
     }
     Ok(root.join(entry.relpath()))
 }
@@ -979,17 +981,13 @@ pub fn map_payload(root: &Path, entry: &ArrayEntry) -> Result<MappedPayload> {
     })
 }
 
-/// Opens the payload file at `path`; a missing file is corruption.
+/// Opens the payload file at `path`; a missing file is corruption. Whether
+/// the record read was stale or the store is damaged is not known here
+/// (see [`Store::missing_payload_hint`](crate::Store::missing_payload_hint)).
 fn open_existing(path: &Path) -> Result<File> {
     File::open(path).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
-            Error::corrupt(
-                format!("payload {}", path.display()),
-                "file is missing: the record was overwritten or deleted since it was read, and no \
-                 snapshot keeps it any more; call store.refresh() (a reader) and take store[key] \
-                 again",
-            )
-            .with_path(path)
+            Error::corrupt(format!("payload {}", path.display()), "file is missing").with_path(path)
         } else {
             crate::StorageError::Io {
                 path: path.to_owned(),
@@ -1073,9 +1071,25 @@ fn load_member(root: &Path, entry: &ArrayEntry, keep: bool) -> Result<MappedPayl
             ok
         });
     if !fine {
+        let path = path();
+        if got < total {
+            // the pack ends inside (or before) the member: say that, not
+            // what the cut happened to leave of its .npy header
+            let len = file
+                .metadata()
+                .map_or(start.saturating_add(got as u64), |m| m.len());
+            return Err(Error::corrupt(
+                format!("pack {}", path.display()),
+                format!(
+                    "the file is truncated: {len} bytes, but its member at offset {start} needs \
+                     {} (its .npy header and data)",
+                    start.saturating_add(total as u64)
+                ),
+            )
+            .with_path(&path));
+        }
         // The checks again, for their errors naming the pack.
         let header = npy::read_header(&mut &buf[..got], header_limit(entry));
-        let path = path();
         check_header(header, entry, &path)?;
         check_length(
             start.saturating_add(got as u64),

@@ -185,6 +185,12 @@ pub struct GcReport {
     /// no record's any more (FORMAT.md, "Packs"); each is retired, and
     /// removed once no reader may still see it.
     pub packs_compacted: u64,
+    /// Packs that were due for that rewrite but left as they are because
+    /// they are damaged: a live member that no longer reads or no longer
+    /// matches its checksum, or no readable zip (nothing damaged is copied
+    /// under a good checksum). [`Store::verify`] names them and their
+    /// records.
+    pub packs_damaged: u64,
 }
 
 /// What [`Store::verify`] or [`Store::verify_with`] found: damage is
@@ -201,8 +207,10 @@ pub struct VerifyReport {
     /// Of those, the payloads whose checksum did not match (each is also
     /// one of the `problems`).
     pub checksum_mismatches: u64,
-    /// One line per damaged or missing payload, undecodable record, or
-    /// disagreement between the index and the journal.
+    /// One line per damaged or missing payload, pack that is no readable
+    /// zip, undecodable record, entry whose dtype disagrees with its descr,
+    /// layout naming an array the record lacks, or disagreement between the
+    /// index and the journal.
     pub problems: Vec<String>,
     /// Payload or temporary files that no record references, as paths under
     /// [`Store::root`] (not a problem: [`Store::gc`] removes them).
@@ -825,6 +833,34 @@ impl Store {
     pub fn get_json(&self, key: &str) -> Result<Option<Vec<u8>>> {
         check_key(key)?;
         self.view()?.index().get(key)
+    }
+
+    /// What to say of the missing payload file of `entry`, an array of the
+    /// record `key` as some handle read it (its file is gone): when the
+    /// latest commit of the store at `root` (read as a new reader would)
+    /// still references that payload, the store is damaged; when `key` was
+    /// overwritten or deleted since, the record read was stale and its
+    /// payload was removed once no snapshot needed it. Opens no payload;
+    /// for error messages (a damaged checkpoint or journal makes it say
+    /// neither).
+    pub fn missing_payload_hint(root: &Path, key: &str, entry: &ArrayEntry) -> String {
+        let latest = Store::open(root, Mode::ReadOnly).and_then(|s| s.get(key));
+        match latest {
+            Ok(record) => {
+                let same = |e: &ArrayEntry| e.id == entry.id && e.pack == entry.pack;
+                if record.is_some_and(|r| r.arrays.values().any(same)) {
+                    "the store's latest commit still references it: the store is damaged \
+                     (`lazyvault verify` lists every missing payload); restore the file from a \
+                     backup, or put the record again"
+                        .to_owned()
+                } else {
+                    "the record was overwritten or deleted since it was read, and no snapshot \
+                     keeps it any more; call store.refresh() (a reader) and take store[key] again"
+                        .to_owned()
+                }
+            }
+            Err(e) => format!("`lazyvault verify` lists every missing payload ({e})"),
+        }
     }
 
     /// The decoded, validated record of `key`, or `None`.

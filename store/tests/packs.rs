@@ -709,3 +709,117 @@ fn a_merged_pack_is_linked_once_and_compacted_in_the_target_only() {
         assert_eq!(got.as_bytes(), &datas[i][..]);
     }
 }
+
+#[test]
+fn verify_names_a_pack_whose_zip_end_record_was_cut_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.lv");
+    let store = Store::open(&path, Mode::Append).unwrap();
+    let data = vec![3u8; 300];
+    let srcs = [u8_array("a", &data), u8_array("b", &data)];
+    store
+        .put("k", Map::new(), Value::Null, &srcs, None)
+        .unwrap();
+    store.flush().unwrap();
+    assert!(store.verify().unwrap().is_ok());
+    let entry = store.get("k").unwrap().unwrap().arrays["b"].clone();
+    let pack = pack_of(&path, &entry);
+    let bytes = fs::read(&pack).unwrap();
+    let members_end = (entry.npy_start() + entry.data_offset + entry.nbytes) as usize;
+    // the end record gone, then the central directory too: members intact
+    for cut in [bytes.len() - 22, members_end + 10, members_end] {
+        fs::write(&pack, &bytes[..cut]).unwrap();
+        assert!(zip::ZipArchive::new(fs::File::open(&pack).unwrap()).is_err());
+        let report = store.verify().unwrap();
+        assert_eq!(report.problems.len(), 1, "{cut}: {report:?}");
+        let p = &report.problems[0];
+        assert!(p.contains(pack.to_str().unwrap()), "{p}");
+        assert!(p.contains("zip") && p.contains("\"k\""), "{p}");
+        assert_eq!(load_payload(&path, &entry).unwrap().as_bytes(), &data[..]);
+    }
+    // the end record pointing elsewhere
+    let mut moved = bytes.clone();
+    let n = moved.len();
+    moved[n - 6] ^= 1; // central directory offset
+    fs::write(&pack, &moved).unwrap();
+    let report = store.verify().unwrap();
+    assert_eq!(report.problems.len(), 1, "{report:?}");
+    fs::write(&pack, &bytes).unwrap();
+    assert!(store.verify().unwrap().is_ok());
+}
+
+#[test]
+fn gc_says_how_many_packs_it_left_because_they_are_damaged() {
+    for damage in ["data", "header"] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.lv");
+        let store = Store::open(&path, Mode::Append).unwrap();
+        store.set_retention(std::time::Duration::ZERO);
+        let datas: Vec<Vec<u8>> = (0..10).map(|i| vec![i as u8; 1000 + i]).collect();
+        let srcs: Vec<[ArraySource; 1]> = datas.iter().map(|d| [u8_array("x", d)]).collect();
+        let keys: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
+        store
+            .put_many(records(&keys, &srcs, Map::new(), None))
+            .unwrap();
+        let entry = store.get("k9").unwrap().unwrap().arrays["x"].clone();
+        let pack = pack_of(&path, &entry);
+        for key in &keys[..7] {
+            let srcs = [u8_array("x", &[2; 8])];
+            store
+                .put(key, Map::new(), Value::Null, &srcs, None)
+                .unwrap();
+        }
+        store.flush().unwrap();
+        // a live member damaged: its pack is mostly dead, but left as it is
+        let mut bytes = fs::read(&pack).unwrap();
+        let at = match damage {
+            "data" => entry.npy_start() + entry.data_offset + 3,
+            _ => entry.npy_start() + 20,
+        };
+        bytes[at as usize] ^= 0x21;
+        fs::write(&pack, &bytes).unwrap();
+        let report = store.gc().unwrap();
+        assert_eq!(report.packs_compacted, 0, "{damage}: {report:?}");
+        assert_eq!(report.packs_damaged, 1, "{damage}: {report:?}");
+        assert!(pack.exists());
+        let verified = store.verify().unwrap();
+        assert!(
+            verified.problems.iter().any(|p| p.contains("\"k9\"")),
+            "{verified:?}"
+        );
+        // the sound members still read
+        let k8 = store.get("k8").unwrap().unwrap().arrays["x"].clone();
+        assert_eq!(load_payload(&path, &k8).unwrap().as_bytes(), &datas[8][..]);
+    }
+}
+
+#[test]
+fn a_truncated_pack_says_so_with_the_member_offset_and_the_pack_length() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.lv");
+    let store = Store::open(&path, Mode::Append).unwrap();
+    let data = vec![4u8; 1000];
+    let srcs = [u8_array("a", &data), u8_array("b", &data)];
+    store
+        .put("k", Map::new(), Value::Null, &srcs, None)
+        .unwrap();
+    store.close().unwrap();
+    let store = Store::open(&path, Mode::ReadOnly).unwrap();
+    let entry = store.get("k").unwrap().unwrap().arrays["b"].clone();
+    let pack = pack_of(&path, &entry);
+    let start = entry.npy_start();
+    // cut inside the member's data, then inside its header, then before it
+    for cut in [start + entry.data_offset + 10, start + 20, start - 5] {
+        let bytes = fs::read(&pack).unwrap();
+        fs::write(&pack, &bytes[..cut as usize]).unwrap();
+        let err = load_payload(&path, &entry).unwrap_err().to_string();
+        assert!(!err.contains("truncated .npy header"), "{cut}: {err}");
+        for part in [
+            format!("pack {}: the file is truncated", pack.display()),
+            format!("{cut} bytes"),
+            format!("offset {start}"),
+        ] {
+            assert!(err.contains(&part), "{part:?} not in {err}");
+        }
+    }
+}

@@ -251,7 +251,11 @@ fn short_payload_is_refused_before_mapping() {
     let err = map_payload(store.root(), &entry).unwrap_err();
     assert!(err.to_string().contains("truncated"), "{err}");
     let report = store.verify().unwrap();
-    assert_eq!(report.problems.len(), 1);
+    // the array, and (a small array is a pack member) its pack, whose zip
+    // end record went with the cut
+    assert_eq!(report.problems.len(), 2, "{report:?}");
+    assert!(report.problems.iter().any(|p| p.contains("truncated")));
+    assert!(report.problems.iter().any(|p| p.starts_with("pack ")));
 }
 
 #[test]
@@ -583,5 +587,164 @@ fn shapes_numpy_cannot_hold_are_refused_and_read_as_corrupt() {
         map_payload(store.root(), &entry).map(|_| ()),
     ] {
         assert!(matches!(result, Err(Error::Corrupt(_))), "{result:?}");
+    }
+}
+
+#[test]
+fn verify_reports_a_layout_naming_an_array_the_record_lacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.lv");
+    let store = Store::open(&path, Mode::Append).unwrap();
+    let data = bytes_of(&[1.0, 2.0]);
+    let layout = json!({"dict": {"x": {"array": "x"}, "lost": {"list": [{"array": "frames/9"}]},
+                        "t": 1, "d": {"dict": {"array": "not a node"}}}});
+    store
+        .put(
+            "k",
+            meta(json!({"t": 1})),
+            layout,
+            &[f64_source("x", &data, vec![2])],
+            None,
+        )
+        .unwrap();
+    let fields = json!({"fields": ["t", "x", "gone"]});
+    store
+        .put(
+            "f",
+            meta(json!({"t": 1})),
+            fields,
+            &[f64_source("x", &data, vec![2])],
+            None,
+        )
+        .unwrap();
+    let sound = json!({"fields": ["x", "t"]});
+    store
+        .put(
+            "ok",
+            meta(json!({"t": 1})),
+            sound,
+            &[f64_source("x", &data, vec![2])],
+            None,
+        )
+        .unwrap();
+    let report = store.verify().unwrap();
+    assert_eq!(report.problems.len(), 2, "{report:?}");
+    let k = report
+        .problems
+        .iter()
+        .find(|p| p.contains("\"k\""))
+        .unwrap();
+    assert!(k.contains("\"frames/9\"") && k.contains("layout"), "{k}");
+    let f = report
+        .problems
+        .iter()
+        .find(|p| p.contains("\"f\""))
+        .unwrap();
+    assert!(f.contains("\"gone\""), "{f}");
+}
+
+#[test]
+fn verify_reports_an_entry_whose_dtype_disagrees_with_its_descr() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.lv");
+    let store = Store::open(&path, Mode::Append).unwrap();
+    let data = bytes_of(&[1.0, 2.0]);
+    let mut wrong = f64_source("w/x", &data, vec![2]);
+    wrong.dtype = "int32".into();
+    store
+        .put("k", Map::new(), Value::Null, &[wrong], None)
+        .unwrap();
+    store
+        .put(
+            "fine",
+            Map::new(),
+            Value::Null,
+            &[f64_source("x", &data, vec![2])],
+            None,
+        )
+        .unwrap();
+    let report = store.verify().unwrap();
+    assert_eq!(report.problems.len(), 1, "{report:?}");
+    let p = &report.problems[0];
+    for part in ["\"k\"", "\"w/x\"", "\"int32\"", "'<f8'", "float64"] {
+        assert!(p.contains(part), "{part} not in {p}");
+    }
+}
+
+#[test]
+fn a_missing_payload_says_missing_and_why_only_when_known() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.lv");
+    let store = Store::open(&path, Mode::Append).unwrap();
+    store.set_retention(std::time::Duration::ZERO);
+    let data = bytes_of(&[1.5; 20_000]); // a payload file of its own
+    let src = [f64_source("z", &data, vec![20_000])];
+    store.put("k", Map::new(), Value::Null, &src, None).unwrap();
+    store.flush().unwrap();
+    let old = store.get("k").unwrap().unwrap().arrays["z"].clone();
+    let file = store.root().join(old.relpath());
+    fs::remove_file(&file).unwrap();
+    let err = load_payload(&path, &old).unwrap_err().to_string();
+    assert!(
+        err.contains("file is missing") && err.contains(file.to_str().unwrap()),
+        "{err}"
+    );
+    assert!(!err.contains("overwritten"), "{err}");
+    // the latest commit still references it: damage, not a stale record
+    let hint = Store::missing_payload_hint(&path, "k", &old);
+    assert!(
+        hint.contains("still references") && hint.contains("verify"),
+        "{hint}"
+    );
+    // replaced since: the record read was stale
+    let data2 = bytes_of(&[2.5; 20_000]);
+    let src2 = [f64_source("z", &data2, vec![20_000])];
+    store
+        .put("k", Map::new(), Value::Null, &src2, None)
+        .unwrap();
+    store.flush().unwrap();
+    let hint = Store::missing_payload_hint(&path, "k", &old);
+    assert!(
+        hint.contains("overwritten or deleted since it was read"),
+        "{hint}"
+    );
+    store.delete("k").unwrap();
+    store.flush().unwrap();
+    let hint = Store::missing_payload_hint(&path, "k", &old);
+    assert!(
+        hint.contains("overwritten or deleted since it was read"),
+        "{hint}"
+    );
+}
+
+#[test]
+fn a_damaged_entry_names_no_made_up_array() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.lv");
+    let store = Store::open(&path, Mode::Append).unwrap();
+    let data = bytes_of(&[1.0; 4]);
+    let src = [f64_source("frames/0", &data, vec![4])];
+    store.put("k", Map::new(), Value::Null, &src, None).unwrap();
+    let entry = store.get("k").unwrap().unwrap().arrays["frames/0"].clone();
+    let damaged = [
+        lazyvault_store::schema::ArrayEntry {
+            data_offset: 100,
+            ..entry.clone()
+        },
+        lazyvault_store::schema::ArrayEntry {
+            id: "not hex".into(),
+            ..entry.clone()
+        },
+        lazyvault_store::schema::ArrayEntry {
+            shape: vec![1; 65],
+            ..entry.clone()
+        },
+    ];
+    for bad in damaged {
+        for err in [load_payload(&path, &bad), map_payload(&path, &bad)] {
+            let text = err.unwrap_err().to_string();
+            assert!(!text.contains("\"payload\""), "{text}");
+            assert!(text.starts_with("array entry: "), "{text}");
+        }
     }
 }

@@ -412,12 +412,18 @@ def _cmd_gc(args: argparse.Namespace) -> _Output:
         raise StoreNotFoundError(f"{args.path}: no such store")
     with Store.open(args.path, mode="a") as store:
         report = store.gc()
+    damaged = report["packs_damaged"]
+    left = (
+        f"; {damaged:,} pack(s) left as they are because damaged (`lazyvault verify` names them)"
+        if damaged
+        else ""
+    )
     return _Output(
         report,
         f"{args.path}: removed {report['removed_files']:,} orphan file(s), "
         f"{report['removed_bytes']:,} bytes; journal compacted, "
         f"{report['journal_bytes_freed']:,} bytes freed; "
-        f"{report['packs_compacted']:,} pack(s) of small arrays compacted\n",
+        f"{report['packs_compacted']:,} pack(s) of small arrays compacted{left}\n",
     )
 
 

@@ -249,6 +249,13 @@ def map_array(root: str, entry: ArrayEntry) -> MappedBuffer | None:
     Raises ``CorruptError`` for a missing, short or mismatched payload.
     """
 
+def missing_payload_hint(root: str, key: str, entry: ArrayEntry) -> str:
+    """What to say of the missing payload file of ``entry``, an array of the
+    record ``key`` of the store at ``root`` as some handle read it: that the
+    store is damaged when its latest commit still references the payload,
+    else that the record was overwritten or deleted since it was read. Opens
+    no payload; for error messages."""
+
 def read_array_bytes(root: str, entry: ArrayEntry) -> bytes:
     """Reads the ``nbytes`` data bytes of the payload of ``entry`` (the pickle
     of an ``object`` array), with the same checks as :func:`map_array`."""

@@ -5,6 +5,7 @@ remainder from: a store directory, arrays in memory, or a ``.lvz`` archive (``_a
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, Protocol
 
@@ -76,9 +77,20 @@ def array_entry(entry: dict[str, Any]) -> _lazyvault.ArrayEntry:
     return _lazyvault.ArrayEntry(**entry)
 
 
-def corrupt_array(e: CorruptError, key: str, name: str) -> CorruptError:
-    """``e`` again, its message and attributes naming the record and array."""
-    err = CorruptError(f"record {key!r} array {name!r}: {e}")
+def corrupt_array(
+    e: CorruptError,
+    key: str,
+    name: str,
+    root: str | None = None,
+    entry: dict[str, Any] | None = None,
+) -> CorruptError:
+    """``e`` again, its message and attributes naming the record and array; for a payload file of
+    the store directory ``root`` that is missing, with the core's word on why (the store damaged,
+    or ``entry`` read before its record was overwritten or deleted)."""
+    text = f"record {key!r} array {name!r}: {e}"
+    if root is not None and entry is not None and e.path and not os.path.exists(e.path):
+        text += f"; {_lazyvault.missing_payload_hint(root, key, array_entry(entry))}"
+    err = CorruptError(text)
     err.key, err.array, err.path = key, name, e.path
     return err
 
@@ -90,11 +102,13 @@ def load_array(
     allow_pickle: bool,
     read_bytes: Callable[[_lazyvault.ArrayEntry], bytes],
     map_buffer: Callable[[_lazyvault.ArrayEntry], object],
+    root: str | None = None,
 ) -> np.ndarray:
     """The array ``name`` of record ``key`` from its ``entry`` (a dict of the record JSON), read
     with a source's core readers: ``read_bytes`` (the pickle of an ``object`` array, loaded only if
     ``allow_pickle``) or ``map_buffer`` (the data, ``None`` for 0 bytes). Raises
-    ``PickleNotAllowedError``, and ``CorruptError`` naming the record and array."""
+    ``PickleNotAllowedError``, and ``CorruptError`` naming the record and array (and, for a
+    missing payload file of the store directory ``root``, why: see :func:`corrupt_array`)."""
     core_entry = array_entry(entry)
     try:
         if entry.get("pickled"):
@@ -107,7 +121,7 @@ def load_array(
             return _arrays.load_pickled(read_bytes(core_entry))
         buffer = map_buffer(core_entry)
     except CorruptError as e:
-        raise corrupt_array(e, key, name) from e
+        raise corrupt_array(e, key, name, root, entry) from e
     return _arrays.array_from_buffer(
         buffer, entry["descr"], tuple(entry["shape"]), entry["fortran_order"]
     )
@@ -142,6 +156,7 @@ class DirectorySource:
             self.trust.allow_pickle,
             functools.partial(_lazyvault.read_array_bytes, self.root),
             functools.partial(_lazyvault.map_array, self.root),
+            self.root,
         )
 
 

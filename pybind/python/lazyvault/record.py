@@ -180,7 +180,11 @@ class Record:
             try:
                 got = parsed.read(name)
             except CorruptError as e:
-                raise _source.corrupt_array(e, self._key, name) from e
+                # (an error: decoding the record JSON here costs nothing that matters)
+                source = self._source
+                root = source.root if isinstance(source, _source.DirectorySource) else None
+                entry = self._record["arrays"].get(name)
+                raise _source.corrupt_array(e, self._key, name, root, entry) from e
             if got is not None:
                 array = self._cache[name] = _arrays.array_from_buffer(*got)
                 return array

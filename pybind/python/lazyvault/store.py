@@ -203,15 +203,19 @@ class Handle(RecordsDisplay, Mapping[str, Record]):
             return KeysView(self)
         return self._index().find(_query_text(expr))
 
-    def find(self, expr: str | Callable[[Record], bool]) -> Results:
-        """Records whose metadata match ``expr``, in key (archive) order.
+    def find(self, expr: str | Callable[[Record], bool] | None = None) -> Results:
+        """Records whose metadata match ``expr``, in key (archive) order; every record when
+        ``expr`` is ``None`` (as :meth:`count` counts them all).
 
         ``expr`` is a query (``"temperature > 250 and material == 'Si'"``, grammar in
         store/QUERY.md) evaluated in Rust over the index, opening no payload, with the GIL released
         (a full scan runs on two threads when there are two cores); or a Python callable taking a
         :class:`Record` (slower: each record crosses into Python). Raises :class:`QueryError` (a
-        ``ValueError`` with ``.column``) for a malformed query, ``TypeError`` for anything else.
+        ``ValueError`` with ``.column``) for a malformed query, ``TypeError`` for anything else
+        (``find(3)``).
         """
+        if expr is None:
+            return Results(self, self._index().keys())
         if callable(expr):
             return Results(self, [k for k in self._index().keys() if expr(self[k])])
         if not isinstance(expr, str):
@@ -735,8 +739,11 @@ class Store(Handle, MutableMapping[str, Record]):
         """Checks every record against its payload files (each exists, its ``.npy`` header agrees
         with the record, it holds all the data; with ``checksums``, the data hashed against the
         XXH3-64 recorded at write time, reading every byte) and the journal (each key's latest entry
-        is its record; no record is in the journal alone). Files no record references are orphans
-        (``gc()`` removes them). ``progress`` (see :class:`Store`) counts records.
+        is its record; no record is in the journal alone); that each array entry's ``dtype`` is
+        numpy's name of its ``descr``, that the layout names no array path the record lacks, and
+        that each pack is a readable zip (its end record and central directory, from its tail, as
+        ``np.load`` needs them). Files no record references are orphans (``gc()`` removes them).
+        ``progress`` (see :class:`Store`) counts records.
 
         Returns ``{"ok": bool, "records": int, "arrays": int, "checksummed": int,
         "checksum_mismatches": int, "problems": [str], "orphans": [path]}``: ``checksummed`` counts
@@ -752,8 +759,12 @@ class Store(Handle, MutableMapping[str, Record]):
         """Flushes, removes payload and temporary files no record references (left by a crash or an
         overwrite), compacts the journal to one entry per record, and rewrites the packs of small
         arrays that are more than half dead. Returns ``{"removed_files": n, "removed_bytes": n,
-        "journal_bytes_freed": n, "packs_compacted": n}`` (sizes in bytes). ``progress`` (see
-        :class:`Store`) gets ``(0, 1)``, then ``(1, 1)``: the core works in one step."""
+        "journal_bytes_freed": n, "packs_compacted": n, "packs_damaged": n}`` (sizes in bytes).
+        ``packs_damaged`` counts the packs due for that rewrite but left as they are because they
+        are damaged (a live member that no longer reads or matches its checksum, or no readable
+        zip): nothing damaged is copied under a good checksum; :meth:`verify` names them and their
+        records. ``progress`` (see :class:`Store`) gets ``(0, 1)``, then ``(1, 1)``: the core
+        works in one step."""
         with progress_callback(progress, "gc", "step") as report:
             tick = report or _no_report
             tick(0, 1)

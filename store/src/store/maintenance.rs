@@ -359,8 +359,10 @@ impl Store {
         // Packs mostly dead: live members rewritten into new packs, their
         // records put again. No commit of their own: gc's one commit below
         // covers them and retires the old packs.
+        let (packs_compacted, packs_damaged) = self.compact_packs(&w, &mut state)?;
         let mut report = GcReport {
-            packs_compacted: self.compact_packs(&w, &mut state)?,
+            packs_compacted,
+            packs_damaged,
             ..GcReport::default()
         };
         // gc's one new version: it commits the rewritten records (or
@@ -401,14 +403,20 @@ impl Store {
     /// whose short member name is taken there; one pack for all the packs
     /// compacted), the records using them are put again with the
     /// new `pack` and `pack_offset` (one batch), and the old packs are
-    /// retired: unlinked once no reader may still see them. A member whose
-    /// data no longer match its recorded checksum leaves its pack as it is
-    /// (`verify` reports it; nothing damaged is copied under a good
-    /// checksum). Nothing is compacted when the disk has no room for the
-    /// copies (gc then frees what it can without). Returns the number of
-    /// packs compacted. The caller holds the writer lock and commits (the
-    /// old packs are in `retiring`).
-    fn compact_packs(&self, w: &super::writer::Writer, state: &mut WriterState) -> Result<u64> {
+    /// retired: unlinked once no reader may still see them. A pack with a
+    /// member that no longer reads (header, length) or whose data no longer
+    /// match its recorded checksum, or that is no readable zip, is left as
+    /// it is and counted as damaged (`verify` reports it; nothing damaged
+    /// is copied under a good checksum). Nothing is compacted when the disk
+    /// has no room for the copies (gc then frees what it can without).
+    /// Returns the numbers of packs compacted and of packs left because
+    /// damaged. The caller holds the writer lock and commits (the old packs
+    /// are in `retiring`).
+    fn compact_packs(
+        &self,
+        w: &super::writer::Writer,
+        state: &mut WriterState,
+    ) -> Result<(u64, u64)> {
         let index = w.index();
         // pack id -> (key, array name, entry) of its live members
         let mut live: HashMap<String, Vec<(String, String, ArrayEntry)>> = HashMap::new();
@@ -425,6 +433,7 @@ impl Store {
             Ok(())
         })?;
         let mut chosen = Vec::new();
+        let mut damaged = 0u64;
         for (pack, members) in live {
             let path = self.root.join(lazyvault_schema::pack_relpath(&pack));
             // every member live (the common case): its 22-byte end record
@@ -433,7 +442,8 @@ impl Store {
                 continue;
             }
             let Some(total) = pack_member_bytes(&path) else {
-                continue; // unreadable: verify reports its members
+                damaged += 1; // no readable zip: verify names it
+                continue;
             };
             let used: u64 = members
                 .iter()
@@ -444,7 +454,7 @@ impl Store {
             }
         }
         if chosen.is_empty() {
-            return Ok(0);
+            return Ok((0, damaged));
         }
         // The live members are written anew before the old packs go: on a
         // disk without room for them, gc frees what it can without this.
@@ -456,7 +466,7 @@ impl Store {
         if w.check_space_for(chosen.iter().map(|(_, m)| m.len()).sum(), copied)
             .is_err()
         {
-            return Ok(0);
+            return Ok((0, damaged));
         }
         chosen.sort_by(|a, b| a.0.cmp(&b.0));
         let mut writer = payload::PayloadWriter::new(&self.root, 1)?;
@@ -467,7 +477,14 @@ impl Store {
                 let mut entries = Vec::with_capacity(members.len());
                 let mut sound = true;
                 for (key, name, entry) in members {
-                    let data = payload::load_payload(&self.root, entry)?;
+                    let data = match payload::load_payload(&self.root, entry) {
+                        Ok(data) => data,
+                        Err(Error::Corrupt(_)) => {
+                            sound = false;
+                            break;
+                        }
+                        Err(e) => return Err(e),
+                    };
                     let intact = entry
                         .checksum
                         .as_deref()
@@ -484,7 +501,8 @@ impl Store {
                     entries.push((key.clone(), name.clone(), new));
                 }
                 if !sound {
-                    continue; // its members stay where they are
+                    damaged += 1; // its members stay where they are
+                    continue;
                 }
                 retired.push(lazyvault_schema::pack_relpath(pack));
                 for (key, name, entry) in entries {
@@ -505,7 +523,7 @@ impl Store {
         }
         if moved.is_empty() {
             writer.abort(); // an empty pack, if any
-            return Ok(0);
+            return Ok((0, damaged));
         }
         // The records again, their moved entries pointing into the new pack.
         let mut keys: Vec<&String> = moved.keys().collect();
@@ -546,7 +564,7 @@ impl Store {
         }
         let compacted = retired.len() as u64;
         state.retiring.extend(retired);
-        Ok(compacted)
+        Ok((compacted, damaged))
     }
 
     /// How many keys the index and the journal (replayed up to the index's
@@ -568,7 +586,10 @@ impl Store {
     /// Checks every record against its payloads (present, header matching,
     /// long enough, and with `checksums` the data hashed against the
     /// checksum recorded at write time) and against the journal (the latest
-    /// entry of each key is that record; no key is in the journal alone),
+    /// entry of each key is that record; no key is in the journal alone);
+    /// checks that each entry's `dtype` is numpy's name of its `descr`, that
+    /// the layout names no array path the record lacks, and that each pack
+    /// is a readable zip (end record and central directory, from its tail);
     /// and lists orphan files. `progress(done, total)` is called with
     /// `(0, total)` first, then after each record; returning `false` stops
     /// the check with [`UsageError::Cancelled`](crate::UsageError::Cancelled).
@@ -597,6 +618,8 @@ impl Store {
         let mut report = VerifyReport::default();
         let mut referenced = HashSet::new();
         let mut check = JournalCheck::new(&self.root, index)?;
+        // pack id -> (the first key using it, how many entries do)
+        let mut packs: HashMap<String, (String, u64)> = HashMap::new();
         index::scan(index, |key, bytes| {
             report.records += 1;
             report
@@ -609,9 +632,21 @@ impl Store {
                     return Self::go_on(progress(report.records, total));
                 }
             };
+            report.problems.extend(layout_problems(key, &record));
             for (name, entry) in &record.arrays {
                 report.arrays += 1;
                 referenced.extend(file_ids(entry.clone()));
+                if let Some(pack) = &entry.pack {
+                    packs
+                        .entry(pack.clone())
+                        .or_insert_with(|| (key.to_owned(), 0))
+                        .1 += 1;
+                }
+                if let Some(problem) = dtype_problem(entry) {
+                    report
+                        .problems
+                        .push(format!("record {key:?} array {name:?}: {problem}"));
+                }
                 let checked = if checksums {
                     self.verify_checksum(entry).and_then(|hashed| {
                         report.checksummed += u64::from(!matches!(hashed, Hashed::NotCompared));
@@ -635,6 +670,7 @@ impl Store {
             Self::go_on(progress(report.records, total))
         })?;
         report.problems.extend(check.finish());
+        report.problems.extend(self.pack_problems(packs)?);
         report.problems.extend(verify_checkpoints(&self.root)?);
         if let Some((_, state)) = &writer_state {
             // Payloads of replaced records, removed once no reader needs them.
@@ -657,6 +693,38 @@ impl Store {
         drop(writer_state);
         drop(view);
         Ok(report)
+    }
+
+    /// One line per pack (of those `packs` names, with a key using each and
+    /// the number of entries that do) that is no readable zip: its end
+    /// record or central directory cut off or damaged. lazyvault reads
+    /// members by offset, so nothing is lost, but `np.load(pack)` fails
+    /// (FORMAT.md, "Packs"). A missing pack is left to its members' lines.
+    fn pack_problems(&self, packs: HashMap<String, (String, u64)>) -> Result<Vec<String>> {
+        let mut packs: Vec<_> = packs.into_iter().collect();
+        packs.sort();
+        let mut problems = Vec::new();
+        for (pack, (key, uses)) in packs {
+            let path = path_of(&self.root, &pack);
+            let len = match fs::metadata(&path) {
+                Ok(m) => m.len(),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(Error::io(&path)(e)),
+            };
+            let problem = match crate::pack::zip_end_problem(&path, len) {
+                Ok(None) => continue,
+                Ok(Some(problem)) => problem,
+                Err(e) => e.to_string(),
+            };
+            problems.push(format!(
+                "pack {}: damaged, unreadable as a zip: {problem}; np.load cannot read it \
+                 (lazyvault still reads its members by offset). {uses} array(s) use it, \
+                 of record {key:?} among others: put those records again (their arrays go to a \
+                 new pack) and gc() retires this one, or restore the file from a backup",
+                path.display()
+            ));
+        }
+        Ok(problems)
     }
 
     /// [`Store::verify_with`] with checksums and no progress reports.
@@ -945,6 +1013,85 @@ fn intact_checkpoint(root: &Path) -> Result<Option<checkpoint::CheckpointDoc>> {
         .rev()
         .filter_map(|(_, path)| checkpoint::read(path).ok())
         .find(|doc| doc.runs.iter().all(|r| check_run(root, r).is_ok())))
+}
+
+/// How the array entry's `dtype` disagrees with its `descr`, if it does:
+/// `dtype` must be numpy's name of the dtype the descr gives. A descr this
+/// version does not know (no name for it) is not judged.
+fn dtype_problem(entry: &ArrayEntry) -> Option<String> {
+    let name = crate::npy::dtype_name(&entry.descr);
+    if name == entry.descr || name == entry.dtype {
+        return None;
+    }
+    Some(format!(
+        "the entry's dtype {:?} disagrees with its descr {} (numpy's name for it is {name:?}); \
+         the record is damaged: put it again with the array's true dtype",
+        entry.dtype, entry.descr
+    ))
+}
+
+/// One line per array path the layout of `record` (FORMAT.md, "Layout")
+/// names that its `arrays` lack: loading the record would fail there.
+fn layout_problems(key: &str, record: &Record) -> Vec<String> {
+    let mut missing: Vec<&str> = Vec::new();
+    let layout = &record.layout;
+    let fields = layout
+        .as_object()
+        .filter(|m| m.len() == 1)
+        .and_then(|m| m.get("fields"));
+    if let Some(fields) = fields {
+        // names neither a metadata field nor an array path
+        for name in fields.as_array().into_iter().flatten() {
+            if let Some(name) = name.as_str() {
+                if !record.arrays.contains_key(name) && !record.meta.contains_key(name) {
+                    missing.push(name);
+                }
+            }
+        }
+    } else {
+        let mut stack = vec![layout];
+        while let Some(node) = stack.pop() {
+            let Some((kind, body)) = node
+                .as_object()
+                .filter(|m| m.len() == 1)
+                .and_then(|m| m.iter().next())
+            else {
+                continue;
+            };
+            match (kind.as_str(), body) {
+                ("dict", Value::Object(m)) => stack.extend(m.values()),
+                ("list" | "tuple", Value::Array(items)) => stack.extend(items),
+                ("array", Value::String(path)) if !record.arrays.contains_key(path) => {
+                    missing.push(path);
+                }
+                ("masked", Value::Object(m)) => {
+                    stack.extend(
+                        ["data", "mask", "fill_value"]
+                            .iter()
+                            .filter_map(|f| m.get(*f)),
+                    );
+                }
+                ("object", Value::Object(o)) => {
+                    if let Some(Value::Object(state)) = o.get("state") {
+                        stack.extend(state.values());
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    missing.sort_unstable();
+    missing.dedup();
+    missing
+        .into_iter()
+        .map(|path| {
+            format!(
+                "record {key:?}: its layout names the array {path:?}, which its arrays lack \
+                 (loading the record fails; its metadata and other arrays stay readable): put \
+                 the record again with that array"
+            )
+        })
+        .collect()
 }
 
 /// Each run of each checkpoint checked whole (checksum, order, every

@@ -159,8 +159,8 @@ impl<'s> Stage<'s> {
     pub fn link_from(&mut self, source: &Path, entry: &ArrayEntry) -> Result<ArrayEntry> {
         let what = || format!("payload {}", source.display());
         entry
-            .validate("payload")
-            .map_err(|e| Error::corrupt(what(), e).with_path(source))?;
+            .check()
+            .map_err(|p| Error::corrupt(what(), p).with_path(source))?;
         let mut file = std::fs::File::open(source).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
                 Error::corrupt(what(), "file is missing").with_path(source)
@@ -245,7 +245,18 @@ impl<'s> Stage<'s> {
             data: &[],
             pickled: entry.pickled,
         };
-        let copied = self.write_from(&src, entry.nbytes, &mut file.take(entry.nbytes), source)?;
+        // The source's payload disagreeing with its own entry is damage of
+        // the source (the caller names its record and array), not a bad
+        // array of the caller's.
+        let copied = self
+            .write_from(&src, entry.nbytes, &mut file.take(entry.nbytes), source)
+            .map_err(|e| match e {
+                Error::Usage(crate::UsageError::InvalidArray { detail, .. }) => {
+                    Error::corrupt(format!("payload {}", source.display()), detail)
+                        .with_path(source)
+                }
+                other => other,
+            })?;
         if entry.checksum.is_some() && copied.checksum != entry.checksum {
             // the copy is named by no record: removed with the stage, or
             // after its commit
