@@ -1027,10 +1027,10 @@ fn load_member(root: &Path, entry: &ArrayEntry, keep: bool) -> Result<MappedPayl
     // The checks of `entry_path`; the path itself is made only to open
     // the pack or to name it in an error (a kept pack is found by id).
     entry
-        .validate("payload")
-        .map_err(|e| Error::corrupt("record", e))?;
+        .check()
+        .map_err(|p| Error::corrupt("array entry", p))?;
     if let Some(problem) = npy::numpy_refuses(&entry.descr, &entry.shape) {
-        return Err(Error::corrupt("record", problem));
+        return Err(Error::corrupt("array entry", problem));
     }
     let pack = entry.pack.as_deref().unwrap_or_default();
     let path = || root.join(entry.relpath());
