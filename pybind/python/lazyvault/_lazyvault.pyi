@@ -54,6 +54,7 @@ __all__ = [
     "export_safetensors",
     "import_files",
     "map_array",
+    "missing_payload_hint",
     "npy_header",
     "npz_has_manifest",
     "npz_member_name",
