@@ -400,13 +400,7 @@ fn damaged_or_stray_checkpoints_give_way_to_older_ones_and_repair_replaces_them(
     let expected = values(&Store::open(&path, Mode::ReadOnly).unwrap());
     for what in ["truncated", "a run missing", "a stray newer file"] {
         let copy = dir.path().join(format!("copy-{}", what.replace(' ', "-")));
-        assert!(std::process::Command::new("cp")
-            .arg("-a")
-            .arg(&path)
-            .arg(&copy)
-            .status()
-            .unwrap()
-            .success());
+        copy_store(&path, &copy);
         let path = copy;
         damage_newest_checkpoint(&path, what);
         // Readers fall back to the older checkpoint and the journal after
@@ -430,6 +424,17 @@ fn damaged_or_stray_checkpoints_give_way_to_older_ones_and_repair_replaces_them(
         assert!(reader.verify().unwrap().is_ok(), "{what} after repair");
         assert_eq!(reader.len().unwrap(), expected.len() as u64 + 1, "{what}");
     }
+}
+
+/// Copies the store at `from` to `to` as it is (`cp -a`).
+fn copy_store(from: &Path, to: &Path) {
+    assert!(std::process::Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap()
+        .success());
 }
 
 /// Damages the newest checkpoint of the store at `path` as `what` says.
@@ -470,13 +475,7 @@ fn a_damaged_checkpoint_whose_journal_is_gone_is_refused_never_read_as_empty() {
     assert_eq!(lazyvault_store::journal::segments(&path).unwrap(), []);
     for what in ["truncated", "a run missing"] {
         let copy = dir.path().join(format!("gone-{}", what.replace(' ', "-")));
-        assert!(std::process::Command::new("cp")
-            .arg("-a")
-            .arg(&path)
-            .arg(&copy)
-            .status()
-            .unwrap()
-            .success());
+        copy_store(&path, &copy);
         damage_newest_checkpoint(&copy, what);
         assert!(
             matches!(Store::open(&copy, Mode::ReadOnly), Err(Error::Corrupt(_))),

@@ -220,15 +220,7 @@ fn resolve<'c>(path: &'c PathExpr, cols: &'c Columns) -> Resolved<'c> {
         r.key = true;
         return r;
     }
-    // The field names before the first list index.
-    let fields: Vec<String> = path
-        .segs
-        .iter()
-        .map_while(|s| match s {
-            Seg::Field(f) => Some(f.clone()),
-            Seg::Index(_) => None,
-        })
-        .collect();
+    let fields = leading_fields(path);
     let indexed = fields.len() < path.segs.len();
     let damaged = |mut r: Resolved<'c>| {
         r.typed = None;
@@ -910,14 +902,7 @@ impl Query {
                 out.push(cols.key);
                 continue;
             }
-            let fields: Vec<String> = path
-                .segs
-                .iter()
-                .map_while(|s| match s {
-                    Seg::Field(f) => Some(f.clone()),
-                    Seg::Index(_) => None,
-                })
-                .collect();
+            let fields = leading_fields(path);
             if !fields.is_empty() {
                 let exact: PathColumns = cols.paths.get(&fields).copied().unwrap_or_default();
                 out.extend([exact.typed, exact.json].into_iter().flatten());
@@ -963,6 +948,17 @@ impl Query {
             reasons,
         }
     }
+}
+
+/// The field names of `path` before its first list index.
+fn leading_fields(path: &PathExpr) -> Vec<String> {
+    path.segs
+        .iter()
+        .map_while(|s| match s {
+            Seg::Field(f) => Some(f.clone()),
+            Seg::Index(_) => None,
+        })
+        .collect()
 }
 
 #[cfg(test)]
