@@ -51,6 +51,8 @@ pub use payload::{
     load_payload, map_payload, open_payload, read_payload, ArraySource, MappedPayload,
     READ_MAX_BYTES,
 };
+#[doc(hidden)]
+pub use store::set_max_pending_bytes;
 pub(crate) use store::INDEXES_FILE;
 
 /// Reads `bytes` as a checkpoint column file (FORMAT.md, "Column files")

@@ -46,6 +46,8 @@ pub use json_text::{JsonText, JsonTextError, NewRecordJson};
 pub use keys::Keys;
 pub use staged::{Stage, StagedRecord};
 
+#[doc(hidden)]
+pub use writer::set_max_pending_bytes;
 use writer::{Writer, WriterState};
 
 /// Directory of the sled index inside a store.
@@ -638,7 +640,25 @@ impl Store {
         w.check_space_for(records.len(), payload)?;
         let mut state = w.lock();
         let records = records.into_iter().map(|r| (r, IndexMap::new())).collect();
-        self.put_locked(index, &mut state, records)
+        self.put_locked(index, &mut state, records)?;
+        self.bound_pending(&w, &mut state)
+    }
+
+    /// Commits (as `flush()` does, which writes a checkpoint) once the
+    /// writer holds more than [`writer::MAX_PENDING_BYTES`] of changed
+    /// records in memory.
+    fn bound_pending(&self, w: &Writer, state: &mut WriterState) -> Result<()> {
+        let limit = writer::max_pending_bytes();
+        if w.index().pending_bytes() < limit {
+            return Ok(());
+        }
+        let retention = self.retention();
+        w.flush(state, retention)?;
+        if w.index().pending_bytes() >= limit {
+            // less journal than a flush's checkpoint threshold: write it now
+            w.checkpoint(state, false, retention)?;
+        }
+        Ok(())
     }
 
     /// Replaces the arrays of the record under `key` named like those of
@@ -701,6 +721,7 @@ impl Store {
             pickle: pickle.as_deref(),
         };
         self.put_locked(index, &mut state, vec![(record, kept)])?;
+        self.bound_pending(&w, &mut state)?;
         Ok(true)
     }
 

@@ -29,6 +29,9 @@ pub(crate) struct Layers {
     pub tail: BTreeMap<String, Committed>,
     /// Number of records.
     pub len: u64,
+    /// Bytes of record JSON and pickles in `tail` (what it holds in memory;
+    /// overwritten ones count too, until the next checkpoint clears it).
+    pub tail_bytes: u64,
 }
 
 impl Layers {
@@ -38,6 +41,7 @@ impl Layers {
             runs,
             tail: BTreeMap::new(),
             len,
+            tail_bytes: 0,
         }
     }
 
@@ -71,6 +75,10 @@ impl Layers {
             (true, false) => self.len.saturating_sub(1),
             _ => self.len,
         };
+        let size = change
+            .as_ref()
+            .map_or(0, |(r, p)| r.len() + p.as_ref().map_or(0, Vec::len));
+        self.tail_bytes += (key.len() + size) as u64;
         self.tail.insert(key, change);
         Ok(())
     }

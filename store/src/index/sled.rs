@@ -295,6 +295,12 @@ impl Index {
         Ok(())
     }
 
+    /// Bytes of records held in memory: the changes since the checkpoint
+    /// loaded (or rebased on), see [`crate::store::writer::MAX_PENDING_BYTES`].
+    pub(crate) fn pending_bytes(&self) -> u64 {
+        self.records.read_recursive().tail_bytes
+    }
+
     /// The keys changed since the checkpoint loaded (or rebased on).
     pub(crate) fn changed_keys(&self) -> Vec<String> {
         self.records.read().tail.keys().cloned().collect()

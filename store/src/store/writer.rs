@@ -28,6 +28,28 @@ use super::{INDEX_DIR, LOCK_FILE};
 /// A checkpoint is written at a flush once the journal has grown this much
 /// since the last one: readers replay at most about this much at open.
 pub(crate) const CHECKPOINT_TAIL_BYTES: u64 = 4 << 20;
+/// The writer holds the records it changed since its last checkpoint in
+/// memory (see FORMAT.md, "Index"); once they pass this many bytes, a put
+/// commits (as `flush()` does) and so writes a checkpoint, which frees them:
+/// a bulk load without `flush()` keeps bounded memory.
+pub(crate) const MAX_PENDING_BYTES: u64 = 256 << 20;
+
+/// [`MAX_PENDING_BYTES`], or what a test set.
+pub(crate) fn max_pending_bytes() -> u64 {
+    match PENDING_LIMIT.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => MAX_PENDING_BYTES,
+        n => n,
+    }
+}
+
+static PENDING_LIMIT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Lowers [`MAX_PENDING_BYTES`] for this process (tests; 0 restores it).
+#[doc(hidden)]
+pub fn set_max_pending_bytes(bytes: u64) {
+    PENDING_LIMIT.store(bytes, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// At most this many runs in a checkpoint; more are merged.
 const MAX_RUNS: usize = 12;
 /// How long superseded checkpoints and retired payloads are kept for
