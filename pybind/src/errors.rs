@@ -468,7 +468,8 @@ pub fn to_pyerr(err: Error) -> PyErr {
                     OpenError::NotAStore(p) => (&NOT_A_STORE_ERROR, vec![("path", path(p))]),
                     OpenError::Format { path: p, source } => (
                         match source {
-                            SchemaError::UnsupportedVersion { .. } => &FORMAT_VERSION_ERROR,
+                            SchemaError::UnsupportedVersion { .. }
+                            | SchemaError::OlderVersion { .. } => &FORMAT_VERSION_ERROR,
                             _ => &NOT_A_STORE_ERROR,
                         },
                         vec![("path", path(p))],

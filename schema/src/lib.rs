@@ -39,6 +39,17 @@ pub enum SchemaError {
         /// The newest format version this build reads (`FORMAT_VERSION`).
         supported: String,
     },
+    /// The store claims a major version older than any lazyvault wrote.
+    #[error(
+        "store format version {found} is older than any this lazyvault reads ({oldest}.0 and \
+         later): not a store lazyvault wrote, or a damaged manifest"
+    )]
+    OlderVersion {
+        /// The store's `MAJOR.MINOR` format version.
+        found: String,
+        /// The oldest major this build reads.
+        oldest: u32,
+    },
     /// A version string that is not `MAJOR.MINOR`.
     #[error("malformed format version {0:?} (expected MAJOR.MINOR)")]
     MalformedVersion(String),

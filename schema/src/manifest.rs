@@ -100,7 +100,13 @@ impl Manifest {
             });
         }
         let version: FormatVersion = self.format_version.parse()?;
-        if version.major < OLDEST_MAJOR || version.major > FORMAT_VERSION.major {
+        if version.major < OLDEST_MAJOR {
+            return Err(SchemaError::OlderVersion {
+                found: version.to_string(),
+                oldest: OLDEST_MAJOR,
+            });
+        }
+        if version.major > FORMAT_VERSION.major {
             return Err(SchemaError::UnsupportedVersion {
                 found: version.to_string(),
                 supported: FORMAT_VERSION.to_string(),
@@ -142,7 +148,14 @@ mod tests {
         let err = Manifest::from_json(json).unwrap_err();
         assert!(matches!(err, SchemaError::UnsupportedVersion { .. }));
         assert!(err.to_string().contains("3.0"), "{err}");
-        // 1.x stores are still read (their writer upgrades them), 0.x not.
+        // 1.x stores are still read (their writer upgrades them), 0.x not,
+        // and a 0.x is not called newer.
+        let old = Manifest::from_json(
+            br#"{"format":"lazyvault","format_version":"0.9","created_by":"x"}"#,
+        )
+        .unwrap_err();
+        assert!(matches!(old, SchemaError::OlderVersion { .. }), "{old}");
+        assert!(old.to_string().contains("older"), "{old}");
         for (version, ok) in [("1.0", true), ("1.6", true), ("2.0", true), ("0.9", false)] {
             let json = format!(
                 r#"{{"format":"lazyvault","format_version":"{version}","created_by":"x"}}"#

@@ -126,6 +126,11 @@ impl Snapshot {
                 }
             }
         }
+        if all.is_empty() {
+            if let Some(why) = checkpoint::missing_checkpoint(root)? {
+                return Err(Error::corrupt(format!("store {}", root.display()), why));
+            }
+        }
         if !all.is_empty() && !journal::is_whole(root)? {
             // The journal alone no longer holds what the checkpoints did.
             let why = first_err.map_or_else(String::new, |e| format!(" ({e})"));

@@ -761,3 +761,57 @@ fn a_writer_upgrades_a_1x_manifest_and_a_reader_leaves_it() {
     assert_eq!(store.keys().unwrap(), ["k"]);
     store.close().unwrap();
 }
+
+#[test]
+fn a_damaged_entry_before_committed_ones_is_never_cut_and_repair_keeps_what_follows() {
+    // Bit rot, not a torn tail: whole commits follow the damaged entry.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.lv");
+    let store = Store::open(&path, Mode::Append).unwrap();
+    for k in ["a", "b", "c"] {
+        store
+            .put(
+                k,
+                meta(json!({"k": k})),
+                Value::Null,
+                &[u8_array("x", b"1")],
+                None,
+            )
+            .unwrap();
+        store.flush().unwrap();
+    }
+    let path = crash_image(store, &path);
+    let (_, segment) = journal::segments(&path).unwrap().pop().unwrap();
+    let mut bytes = fs::read(&segment).unwrap();
+    bytes[16 + 45] ^= 0x20; // inside the first put (of "a")
+    fs::write(&segment, &bytes).unwrap();
+    let ro = Store::open(&path, Mode::ReadOnly).unwrap();
+    let report = ro.verify().unwrap();
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|p| p.contains("damaged at byte")),
+        "{:?}",
+        report.problems
+    );
+    drop(ro);
+    // The writer refuses rather than cut the commits of b and c.
+    let store = Store::open(&path, Mode::Append).unwrap();
+    match store.begin_write() {
+        Err(Error::Corrupt(c)) => assert!(c.to_string().contains("repair"), "{c}"),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    drop(store);
+    assert_eq!(fs::read(&segment).unwrap(), bytes, "nothing was cut");
+    let report = Store::repair(&path).unwrap();
+    assert!(
+        report.skipped.iter().any(|s| s.contains("damaged")),
+        "{:?}",
+        report.skipped
+    );
+    let store = Store::open(&path, Mode::Append).unwrap();
+    store.begin_write().unwrap();
+    assert_eq!(store.keys().unwrap(), ["b", "c"]);
+    store.close().unwrap();
+}

@@ -467,7 +467,8 @@ fn damage_newest_checkpoint(path: &Path, what: &str) {
 }
 
 #[test]
-fn a_damaged_checkpoint_whose_journal_is_gone_is_refused_never_read_as_empty() {
+fn a_damaged_checkpoint_whose_journal_is_gone_is_refused_never_read_as_empty_and_repair_salvages_it(
+) {
     // Since 1.6 the journal a checkpoint covers goes once no reader needs
     // it: the checkpoint alone holds those records.
     let dir = tempfile::tempdir().unwrap();
@@ -485,14 +486,20 @@ fn a_damaged_checkpoint_whose_journal_is_gone_is_refused_never_read_as_empty() {
             matches!(Store::open(&copy, Mode::Append), Err(Error::Corrupt(_))),
             "{what}"
         );
-        // repair keeps what can be read (nothing here), and says so.
+        // repair keeps what can be read, and says what it could not.
         let report = Store::repair(&copy).unwrap();
+        let (records, said) = match what {
+            // the run is intact: all of it
+            "truncated" => (20, "no checkpoint document can be read"),
+            // the run is gone: so are its records
+            _ => (0, "records are lost"),
+        };
         assert!(
-            report.skipped.iter().any(|s| s.contains("no checkpoint")),
+            report.skipped.iter().any(|s| s.contains(said)),
             "{what}: {:?}",
             report.skipped
         );
-        assert_eq!(report.records, 0);
+        assert_eq!(report.records, records, "{what}");
     }
 }
 
@@ -596,4 +603,92 @@ fn a_reader_of_a_store_never_closed_keeps_its_payloads_too() {
     drop(reader);
     writer.gc().unwrap();
     assert!(map_payload(&path, &old.arrays["x"]).is_err());
+}
+
+#[test]
+fn repair_keeps_what_damaged_or_lost_checkpoint_files_still_hold() {
+    // Since 2.0 a closed store keeps its records in its checkpoint only: a
+    // damaged one is salvaged, never read as empty, and nothing is deleted.
+    let dir = tempfile::tempdir().unwrap();
+    let path = new_store(dir.path());
+    let expected = values(&Store::open(&path, Mode::ReadOnly).unwrap());
+    let runs = |p: &Path| -> Vec<PathBuf> {
+        let mut r: Vec<PathBuf> = fs::read_dir(p.join(CHECKPOINT_DIR))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "run"))
+            .collect();
+        r.sort();
+        r
+    };
+    for what in [
+        "the checkpoint's CRC",
+        "the checkpoint's JSON",
+        "no checkpoint file",
+        "one run entry",
+    ] {
+        let copy = dir
+            .path()
+            .join(format!("salvage-{}", what.replace(' ', "-")));
+        copy_store(&path, &copy);
+        let ckpt = checkpoints(&copy).pop().unwrap();
+        let mut bytes = fs::read(&ckpt).unwrap();
+        match what {
+            "the checkpoint's CRC" => {
+                let n = bytes.len();
+                bytes[n - 1] ^= 1;
+                fs::write(&ckpt, &bytes).unwrap();
+            }
+            "the checkpoint's JSON" => {
+                bytes[12] = b'x'; // its opening brace
+                fs::write(&ckpt, &bytes).unwrap();
+            }
+            "no checkpoint file" => fs::remove_file(&ckpt).unwrap(),
+            _ => {
+                let run = runs(&copy).pop().unwrap();
+                let mut r = fs::read(&run).unwrap();
+                r[64 + 30] ^= 0x20; // inside the first entry's key or record
+                fs::write(&run, &r).unwrap();
+            }
+        }
+        let files_before = runs(&copy);
+        // Never an empty store: a clear error naming repair (a damaged run
+        // entry shows at the first read of it instead).
+        if what != "one run entry" {
+            match Store::open(&copy, Mode::ReadOnly) {
+                Err(Error::Corrupt(c)) => {
+                    assert!(c.to_string().contains("repair"), "{what}: {c}")
+                }
+                Ok(s) => panic!("{what}: opened with {} records", s.len().unwrap()),
+                Err(e) => panic!("{what}: {e}"),
+            }
+        }
+        let report = Store::repair(&copy).unwrap();
+        assert!(!report.skipped.is_empty(), "{what}: repair said nothing");
+        for run in &files_before {
+            assert!(run.exists(), "{what}: repair deleted {}", run.display());
+        }
+        let reader = Store::open(&copy, Mode::ReadOnly).unwrap();
+        let got = values(&reader);
+        if what == "one run entry" {
+            // that one record is lost, and said so; the others are kept
+            assert_eq!(got.len(), expected.len() - 1, "{what}");
+            assert!(
+                report.skipped.iter().any(|s| s.contains("1 damaged entry")),
+                "{what}: {:?}",
+                report.skipped
+            );
+            assert!(got.iter().all(|(k, v)| expected[k] == *v), "{what}");
+        } else {
+            assert_eq!(got, expected, "{what}: {:?}", report.skipped);
+        }
+        drop(reader);
+        // A writer session then clears the damaged files; verify is clean.
+        let writer = Store::open(&copy, Mode::Append).unwrap();
+        put(&writer, "after", 1);
+        writer.close().unwrap();
+        let reader = Store::open(&copy, Mode::ReadOnly).unwrap();
+        let report = reader.verify().unwrap();
+        assert!(report.problems.is_empty(), "{what}: {:?}", report.problems);
+    }
 }

@@ -196,8 +196,29 @@ impl CheckpointDoc {
         if crc32fast::hash(&bytes[..12 + len]) != crc {
             return Err(bad("CRC-32 mismatch: the file is damaged".into()));
         }
+        Self::decode_body(&bytes[12..12 + len], name)
+    }
+
+    /// The document of a checkpoint file whose CRC-32 does not match but
+    /// whose JSON still decodes and checks (a flipped bit outside what it
+    /// says, or in a checksum): what `repair` salvages, checking each run
+    /// it names on its own. `None` when nothing can be read.
+    pub(crate) fn decode_damaged(bytes: &[u8], name: &str) -> Option<CheckpointDoc> {
+        if bytes.len() < 16 || &bytes[..8] != MAGIC {
+            return None;
+        }
+        let len = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes")) as usize;
+        let body = bytes.get(12..12usize.checked_add(len)?)?;
+        Self::decode_body(body, name).ok()
+    }
+
+    /// The checks of the document's JSON (see [`CheckpointDoc::decode`]).
+    fn decode_body(body: &[u8], name: &str) -> Result<CheckpointDoc> {
+        let bad = |detail: String| Error::corrupt(format!("checkpoint {name}"), detail);
+        let len = body.len();
+        let bytes = body;
         let doc: CheckpointDoc =
-            serde_json::from_slice(&bytes[12..12 + len]).map_err(|e| bad(e.to_string()))?;
+            serde_json::from_slice(&bytes[..len]).map_err(|e| bad(e.to_string()))?;
         if doc.format != FORMAT {
             return Err(bad(format!("format is {:?}, not {FORMAT:?}", doc.format)));
         }
@@ -215,6 +236,40 @@ impl CheckpointDoc {
         }
         Ok(doc)
     }
+}
+
+/// Why the store at `root`, which lists no checkpoint, must have had one:
+/// run files left in `checkpoints/`, or a journal that no longer starts at
+/// segment 1 (since 2.0 the segments a checkpoint covers are removed). Read
+/// alone, its journal would show a store with records missing. `None`: a
+/// store that never had a checkpoint (one being created, or last written by
+/// lazyvault 1.1).
+///
+/// # Errors
+/// I/O errors listing `checkpoints/` or `journal/`.
+pub(crate) fn missing_checkpoint(root: &Path) -> Result<Option<String>> {
+    let dir = root.join(CHECKPOINT_DIR);
+    let runs = match fs::read_dir(&dir) {
+        Ok(entries) => entries
+            .flatten()
+            .filter(|e| e.file_name().to_str().is_some_and(valid_run_name))
+            .count(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+        Err(e) => return Err(Error::io(&dir)(e)),
+    };
+    let segments = crate::journal::segments(root)?;
+    let why = if runs > 0 {
+        format!("{runs} checkpoint run file(s) but no checkpoint file")
+    } else if segments.first().is_some_and(|(n, _)| *n != 1) {
+        "no checkpoint file, and the journal no longer starts at segment 1".to_owned()
+    } else {
+        return Ok(None);
+    };
+    Ok(Some(format!(
+        "{why} in {}: the checkpoint holding the records was removed or lost; \
+         `lazyvault repair` keeps what its runs and the journal still hold",
+        dir.display()
+    )))
 }
 
 /// Run file names are ours (`<32 hex>.run`): never a path out of the store.

@@ -5,7 +5,7 @@
 use crate::error::{Error, Result};
 
 /// The first 8 bytes of every entry.
-const ENTRY_MAGIC: &[u8; 8] = b"LVREC\0\x01\n";
+pub(super) const ENTRY_MAGIC: &[u8; 8] = b"LVREC\0\x01\n";
 /// Length of an entry's fixed header.
 const HEADER_LEN: usize = 40;
 /// Length of the CRC-32 that ends an entry.

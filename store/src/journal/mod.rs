@@ -32,7 +32,7 @@ mod writer;
 
 pub(crate) use commit::{read_committed, Committed, CommittedTail};
 pub use entry::{decode, encode, Change, Entry};
-pub(crate) use segment::{numbered_files, read_segment, SEGMENT_HEADER_LEN};
+pub(crate) use segment::{damaged_commits, numbered_files, read_segment, SEGMENT_HEADER_LEN};
 pub use segment::{relpath, segments};
 pub(crate) use writer::JournalWriter;
 

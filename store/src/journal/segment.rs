@@ -108,19 +108,117 @@ pub(super) fn entries(
     })
 }
 
+/// Where `bytes` (the part of a segment that starts at byte `base`)
+/// stops decoding, when a whole commit entry (its CRC-32 checked) still
+/// follows: damage to acknowledged changes, not a torn tail. A crash can
+/// only tear the end of what was appended, and a commit is written only
+/// once everything before it is durable, so no commit can follow a torn
+/// entry. `None`: the entries decode to the end, or nothing committed
+/// follows the first that does not.
+pub(crate) fn damage_before_commit(bytes: &[u8], base: u64) -> Option<u64> {
+    let mut at = 0usize;
+    while at < bytes.len() {
+        match decode(&bytes[at..]) {
+            Ok((_, used)) => at += used,
+            Err(_) => break,
+        }
+    }
+    if at >= bytes.len() {
+        return None;
+    }
+    let magic = super::entry::ENTRY_MAGIC;
+    let mut probe = at + 1;
+    while let Some(found) = memchr::memmem::find(&bytes[probe..], magic) {
+        let start = probe + found;
+        if let Ok((entry, _)) = decode(&bytes[start..]) {
+            if entry.change == super::Change::Commit {
+                return Some(base + at as u64);
+            }
+        }
+        probe = start + 1;
+    }
+    None
+}
+
+/// The first journal segment of the store at `root`, from position `from`
+/// on, that is damaged before a commit (see [`damage_before_commit`]),
+/// described: acknowledged changes a reader or writer would silently stop
+/// before. `None` when there is none.
+///
+/// # Errors
+/// I/O errors reading the journal.
+pub(crate) fn damaged_commits(root: &Path, from: super::Position) -> Result<Option<String>> {
+    for (number, path) in segments(root)? {
+        if number < from.0 {
+            continue;
+        }
+        let start = if number == from.0 { from.1 } else { 0 };
+        let Some(bytes) = segment_bytes_from(&path, number, start)? else {
+            continue;
+        };
+        let base = start.max(SEGMENT_HEADER_LEN);
+        if let Some(at) = damage_before_commit(&bytes, base) {
+            return Ok(Some(format!(
+                "journal segment {} is damaged at byte {at}, and committed changes follow it \
+                 (readers stop before it); `lazyvault repair` keeps the changes after it, the \
+                 damaged one is lost",
+                path.display()
+            )));
+        }
+    }
+    Ok(None)
+}
+
 /// Collects [`entries`] of a segment at `path` into [`SegmentEntries`].
 fn collect_entries(path: &Path, bytes: &[u8], base: u64) -> SegmentEntries {
     let mut out = SegmentEntries {
         entries: Vec::new(),
         torn: None,
     };
-    for item in entries(bytes, base) {
-        match item {
-            Ok(entry) => out.entries.push(entry),
-            Err((offset, e)) => {
-                out.torn = Some(format!("{} at byte {offset}: {e}", path.display()))
+    let mut notes: Vec<String> = Vec::new();
+    let mut at = 0usize;
+    loop {
+        let mut stopped = None;
+        for item in entries(&bytes[at..], base + at as u64) {
+            match item {
+                Ok(entry) => out.entries.push(entry),
+                Err(stop) => stopped = Some(stop),
             }
         }
+        let Some((offset, e)) = stopped else { break };
+        let local = (offset - base) as usize;
+        // A torn tail ends the segment; damage with a commit after it is
+        // skipped to the next whole entry (what repair keeps).
+        let next = damage_before_commit(&bytes[local..], offset).and_then(|_| {
+            let magic = super::entry::ENTRY_MAGIC;
+            let mut probe = local + 1;
+            while let Some(found) = memchr::memmem::find(&bytes[probe..], magic) {
+                let start = probe + found;
+                if decode(&bytes[start..]).is_ok() {
+                    return Some(start);
+                }
+                probe = start + 1;
+            }
+            None
+        });
+        match next {
+            Some(next) => {
+                notes.push(format!(
+                    "{} bytes {offset} to {}: damaged ({e}); skipped, the changes written there \
+                     are lost, the committed ones after them kept",
+                    path.display(),
+                    base + next as u64
+                ));
+                at = next;
+            }
+            None => {
+                notes.push(format!("{} at byte {offset}: {e}", path.display()));
+                break;
+            }
+        }
+    }
+    if !notes.is_empty() {
+        out.torn = Some(notes.join("; "));
     }
     out
 }

@@ -2,7 +2,7 @@
 //! `verify` (records against payloads and the journal) and `repair`
 //! (rebuilding the index from the journal).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -672,6 +672,9 @@ impl Store {
         report.problems.extend(check.finish());
         report.problems.extend(self.pack_problems(packs)?);
         report.problems.extend(verify_checkpoints(&self.root)?);
+        report
+            .problems
+            .extend(journal::damaged_commits(&self.root, index.base_pos())?);
         if let Some((_, state)) = &writer_state {
             // Payloads of replaced records, removed once no reader needs them.
             for rel in state
@@ -836,16 +839,24 @@ impl Store {
         // whole: the journal before it may be gone (since 1.6), its runs
         // hold those records. Without one, the whole journal.
         let base = intact_checkpoint(&root)?;
-        if base.is_none() && !checkpoint::list(&root)?.is_empty() && !journal::is_whole(&root)? {
+        // No checkpoint checks whole: what its runs still hold (entries
+        // whose CRC-32 checks) is kept rather than lost with it.
+        let salvaged = match &base {
+            Some(_) => None,
+            None => salvage_runs(&root, &mut report.skipped)?,
+        };
+        if base.is_none() && salvaged.is_none() && !journal::is_whole(&root)? {
             report.skipped.push(
-                "no checkpoint can be read whole, and the journal no longer holds the records \
+                "no checkpoint can be read, and the journal no longer holds the records \
                  written before its first segment: only the journal's records are kept"
                     .to_owned(),
             );
         }
-        let from = base
-            .as_ref()
-            .map_or((0, 0), checkpoint::CheckpointDoc::position);
+        let from = match (&base, &salvaged) {
+            (Some(doc), _) => doc.position(),
+            (None, Some(salvage)) => salvage.from,
+            (None, None) => (0, 0),
+        };
         let replayed = replay(&root, from, None)?;
         report.entries = replayed.entries;
         report.skipped.extend(replayed.torn);
@@ -858,6 +869,11 @@ impl Store {
         let index = Index::open(&building)?;
         if let Some(doc) = &base {
             index.start_from(&root, doc)?;
+        }
+        if let Some(salvage) = &salvaged {
+            for (key, (record, pickle)) in &salvage.records {
+                index.put(key, record, pickle.as_deref(), from)?;
+            }
         }
         let mut keys: Vec<_> = replayed.versions.into_iter().collect();
         keys.sort_by(|a, b| a.0.cmp(&b.0));
@@ -969,7 +985,10 @@ impl Store {
         )?;
         // The older checkpoints show states before the repair: remove
         // those no reader pins (failures leave them for a later cleanup).
-        let _ = checkpoint::cleanup(&root, std::time::Duration::ZERO);
+        // Damaged ones stay: nothing repair could not read is deleted.
+        if base.is_some() {
+            let _ = checkpoint::cleanup(&root, std::time::Duration::ZERO);
+        }
         drop(lock_file);
         Ok(report)
     }
@@ -1003,6 +1022,102 @@ fn check_run(root: &Path, r: &checkpoint::RunDoc) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// What `repair` could read of damaged checkpoints (see [`salvage_runs`]).
+struct Salvage {
+    /// The records, by key (deleted keys left out).
+    records: BTreeMap<String, (Vec<u8>, Option<Vec<u8>>)>,
+    /// Where the journal after them starts (`[0, 0]`: unknown, all of it).
+    from: Position,
+}
+
+/// The records the damaged checkpoints of the store at `root` still hold:
+/// the runs of the newest checkpoint document that still decodes (its
+/// CRC-32 failed), or, with none, every run file in `checkpoints/` (newest
+/// modification first: without a document their order is a guess, and the
+/// report says so); of each run, every entry whose CRC-32 checks, the first
+/// run holding a key deciding. Each problem goes to `notes`. `None` when
+/// there is no run to read.
+fn salvage_runs(root: &Path, notes: &mut Vec<String>) -> Result<Option<Salvage>> {
+    let dir = root.join(CHECKPOINT_DIR);
+    let doc = checkpoint::list(root)?.iter().rev().find_map(|(_, path)| {
+        let bytes = fs::read(path).ok()?;
+        let name = path.file_name()?.to_string_lossy().into_owned();
+        checkpoint::CheckpointDoc::decode_damaged(&bytes, &name)
+    });
+    let (files, from) = match &doc {
+        Some(doc) => {
+            notes.push(format!(
+                "checkpoint of version {} is damaged: the records its runs still hold are kept",
+                doc.version
+            ));
+            let files: Vec<PathBuf> = doc.runs.iter().map(|r| dir.join(&r.file)).collect();
+            (files, doc.position())
+        }
+        None => {
+            let mut runs: Vec<(std::time::SystemTime, PathBuf)> = fs::read_dir(&dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "run"))
+                .map(|p| {
+                    (
+                        fs::metadata(&p)
+                            .and_then(|m| m.modified())
+                            .unwrap_or(std::time::UNIX_EPOCH),
+                        p,
+                    )
+                })
+                .collect();
+            if runs.is_empty() {
+                return Ok(None);
+            }
+            runs.sort_by(|a, b| b.cmp(a));
+            notes.push(format!(
+                "no checkpoint document can be read: the records of its {} run file(s) are kept, \
+                 newest file first (their order is a guess), with every journal change after",
+                runs.len()
+            ));
+            (runs.into_iter().map(|(_, p)| p).collect(), (0, 0))
+        }
+    };
+    let mut seen = HashSet::new();
+    let mut records = BTreeMap::new();
+    for path in files {
+        let run = match Run::open(&path) {
+            Ok(run) => run,
+            Err(e) => {
+                notes.push(format!("{e}: its records are lost"));
+                continue;
+            }
+        };
+        let mut damaged = 0u64;
+        for i in 0..run.len() {
+            match run.entry(i) {
+                Ok((key, value)) => {
+                    if seen.insert(key.to_owned()) {
+                        if let RunValue::Put { record, pickle } = value {
+                            records.insert(
+                                key.to_owned(),
+                                (record.to_vec(), pickle.map(<[u8]>::to_vec)),
+                            );
+                        }
+                    }
+                }
+                Err(_) => damaged += 1,
+            }
+        }
+        if damaged > 0 {
+            notes.push(format!(
+                "checkpoint run {}: {damaged} damaged entr{} skipped (their records are lost)",
+                path.display(),
+                if damaged == 1 { "y" } else { "ies" }
+            ));
+        }
+    }
+    Ok(Some(Salvage { records, from }))
 }
 
 /// The newest checkpoint of the store at `root` that reads and whose runs

@@ -274,7 +274,16 @@ impl Writer {
                  `lazyvault repair` keeps what can be read, a backup restores the rest",
             ));
         }
+        if base.is_none() && checkpoint::list(root)?.is_empty() {
+            if let Some(why) = checkpoint::missing_checkpoint(root)? {
+                return Err(Error::corrupt(format!("store {}", root.display()), why));
+            }
+        }
         let from = base.as_ref().map_or((0, 0), CheckpointDoc::position);
+        // Never cut acknowledged changes that damage hides: refuse instead.
+        if let Some(why) = journal::damaged_commits(root, from)? {
+            return Err(Error::corrupt(format!("store {}", root.display()), why));
+        }
         let next_segment = super::Store::recover_journal(root, from)?;
         // The records: that checkpoint plus the committed journal after it,
         // exactly what a reader opening now sees.
