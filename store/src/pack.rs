@@ -126,6 +126,47 @@ pub(crate) fn zip_end_problem(path: &Path, len: u64) -> std::io::Result<Option<S
             )));
         }
     }
+    // Each central header names a member whose local header must be where
+    // it says, with the same name (what a zip reader checks when it opens
+    // a member).
+    let Ok(cd_len) = usize::try_from(cd_size) else {
+        return Ok(Some(format!("a central directory of {cd_size} bytes")));
+    };
+    let mut cd = vec![0u8; cd_len];
+    read_at(cd_offset, &mut cd)?;
+    let mut at = 0usize;
+    for n in 0..entries {
+        let bad = |detail: &str| Some(format!("central directory entry {n}: {detail}"));
+        if at + 46 > cd.len() || u32_at(&cd, at) != CENTRAL_SIG {
+            return Ok(bad(
+                "missing or damaged (no central header where it should start)",
+            ));
+        }
+        let name_len = u16_at(&cd, at + 28) as usize;
+        let extra_len = u16_at(&cd, at + 30) as usize;
+        let comment_len = u16_at(&cd, at + 32) as usize;
+        let local = u64::from(u32_at(&cd, at + 42));
+        let Some(name) = cd.get(at + 46..at + 46 + name_len) else {
+            return Ok(bad("its name runs past the central directory"));
+        };
+        // 0xFFFFFFFF: the offset is in a zip64 extra field (packs past
+        // 4 GiB never hold members there: lazyvault writes none)
+        if local != u64::from(u32::MAX) {
+            let mut header = vec![0u8; 30 + name_len];
+            let found = read_at(local, &mut header).is_ok()
+                && u32_at(&header, 0) == 0x0403_4b50
+                && u16_at(&header, 26) as usize == name_len
+                && &header[30..] == name;
+            if !found {
+                return Ok(bad(&format!(
+                    "member {:?} points at offset {local}, where there is no local header of \
+                     that name",
+                    String::from_utf8_lossy(name)
+                )));
+            }
+        }
+        at += 46 + name_len + extra_len + comment_len;
+    }
     Ok(None)
 }
 

@@ -744,6 +744,27 @@ fn verify_names_a_pack_whose_zip_end_record_was_cut_off() {
     fs::write(&pack, &moved).unwrap();
     let report = store.verify().unwrap();
     assert_eq!(report.problems.len(), 1, "{report:?}");
+    // a central header pointing at another member's local header (a
+    // fresh user's trial: np.load refused it, verify said ok)
+    let mut crossed = bytes.clone();
+    let central: Vec<usize> = crossed
+        .windows(4)
+        .enumerate()
+        .filter(|(_, w)| *w == b"PK\x01\x02")
+        .map(|(i, _)| i)
+        .collect();
+    let first: [u8; 4] = crossed[central[0] + 42..central[0] + 46]
+        .try_into()
+        .unwrap();
+    crossed[central[1] + 42..central[1] + 46].copy_from_slice(&first);
+    fs::write(&pack, &crossed).unwrap();
+    let report = store.verify().unwrap();
+    assert_eq!(report.problems.len(), 1, "{report:?}");
+    assert!(
+        report.problems[0].contains("no local header of that name"),
+        "{report:?}"
+    );
+    assert_eq!(load_payload(&path, &entry).unwrap().as_bytes(), &data[..]);
     fs::write(&pack, &bytes).unwrap();
     assert!(store.verify().unwrap().is_ok());
 }
