@@ -403,7 +403,7 @@ impl StoreCore {
         py.detach(|| self.inner.close()).py_err()
     }
 
-    /// Compacts the journal and removes what no reader may still see
+    /// Writes a full checkpoint and removes what no reader may still see
     /// (`Store::gc`): `{"removed_files", "removed_bytes",
     /// "journal_bytes_freed"}` (bytes).
     fn gc<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {

@@ -180,8 +180,8 @@ pub struct GcReport {
     pub removed_files: u64,
     /// Their total size in bytes.
     pub removed_bytes: u64,
-    /// Bytes the journal compaction freed (old segments' size minus the
-    /// new segment's).
+    /// Bytes of journal segments removed (the full checkpoint gc writes
+    /// holds their records).
     pub journal_bytes_freed: u64,
     /// Packs rewritten because more than half of their member bytes were
     /// no record's any more (FORMAT.md, "Packs"); each is retired, and

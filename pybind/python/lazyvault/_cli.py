@@ -421,8 +421,8 @@ def _cmd_gc(args: argparse.Namespace) -> _Output:
     return _Output(
         report,
         f"{args.path}: removed {report['removed_files']:,} orphan file(s), "
-        f"{report['removed_bytes']:,} bytes; journal compacted, "
-        f"{report['journal_bytes_freed']:,} bytes freed; "
+        f"{report['removed_bytes']:,} bytes; "
+        f"{report['journal_bytes_freed']:,} bytes of journal freed; "
         f"{report['packs_compacted']:,} pack(s) of small arrays compacted{left}\n",
     )
 

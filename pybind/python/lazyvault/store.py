@@ -757,9 +757,10 @@ class Store(Handle, MutableMapping[str, Record]):
 
     def gc(self, *, progress: ProgressArg = None) -> dict[str, int]:
         """Flushes, removes payload and temporary files no record references (left by a crash or an
-        overwrite), compacts the journal to one entry per record, and rewrites the packs of small
-        arrays that are more than half dead. Returns ``{"removed_files": n, "removed_bytes": n,
-        "journal_bytes_freed": n, "packs_compacted": n, "packs_damaged": n}`` (sizes in bytes).
+        overwrite), writes one full checkpoint (after which the journal it covers is removed), and
+        rewrites the packs of small arrays that are more than half dead. Returns
+        ``{"removed_files": n, "removed_bytes": n, "journal_bytes_freed": n, "packs_compacted": n,
+        "packs_damaged": n}`` (sizes in bytes).
         ``packs_damaged`` counts the packs due for that rewrite but left as they are because they
         are damaged (a live member that no longer reads or matches its checksum, or no readable
         zip): nothing damaged is copied under a good checksum; :meth:`verify` names them and their

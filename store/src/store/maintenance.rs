@@ -1,4 +1,4 @@
-//! Maintenance of a store: `gc` (orphan payloads, journal compaction),
+//! Maintenance of a store: `gc` (orphan payloads, packs, a full checkpoint),
 //! `verify` (records against payloads and the journal) and `repair`
 //! (rebuilding the index from the journal).
 
@@ -305,8 +305,9 @@ impl Store {
         Ok(out)
     }
 
-    /// Commits, compacts the journal to one entry per record, publishes a
-    /// checkpoint of one run, then removes what no reader may still see
+    /// Commits, publishes a checkpoint of one run (which holds every
+    /// record, so the journal it covers goes), then removes what no reader
+    /// may still see
     /// (see [`Store::retention`]): superseded checkpoints, journal segments
     /// before the oldest checkpoint kept, and payload and temporary files
     /// that neither the index nor a kept snapshot references.
@@ -315,13 +316,13 @@ impl Store {
     /// [`UsageError::ReadOnly`](crate::UsageError::ReadOnly) in mode `"r"`;
     /// as a first write ([`OpenError::Locked`](crate::OpenError::Locked));
     /// [`StorageError::Io`](crate::StorageError::Io) with `ENOSPC`, before
-    /// anything is changed, when the disk cannot hold about twice the
-    /// journal (the compacted copy and the checkpoint are written before the
-    /// old files go); other I/O errors.
+    /// anything is changed, when the disk cannot hold about the journal's
+    /// size again (the checkpoint is written before the old files go); other
+    /// I/O errors.
     pub fn gc(&self) -> Result<GcReport> {
         // One piece (about 80 lines): every step runs under the one writer
-        // lock taken below and relies on the step before (flush, index and
-        // journal agree, compact, checkpoint, clean up, remove orphans).
+        // lock taken below and relies on the step before (flush, records and
+        // journal agree, compact packs, commit, checkpoint, remove orphans).
         if self.mode == super::Mode::ReadOnly {
             return Err(Error::read_only());
         }
