@@ -239,31 +239,42 @@ impl CheckpointDoc {
 }
 
 /// Why the store at `root`, which lists no checkpoint, must have had one:
-/// run files left in `checkpoints/`, or a journal that no longer starts at
-/// segment 1 (since 2.0 the segments a checkpoint covers are removed). Read
-/// alone, its journal would show a store with records missing. `None`: a
-/// store that never had a checkpoint (one being created, or last written by
-/// lazyvault 1.1).
+/// a journal that no longer starts at segment 1, or no journal at all
+/// beside run files holding records (since 2.0 the segments a checkpoint
+/// covers are removed once it is published, so both mean a published
+/// checkpoint was lost). Read alone, its journal would show a store with
+/// records missing. `None`: a store that never published a checkpoint (one
+/// whose creation a crash cut short leaves an empty run; one last written
+/// by lazyvault 1.1 has its whole journal).
 ///
 /// # Errors
 /// I/O errors listing `checkpoints/` or `journal/`.
 pub(crate) fn missing_checkpoint(root: &Path) -> Result<Option<String>> {
     let dir = root.join(CHECKPOINT_DIR);
-    let runs = match fs::read_dir(&dir) {
-        Ok(entries) => entries
-            .flatten()
-            .filter(|e| e.file_name().to_str().is_some_and(valid_run_name))
-            .count(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
-        Err(e) => return Err(Error::io(&dir)(e)),
-    };
     let segments = crate::journal::segments(root)?;
-    let why = if runs > 0 {
-        format!("{runs} checkpoint run file(s) but no checkpoint file")
-    } else if segments.first().is_some_and(|(n, _)| *n != 1) {
-        "no checkpoint file, and the journal no longer starts at segment 1".to_owned()
-    } else {
-        return Ok(None);
+    let why = match segments.first() {
+        Some((1, _)) => return Ok(None),
+        Some(_) => "no checkpoint file, and the journal no longer starts at segment 1".to_owned(),
+        None => {
+            let runs: Vec<PathBuf> = match fs::read_dir(&dir) {
+                Ok(entries) => entries
+                    .flatten()
+                    .filter(|e| e.file_name().to_str().is_some_and(valid_run_name))
+                    .map(|e| e.path())
+                    .collect(),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+                Err(e) => return Err(Error::io(&dir)(e)),
+            };
+            // a run that does not open counts as holding records: damage
+            let holding = runs
+                .iter()
+                .filter(|p| run::Run::open(p).map_or(true, |r| r.len() > 0))
+                .count();
+            if holding == 0 {
+                return Ok(None);
+            }
+            format!("{holding} checkpoint run file(s) holding records but no checkpoint file")
+        }
     };
     Ok(Some(format!(
         "{why} in {}: the checkpoint holding the records was removed or lost; \
