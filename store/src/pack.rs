@@ -164,6 +164,23 @@ pub(crate) fn zip_end_problem(path: &Path, len: u64) -> std::io::Result<Option<S
                     String::from_utf8_lossy(name)
                 )));
             }
+            // stored (method 0), sizes equal, and the same method, CRC-32
+            // and sizes in both headers (FORMAT.md, "Packs")
+            let (method, crc) = (u16_at(&cd, at + 10), u32_at(&cd, at + 16));
+            let (csize, usize_) = (u32_at(&cd, at + 20), u32_at(&cd, at + 24));
+            let agree = method == 0
+                && csize == usize_
+                && u16_at(&header, 8) == method
+                && u32_at(&header, 14) == crc
+                && u32_at(&header, 18) == csize
+                && u32_at(&header, 22) == usize_;
+            if !agree {
+                return Ok(bad(&format!(
+                    "member {:?}: its central and local headers disagree on, or do not say, \
+                     stored (method 0) with equal sizes and one CRC-32",
+                    String::from_utf8_lossy(name)
+                )));
+            }
         }
         at += 46 + name_len + extra_len + comment_len;
     }

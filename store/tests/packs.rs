@@ -765,6 +765,27 @@ fn verify_names_a_pack_whose_zip_end_record_was_cut_off() {
         "{report:?}"
     );
     assert_eq!(load_payload(&path, &entry).unwrap().as_bytes(), &data[..]);
+    // the method, CRC-32 or a size of a member changed in one header only
+    // (a fresh user's trial: np.load refused them, verify said ok)
+    let last = central[central.len() - 1];
+    for (field, local_field) in [(10, 8), (16, 14), (20, 18), (24, 22)] {
+        for (at, which) in [(last + field, "central"), (usize::MAX, "local")] {
+            let mut flipped = bytes.clone();
+            let at = if which == "local" {
+                let local = u32::from_le_bytes(bytes[last + 42..last + 46].try_into().unwrap());
+                local as usize + local_field
+            } else {
+                at
+            };
+            flipped[at] ^= 1;
+            fs::write(&pack, &flipped).unwrap();
+            let report = store.verify().unwrap();
+            assert!(
+                report.problems.iter().any(|p| p.contains("disagree")),
+                "{which} {field}: {report:?}"
+            );
+        }
+    }
     fs::write(&pack, &bytes).unwrap();
     assert!(store.verify().unwrap().is_ok());
 }

@@ -28,6 +28,37 @@ fn has_header(bytes: &[u8], number: u64) -> bool {
     bytes.get(..SEGMENT_HEADER_LEN as usize) == Some(&header(number)[..])
 }
 
+/// Whether the segment at `path` has a wrong header (magic or number)
+/// although whole entries with a commit follow it: damage, not a segment
+/// whose header is still being written (which holds nothing yet).
+fn header_damaged(path: &Path, number: u64) -> Result<bool> {
+    let bytes = match fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(Error::io(path)(e)),
+    };
+    if bytes.len() <= SEGMENT_HEADER_LEN as usize || has_header(&bytes, number) {
+        return Ok(false);
+    }
+    Ok(body_commits(&bytes[SEGMENT_HEADER_LEN as usize..]))
+}
+
+/// Whether `body` (a segment after its header) holds a whole commit entry
+/// among entries decoded from its start.
+fn body_commits(body: &[u8]) -> bool {
+    let mut at = 0usize;
+    while let Ok((entry, used)) = decode(&body[at..]) {
+        if entry.change == super::Change::Commit {
+            return true;
+        }
+        at += used;
+        if at >= body.len() {
+            break;
+        }
+    }
+    false
+}
+
 /// The segment file of `number`, relative to the store root.
 pub fn relpath(number: u64) -> String {
     format!("{JOURNAL_DIR}/{number:016x}.log")
@@ -152,6 +183,14 @@ pub(crate) fn damaged_commits(root: &Path, from: super::Position) -> Result<Opti
         if number < from.0 {
             continue;
         }
+        if header_damaged(&path, number)? {
+            return Ok(Some(format!(
+                "journal segment {} has a damaged header (magic or number), and committed \
+                 changes follow it (readers skip the whole segment); `lazyvault repair` keeps \
+                 them",
+                path.display()
+            )));
+        }
         let start = if number == from.0 { from.1 } else { 0 };
         let Some(bytes) = segment_bytes_from(&path, number, start)? else {
             continue;
@@ -236,7 +275,21 @@ pub(crate) fn read_segment(path: &Path, number: u64, limit: Option<u64>) -> Resu
         .map_err(|_| Error::corrupt(format!("journal {}", path.display()), "too large"))?;
     let mut bytes = vec![0u8; end];
     file.read_exact(&mut bytes).map_err(Error::io(path))?;
+    let base = SEGMENT_HEADER_LEN as usize;
     if !has_header(&bytes, number) {
+        if bytes.len() > base && body_commits(&bytes[base..]) {
+            // a damaged header before whole committed entries: keep them
+            let mut read = collect_entries(path, &bytes[base..], base as u64);
+            let note = format!(
+                "{}: its header (magic or number) is damaged; its entries were read",
+                path.display()
+            );
+            read.torn = Some(match read.torn {
+                Some(t) => format!("{note}; {t}"),
+                None => note,
+            });
+            return Ok(read);
+        }
         return Ok(SegmentEntries {
             entries: Vec::new(),
             torn: Some(format!(
@@ -245,7 +298,6 @@ pub(crate) fn read_segment(path: &Path, number: u64, limit: Option<u64>) -> Resu
             )),
         });
     }
-    let base = SEGMENT_HEADER_LEN as usize;
     Ok(collect_entries(path, &bytes[base..], base as u64))
 }
 
