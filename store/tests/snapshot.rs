@@ -674,7 +674,7 @@ fn repair_keeps_what_damaged_or_lost_checkpoint_files_still_hold() {
             // that one record is lost, and said so; the others are kept
             assert_eq!(got.len(), expected.len() - 1, "{what}");
             assert!(
-                report.skipped.iter().any(|s| s.contains("1 damaged entry")),
+                report.skipped.iter().any(|s| s.contains("1 damaged span")),
                 "{what}: {:?}",
                 report.skipped
             );
@@ -690,5 +690,59 @@ fn repair_keeps_what_damaged_or_lost_checkpoint_files_still_hold() {
         let reader = Store::open(&copy, Mode::ReadOnly).unwrap();
         let report = reader.verify().unwrap();
         assert!(report.problems.is_empty(), "{what}: {:?}", report.problems);
+    }
+}
+
+#[test]
+fn repair_reads_runs_past_a_damaged_header_and_names_what_may_be_stale() {
+    // A fresh user's second trial: a damaged newer run lost its records and
+    // let an older run's versions (and deleted keys) back in, unnamed.
+    let dir = tempfile::tempdir().unwrap();
+    let path = new_store(dir.path()); // k00..k19, v = i
+    let w = Store::open(&path, Mode::Append).unwrap();
+    put(&w, "k03", 333);
+    assert!(w.delete("k05").unwrap());
+    w.close().unwrap();
+    let ckpt = checkpoints(&path).pop().unwrap();
+    let doc = fs::read(&ckpt).unwrap();
+    let text = String::from_utf8_lossy(&doc[12..doc.len() - 4]).into_owned();
+    let doc: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(doc["runs"].as_array().unwrap().len(), 2, "{doc}");
+    let newest = path
+        .join(CHECKPOINT_DIR)
+        .join(doc["runs"][0]["file"].as_str().unwrap());
+    let expected = values(&Store::open(&path, Mode::ReadOnly).unwrap());
+    for what in ["header", "trailer cut", "bytes appended", "the k03 entry"] {
+        let copy = dir.path().join(format!("stale-{}", what.replace(' ', "-")));
+        copy_store(&path, &copy);
+        let run = copy.join(newest.strip_prefix(&path).unwrap());
+        let mut bytes = fs::read(&run).unwrap();
+        match what {
+            "header" => bytes[0] ^= 0xFF,
+            "trailer cut" => bytes.truncate(bytes.len() - 8),
+            "bytes appended" => bytes.extend_from_slice(&[0; 8]),
+            _ => {
+                let at = bytes.windows(3).position(|w| w == b"k03").unwrap();
+                bytes[at + 5] ^= 0x20;
+            }
+        }
+        fs::write(&run, &bytes).unwrap();
+        let report = Store::repair(&copy).unwrap();
+        let got = values(&Store::open(&copy, Mode::ReadOnly).unwrap());
+        if what == "the k03 entry" {
+            // k03's newer entry is lost: the older value comes back, named
+            assert_eq!(got["k03"], 3);
+            assert!(!got.contains_key("k05"));
+            assert!(
+                report
+                    .skipped
+                    .iter()
+                    .any(|s| s.contains("may be an older version") && s.contains("k03")),
+                "{:?}",
+                report.skipped
+            );
+        } else {
+            assert_eq!(got, expected, "{what}: {:?}", report.skipped);
+        }
     }
 }

@@ -429,8 +429,9 @@ def _cmd_gc(args: argparse.Namespace) -> _Output:
 
 @_command(
     "repair",
-    "rebuild a lost or damaged index from the record journal (the old index is moved "
-    "aside, nothing is deleted)",
+    "rebuild a lost or damaged index and checkpoint from the newest intact checkpoint (or "
+    "what damaged ones still hold) and the journal after it (the old index is moved aside, "
+    "nothing repair cannot read is deleted)",
     "lazyvault repair runs.lv && lazyvault verify runs.lv && lazyvault gc runs.lv",
     _path(),
     _flag("--json", "print the report as JSON"),

@@ -775,10 +775,12 @@ class Store(Handle, MutableMapping[str, Record]):
 
     @staticmethod
     def repair(path: str | os.PathLike[str]) -> dict[str, Any]:
-        """Rebuilds a lost or damaged index from the record journal (FORMAT.md, "Repair"): takes the
-        lock, moves the old index aside to ``index.damaged-<n>``, replays the journal keeping each
-        key's latest version whose payloads are sound (deleted keys stay deleted), rebuilds the
-        secondary indexes. Returns ``{"records": n, "entries": n, "skipped": [str], "indexes":
+        """Rebuilds a lost or damaged index and checkpoint (FORMAT.md, "Repair"): takes the lock,
+        moves the old index aside to ``index.damaged-<n>``, starts from the newest checkpoint that
+        checks whole (or salvages what damaged ones still hold: every run entry whose CRC-32 checks,
+        naming records that may be stale), replays the journal after it keeping each key's latest
+        version whose payloads are sound (deleted keys stay deleted), writes a new checkpoint and
+        rebuilds the secondary indexes. What it could not keep is listed in ``skipped``. Returns ``{"records": n, "entries": n, "skipped": [str], "indexes":
         [str], "moved_index": path or None}``. Raises ``StoreNotFoundError``, ``NotAStoreError``,
         ``StoreLockedError`` while a Store holds it, ``TypeError`` for a path of another type.
         """

@@ -1039,6 +1039,95 @@ pub(crate) fn merge_runs<B: AsRef<[u8]>>(
     writer.finish()
 }
 
+/// One entry `salvage` found in a damaged run file, or a damaged span.
+pub(crate) enum Salvaged {
+    /// An entry whose CRC-32 checks: its key and value (`None`: a
+    /// tombstone).
+    Entry(String, crate::journal::Committed),
+    /// Bytes between whole entries that are not one (its key unknown).
+    Damaged,
+}
+
+/// The entries of a run file's bytes that can still be trusted, found
+/// without its header or key table (either may be the damaged part): from
+/// byte 64, each 8-byte aligned offset is tried as an entry, kept when its
+/// lengths fit and its CRC-32 checks, and the next one tried after it;
+/// bytes that hold none are reported once per span. What `repair` reads of
+/// a run that does not open or whose entries fail their checks.
+pub(crate) fn salvage(bytes: &[u8]) -> Vec<Salvaged> {
+    let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4"));
+    let mut out = Vec::new();
+    let mut at = 64usize;
+    let mut in_damage = false;
+    // An intact header says where the entries end (the key table follows).
+    let header_ok = bytes.len() >= 64
+        && &bytes[..8] == RUN_MAGIC
+        && crc32fast::hash(&bytes[..56]) == u32_at(56);
+    let limit = if header_ok {
+        let table = u64::from_le_bytes(bytes[16..24].try_into().expect("8"));
+        usize::try_from(table).map_or(bytes.len(), |t| t.min(bytes.len()))
+    } else {
+        bytes.len()
+    };
+    let bytes = &bytes[..limit];
+    let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4"));
+    while at + ENTRY_HEADER_LEN as usize <= bytes.len() {
+        let key_len = u32_at(at) as usize;
+        let record_len = u32_at(at + 4) as usize;
+        let pickle_len = u64::from_le_bytes(bytes[at + 8..at + 16].try_into().expect("8"));
+        let flags = u32_at(at + 16);
+        let crc = u32_at(at + 20);
+        let body = ENTRY_HEADER_LEN as usize;
+        let end = usize::try_from(pickle_len).ok().and_then(|p| {
+            (at + body)
+                .checked_add(key_len)?
+                .checked_add(record_len)?
+                .checked_add(p)
+        });
+        let entry = end.filter(|&end| {
+            end <= bytes.len() && key_len > 0 && flags & !(FLAG_PICKLE | FLAG_TOMBSTONE) == 0
+        });
+        let found = entry.and_then(|end| {
+            let mut h = crc32fast::Hasher::new();
+            h.update(&bytes[at..at + 20]);
+            h.update(&bytes[at + body..end]);
+            if h.finalize() != crc {
+                return None;
+            }
+            let key = std::str::from_utf8(&bytes[at + body..at + body + key_len]).ok()?;
+            let record = &bytes[at + body + key_len..at + body + key_len + record_len];
+            let pickle = &bytes[at + body + key_len + record_len..end];
+            let value = (flags & FLAG_TOMBSTONE == 0).then(|| {
+                (
+                    record.to_vec(),
+                    (flags & FLAG_PICKLE != 0).then(|| pickle.to_vec()),
+                )
+            });
+            Some((key.to_owned(), value, end))
+        });
+        match found {
+            Some((key, value, end)) => {
+                out.push(Salvaged::Entry(key, value));
+                in_damage = false;
+                at = end.next_multiple_of(8);
+            }
+            None => {
+                if !in_damage {
+                    out.push(Salvaged::Damaged);
+                    in_damage = true;
+                }
+                at += 8;
+            }
+        }
+    }
+    // Without the header, the key table and checksum after the last entry
+    // are scanned too: a damaged span found only there is no lost entry.
+    if !header_ok && matches!(out.last(), Some(Salvaged::Damaged)) {
+        out.pop();
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

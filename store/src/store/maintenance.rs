@@ -1,6 +1,6 @@
 //! Maintenance of a store: `gc` (orphan payloads, packs, a full checkpoint),
 //! `verify` (records against payloads and the journal) and `repair`
-//! (rebuilding the index from the journal).
+//! (rebuilding the index and a checkpoint from checkpoints and the journal).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs;
@@ -770,12 +770,14 @@ impl Store {
         Ok(Hashed::Match)
     }
 
-    /// Rebuilds the index of the store at `path` from its record journal
-    /// and payloads (FORMAT.md, "Repair": the index is derived data), for a lost or damaged index.
+    /// Rebuilds the index and a checkpoint of the store at `path`
+    /// (FORMAT.md, "Repair"), for a lost or damaged index or checkpoint.
     ///
     /// Takes the store's lock; moves the old index directory aside (to
-    /// `index.damaged-<n>`, never deleted); replays the journal (each
-    /// segment up to its first torn or damaged entry); for each key keeps
+    /// `index.damaged-<n>`, never deleted); starts from the newest
+    /// checkpoint whose runs check whole, or salvages what damaged ones
+    /// still hold; replays the journal after it (each segment up to its
+    /// first torn entry, past damaged ones that commits follow); for each key keeps
     /// its latest version, or none if that is a delete; a version whose
     /// payloads are missing or do not match their record is skipped for the
     /// key's previous one. Then writes and flushes a new index, with the
@@ -1050,7 +1052,8 @@ fn salvage_runs(root: &Path, notes: &mut Vec<String>) -> Result<Option<Salvage>>
     let (files, from) = match &doc {
         Some(doc) => {
             notes.push(format!(
-                "checkpoint of version {} is damaged: the records its runs still hold are kept",
+                "checkpoint of version {} does not check whole (its document or a run is \
+                 damaged): the records its runs still hold are kept",
                 doc.version
             ));
             let files: Vec<PathBuf> = doc.runs.iter().map(|r| dir.join(&r.file)).collect();
@@ -1086,37 +1089,72 @@ fn salvage_runs(root: &Path, notes: &mut Vec<String>) -> Result<Option<Salvage>>
     };
     let mut seen = HashSet::new();
     let mut records = BTreeMap::new();
+    // Key ranges where a newer run has damaged entries: an older run's
+    // entry there may have been replaced or deleted since.
+    let mut gaps: Vec<(Option<String>, Option<String>)> = Vec::new();
+    let mut suspect: Vec<String> = Vec::new();
     for path in files {
-        let run = match Run::open(&path) {
-            Ok(run) => run,
+        let bytes = match fs::read(&path) {
+            Ok(bytes) => bytes,
             Err(e) => {
-                notes.push(format!("{e}: its records are lost"));
+                notes.push(format!(
+                    "checkpoint run {}: {e}: its records are lost",
+                    path.display()
+                ));
+                gaps.push((None, None));
                 continue;
             }
         };
-        let mut damaged = 0u64;
-        for i in 0..run.len() {
-            match run.entry(i) {
-                Ok((key, value)) => {
-                    if seen.insert(key.to_owned()) {
-                        if let RunValue::Put { record, pickle } = value {
-                            records.insert(
-                                key.to_owned(),
-                                (record.to_vec(), pickle.map(<[u8]>::to_vec)),
-                            );
+        let (mut damaged, mut prev, mut open_gap) = (0u64, None::<String>, false);
+        let mut new_gaps = Vec::new();
+        for item in crate::checkpoint::run::salvage(&bytes) {
+            match item {
+                crate::checkpoint::run::Salvaged::Entry(key, value) => {
+                    if open_gap {
+                        new_gaps.push((prev.clone(), Some(key.clone())));
+                        open_gap = false;
+                    }
+                    if seen.insert(key.clone()) {
+                        let in_gap = gaps.iter().any(|(lo, hi)| {
+                            lo.as_ref().is_none_or(|l| key > *l)
+                                && hi.as_ref().is_none_or(|h| key < *h)
+                        });
+                        if in_gap && value.is_some() {
+                            suspect.push(key.clone());
+                        }
+                        if let Some(v) = value {
+                            records.insert(key.clone(), v);
                         }
                     }
+                    prev = Some(key);
                 }
-                Err(_) => damaged += 1,
+                crate::checkpoint::run::Salvaged::Damaged => {
+                    damaged += 1;
+                    open_gap = true;
+                }
             }
         }
+        if open_gap {
+            new_gaps.push((prev, None));
+        }
+        gaps.extend(new_gaps);
         if damaged > 0 {
             notes.push(format!(
-                "checkpoint run {}: {damaged} damaged entr{} skipped (their records are lost)",
-                path.display(),
-                if damaged == 1 { "y" } else { "ies" }
+                "checkpoint run {}: {damaged} damaged span(s) of entries skipped (the records \
+                 in them are lost; their keys are unknown)",
+                path.display()
             ));
         }
+    }
+    if !suspect.is_empty() {
+        let shown: Vec<&str> = suspect.iter().take(20).map(String::as_str).collect();
+        notes.push(format!(
+            "{} record(s) kept from an older checkpoint run where a newer run is damaged: each \
+             may be an older version, or deleted since ({:?}{})",
+            suspect.len(),
+            shown,
+            if suspect.len() > 20 { ", ..." } else { "" }
+        ));
     }
     Ok(Some(Salvage { records, from }))
 }
