@@ -780,7 +780,8 @@ class Store(Handle, MutableMapping[str, Record]):
         checks whole (or salvages what damaged ones still hold: every run entry whose CRC-32 checks,
         naming records that may be stale), replays the journal after it keeping each key's latest
         version whose payloads are sound (deleted keys stay deleted), writes a new checkpoint and
-        rebuilds the secondary indexes. What it could not keep is listed in ``skipped``. Returns ``{"records": n, "entries": n, "skipped": [str], "indexes":
+        rebuilds the secondary indexes. What it could not keep is listed in ``skipped``. Returns
+        ``{"records": n, "entries": n, "skipped": [str], "indexes":
         [str], "moved_index": path or None}``. Raises ``StoreNotFoundError``, ``NotAStoreError``,
         ``StoreLockedError`` while a Store holds it, ``TypeError`` for a path of another type.
         """
