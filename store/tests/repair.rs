@@ -485,6 +485,29 @@ fn journal_entries_of_a_store_whose_index_saw_no_change_are_cut_at_open() {
 }
 
 /// Copies a directory tree (for keeping an old index).
+/// A store in `dir` whose writer put "a", "b" and "c" (an array each),
+/// flushing after each, then crashed (see [`crash_image`]): the image and
+/// its one journal segment, which holds the three commits.
+fn three_flushes_then_a_crash(dir: &Path) -> (PathBuf, PathBuf) {
+    let path = dir.join("s.lv");
+    let store = Store::open(&path, Mode::Append).unwrap();
+    for k in ["a", "b", "c"] {
+        store
+            .put(
+                k,
+                meta(json!({"k": k})),
+                Value::Null,
+                &[u8_array("x", b"1")],
+                None,
+            )
+            .unwrap();
+        store.flush().unwrap();
+    }
+    let path = crash_image(store, &path);
+    let (_, segment) = journal::segments(&path).unwrap().pop().unwrap();
+    (path, segment)
+}
+
 /// What a crash right after `store`'s last flush leaves of the store at
 /// `path` (no closing checkpoint: the journal holds what the session
 /// wrote), as a copy next to it; `store` is then closed.
@@ -766,22 +789,7 @@ fn a_writer_upgrades_a_1x_manifest_and_a_reader_leaves_it() {
 fn a_damaged_entry_before_committed_ones_is_never_cut_and_repair_keeps_what_follows() {
     // Bit rot, not a torn tail: whole commits follow the damaged entry.
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("s.lv");
-    let store = Store::open(&path, Mode::Append).unwrap();
-    for k in ["a", "b", "c"] {
-        store
-            .put(
-                k,
-                meta(json!({"k": k})),
-                Value::Null,
-                &[u8_array("x", b"1")],
-                None,
-            )
-            .unwrap();
-        store.flush().unwrap();
-    }
-    let path = crash_image(store, &path);
-    let (_, segment) = journal::segments(&path).unwrap().pop().unwrap();
+    let (path, segment) = three_flushes_then_a_crash(dir.path());
     let mut bytes = fs::read(&segment).unwrap();
     bytes[16 + 45] ^= 0x20; // inside the first put (of "a")
     fs::write(&segment, &bytes).unwrap();
@@ -821,16 +829,7 @@ fn a_damaged_segment_header_before_committed_entries_is_reported_and_repaired() 
     // A fresh user's trial: one flipped byte of the 16-byte header hid the
     // whole segment, and verify said ok.
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("s.lv");
-    let store = Store::open(&path, Mode::Append).unwrap();
-    for k in ["a", "b", "c"] {
-        store
-            .put(k, meta(json!({"k": k})), Value::Null, &[], None)
-            .unwrap();
-        store.flush().unwrap();
-    }
-    let path = crash_image(store, &path);
-    let (_, segment) = journal::segments(&path).unwrap().pop().unwrap();
+    let (path, segment) = three_flushes_then_a_crash(dir.path());
     for at in [0, 7, 8, 15] {
         let image = path.with_extension(format!("h{at}"));
         copy_dir(&path, &image);
