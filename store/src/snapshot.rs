@@ -31,8 +31,6 @@ pub(crate) struct Snapshot {
     layers: Layers,
     /// Where the next refresh resumes reading the journal.
     end: Position,
-    /// The checkpoint's journal position (`[0, 0]` without one).
-    base_pos: Position,
     version: u64,
     /// The secondary indexes the writer keeps (readers answer their
     /// queries by scanning, with the same results).
@@ -173,9 +171,12 @@ impl Snapshot {
         let mut snap = Snapshot {
             root: root.to_owned(),
             base,
-            layers: Layers::new(runs, doc.as_ref().map_or(0, |d| d.records)),
+            layers: Layers::new(
+                runs,
+                doc.as_ref().map_or(0, |d| d.records),
+                doc.as_ref().map_or((0, 0), CheckpointDoc::position),
+            ),
             end: doc.as_ref().map_or((0, 0), CheckpointDoc::position),
-            base_pos: doc.as_ref().map_or((0, 0), CheckpointDoc::position),
             version: doc.as_ref().map_or(0, |d| d.version),
             indexes: read_index_list(root),
             run_docs: doc.as_ref().map(|d| d.runs.clone()).unwrap_or_default(),
@@ -355,7 +356,7 @@ impl RecordIndex for Snapshot {
     }
 
     fn base_pos(&self) -> Position {
-        self.base_pos
+        self.layers.base
     }
 
     fn checkpointed(&self, key: &str) -> Result<crate::journal::Committed> {

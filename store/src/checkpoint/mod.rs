@@ -215,10 +215,7 @@ impl CheckpointDoc {
     /// The checks of the document's JSON (see [`CheckpointDoc::decode`]).
     fn decode_body(body: &[u8], name: &str) -> Result<CheckpointDoc> {
         let bad = |detail: String| Error::corrupt(format!("checkpoint {name}"), detail);
-        let len = body.len();
-        let bytes = body;
-        let doc: CheckpointDoc =
-            serde_json::from_slice(&bytes[..len]).map_err(|e| bad(e.to_string()))?;
+        let doc: CheckpointDoc = serde_json::from_slice(body).map_err(|e| bad(e.to_string()))?;
         if doc.format != FORMAT {
             return Err(bad(format!("format is {:?}, not {FORMAT:?}", doc.format)));
         }

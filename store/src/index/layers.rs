@@ -29,18 +29,23 @@ pub(crate) struct Layers {
     pub tail: BTreeMap<String, Committed>,
     /// Number of records.
     pub len: u64,
+    /// The journal position of the checkpoint the runs come from (`[0,
+    /// 0]`: none, the changes are the whole journal).
+    pub base: crate::journal::Position,
     /// Bytes of record JSON and pickles in `tail` (what it holds in memory;
     /// overwritten ones count too, until the next checkpoint clears it).
     pub tail_bytes: u64,
 }
 
 impl Layers {
-    /// The runs of a checkpoint holding `len` records, with no change yet.
-    pub(crate) fn new(runs: Vec<Run<Mmap>>, len: u64) -> Layers {
+    /// The runs of a checkpoint at journal position `base` holding `len`
+    /// records, with no change yet.
+    pub(crate) fn new(runs: Vec<Run<Mmap>>, len: u64, base: crate::journal::Position) -> Layers {
         Layers {
             runs,
             tail: BTreeMap::new(),
             len,
+            base,
             tail_bytes: 0,
         }
     }

@@ -137,8 +137,6 @@ pub(crate) struct Index {
     records: parking_lot::RwLock<Layers>,
     /// The journal position after the last change applied.
     pos: std::sync::Mutex<Option<Position>>,
-    /// The position of the checkpoint the records start from.
-    base_pos: std::sync::Mutex<Position>,
 }
 
 /// The process that first opened a sled database in this process image
@@ -226,7 +224,6 @@ impl Index {
             defs: RwLock::new(defs),
             records: parking_lot::RwLock::new(Layers::default()),
             pos: std::sync::Mutex::new(None),
-            base_pos: std::sync::Mutex::new((0, 0)),
         })
     }
 
@@ -241,7 +238,7 @@ impl Index {
     /// errors.
     pub(crate) fn load(&self, root: &Path, base: Option<&CheckpointDoc>) -> Result<CommittedTail> {
         let mut layers = match base {
-            Some(doc) => Layers::new(open_runs(root, &doc.runs)?, doc.records),
+            Some(doc) => Layers::new(open_runs(root, &doc.runs)?, doc.records, doc.position()),
             None => {
                 let mut layers = Layers::default();
                 let mut pickles = std::collections::HashMap::new();
@@ -267,7 +264,6 @@ impl Index {
         }
         *self.records.write() = layers;
         *self.pos.lock().unwrap_or_else(|p| p.into_inner()) = Some(tail.end);
-        *self.base_pos.lock().unwrap_or_else(|p| p.into_inner()) = from;
         Ok(tail)
     }
 
@@ -279,8 +275,7 @@ impl Index {
         if let Ok(opened) = open_runs(root, runs) {
             let mut layers = self.records.write();
             let len = layers.len;
-            *layers = Layers::new(opened, len);
-            *self.base_pos.lock().unwrap_or_else(|p| p.into_inner()) = at;
+            *layers = Layers::new(opened, len, at);
         }
     }
 
@@ -290,8 +285,8 @@ impl Index {
     /// # Errors
     /// [`Error::Corrupt`] for a run that does not open.
     pub(crate) fn start_from(&self, root: &Path, doc: &CheckpointDoc) -> Result<()> {
-        *self.records.write() = Layers::new(open_runs(root, &doc.runs)?, doc.records);
-        *self.base_pos.lock().unwrap_or_else(|p| p.into_inner()) = doc.position();
+        *self.records.write() =
+            Layers::new(open_runs(root, &doc.runs)?, doc.records, doc.position());
         Ok(())
     }
 
@@ -779,7 +774,7 @@ impl RecordIndex for Index {
     }
 
     fn base_pos(&self) -> Position {
-        *self.base_pos.lock().unwrap_or_else(|p| p.into_inner())
+        self.records.read_recursive().base
     }
 
     fn checkpointed(&self, key: &str) -> Result<crate::journal::Committed> {

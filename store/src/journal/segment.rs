@@ -157,18 +157,25 @@ pub(crate) fn damage_before_commit(bytes: &[u8], base: u64) -> Option<u64> {
     if at >= bytes.len() {
         return None;
     }
+    let commit_follows =
+        whole_entries_after(bytes, at + 1).any(|(_, entry)| entry.change == super::Change::Commit);
+    commit_follows.then_some(base + at as u64)
+}
+
+/// The offsets in `bytes`, from `from` on, where a whole entry (magic,
+/// lengths and CRC-32 checked) starts, with that entry: what lies past
+/// damage, found by its magic.
+fn whole_entries_after(bytes: &[u8], from: usize) -> impl Iterator<Item = (usize, Entry)> + '_ {
     let magic = super::entry::ENTRY_MAGIC;
-    let mut probe = at + 1;
-    while let Some(found) = memchr::memmem::find(&bytes[probe..], magic) {
+    let mut probe = from;
+    std::iter::from_fn(move || loop {
+        let found = memchr::memmem::find(bytes.get(probe..)?, magic)?;
         let start = probe + found;
-        if let Ok((entry, _)) = decode(&bytes[start..]) {
-            if entry.change == super::Change::Commit {
-                return Some(base + at as u64);
-            }
-        }
         probe = start + 1;
-    }
-    None
+        if let Ok((entry, _)) = decode(&bytes[start..]) {
+            return Some((start, entry));
+        }
+    })
 }
 
 /// The first journal segment of the store at `root`, from position `from`
@@ -228,18 +235,9 @@ fn collect_entries(path: &Path, bytes: &[u8], base: u64) -> SegmentEntries {
         let local = (offset - base) as usize;
         // A torn tail ends the segment; damage with a commit after it is
         // skipped to the next whole entry (what repair keeps).
-        let next = damage_before_commit(&bytes[local..], offset).and_then(|_| {
-            let magic = super::entry::ENTRY_MAGIC;
-            let mut probe = local + 1;
-            while let Some(found) = memchr::memmem::find(&bytes[probe..], magic) {
-                let start = probe + found;
-                if decode(&bytes[start..]).is_ok() {
-                    return Some(start);
-                }
-                probe = start + 1;
-            }
-            None
-        });
+        let next = damage_before_commit(&bytes[local..], offset)
+            .and_then(|_| whole_entries_after(bytes, local + 1).next())
+            .map(|(start, _)| start);
         match next {
             Some(next) => {
                 notes.push(format!(
