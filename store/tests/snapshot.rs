@@ -746,3 +746,31 @@ fn repair_reads_runs_past_a_damaged_header_and_names_what_may_be_stale() {
         }
     }
 }
+
+#[test]
+fn verify_reports_a_damaged_run_entry_instead_of_failing() {
+    // A fresh user's trial: verify raised the run's CorruptError.
+    let dir = tempfile::tempdir().unwrap();
+    let path = new_store(dir.path());
+    let run = fs::read_dir(path.join(CHECKPOINT_DIR))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "run"))
+        .unwrap();
+    let mut bytes = fs::read(&run).unwrap();
+    let at = bytes.windows(3).position(|w| w == b"k07").unwrap();
+    bytes[at + 5] ^= 0x20;
+    fs::write(&run, &bytes).unwrap();
+    for mode in [Mode::ReadOnly, Mode::Append] {
+        let store = Store::open(&path, mode).unwrap();
+        let report = store.verify().unwrap();
+        assert!(
+            report
+                .problems
+                .iter()
+                .any(|p| p.contains("CRC-32") && p.contains("repair")),
+            "{:?}",
+            report.problems
+        );
+    }
+}
