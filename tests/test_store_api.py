@@ -546,3 +546,16 @@ def test_update_with_no_pairs_says_so_and_writes_nothing_of_that_chunk(store: lv
     assert len(store) == 0  # the chunk with the bad element is not written
     store.update([("a", {"v": 1})])
     assert store["a"].v == 1
+
+
+def test_a_bytes_path_opens_like_its_str_and_replace_arrays_wants_a_mapping(tmp_path: Path) -> None:
+    # a fresh user's trial: b"..." failed inside open(), replace_arrays(k, 5) raised
+    # AttributeError
+    path = tmp_path / "b.lv"
+    with lv.Store.open(os.fsencode(path)) as s:
+        s["k"] = {"a": np.zeros(2)}
+        with pytest.raises(TypeError, match="mapping"):
+            s.replace_arrays("k", 5)  # type: ignore[arg-type]
+        assert s["k"].a.tolist() == [0.0, 0.0]
+    with lv.Store.open(path, "r") as s:
+        assert list(s) == ["k"]

@@ -461,6 +461,8 @@ class Store(Handle, MutableMapping[str, Record]):
         """
         if mode is not None and mode not in ("r", "a", "w"):
             raise ValueError(f"mode must be 'r', 'a' or 'w', not {mode!r}")
+        if isinstance(path, bytes):  # os.fsdecode: the file system's encoding, as open() does
+            path = os.fsdecode(path)
         trust = trust_of(allow_pickle, safe_classes)
         seconds = _retention_seconds(retention)  # checked before anything is opened
         opened = _hook("open_file")(path, mode, trust)  # an .lvz archive
@@ -575,9 +577,14 @@ class Store(Handle, MutableMapping[str, Record]):
         (a ``ValueError``) for a name the record has no array of (store the whole object to add
         one), or for a masked array's data or mask that would no longer fit the other (a mask is
         bool, per field, with the data's shape: replace both together); ``TypeError`` for a value
-        that is not a plain ``numpy.ndarray``.
+        that is not a plain ``numpy.ndarray``, or for ``arrays`` that is not a mapping.
         """
         key = check_key(key)
+        if not isinstance(arrays, Mapping):
+            raise TypeError(
+                f"arrays must be a mapping of array names to numpy arrays, not "
+                f"{type(arrays).__name__}"
+            )
         for name, a in arrays.items():
             if type(a) is not np.ndarray:  # subclasses (masked, matrix) would lose state
                 raise TypeError(
