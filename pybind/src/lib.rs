@@ -8,6 +8,7 @@ mod archive;
 mod array;
 mod arrow;
 mod convert;
+mod encode;
 mod entry;
 mod errors;
 mod export;
@@ -25,6 +26,8 @@ fn _lazyvault(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<archive::ArchiveCore>()?;
     m.add_class::<archive::ArchiveBuffer>()?;
     m.add_class::<arrow::ArrowStream>()?;
+    m.add_class::<encode::Encoded>()?;
+    m.add_function(wrap_pyfunction!(encode::encode_flat, m)?)?;
     m.add_function(wrap_pyfunction!(arrow::_arrow_example, m)?)?;
     m.add_function(wrap_pyfunction!(archive::write_store_archive, m)?)?;
     m.add_function(wrap_pyfunction!(archive::dumps_archive, m)?)?;

@@ -14,6 +14,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 use crate::array::RecordArrays;
 use crate::arrow::ArrowStream;
 use crate::convert::{self, ArrayArg};
+use crate::encode::Encoded;
 use crate::errors::IntoPy;
 use crate::progress;
 
@@ -34,21 +35,41 @@ fn key_list<'py>(py: Python<'py>, keys: &Keys) -> PyResult<Bound<'py, PyList>> {
 }
 
 /// One record for `put_many`: `(key, meta_json, layout_json, arrays,
-/// pickle or None)`.
+/// pickle or None)`, or `(key, Encoded)` (a dict split in Rust,
+/// `encode::encode_flat`), told apart by their length.
 /// The strings are borrowed from the Python objects (UTF-8 cached by
 /// CPython), not copied.
-#[derive(FromPyObject)]
-struct RecordArg {
-    #[pyo3(item(0))]
-    key: PyBackedStr,
-    #[pyo3(item(1))]
-    meta_json: PyBackedStr,
-    #[pyo3(item(2))]
-    layout_json: PyBackedStr,
-    #[pyo3(item(3))]
-    arrays: Vec<ArrayArg>,
-    #[pyo3(item(4))]
-    pickle: Option<Py<PyBytes>>,
+enum RecordArg {
+    Parts {
+        key: PyBackedStr,
+        meta_json: PyBackedStr,
+        layout_json: PyBackedStr,
+        arrays: Vec<ArrayArg>,
+        pickle: Option<Py<PyBytes>>,
+    },
+    Encoded {
+        key: PyBackedStr,
+        encoded: Py<Encoded>,
+    },
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for RecordArg {
+    type Error = PyErr;
+    fn extract(ob: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let t = ob.cast::<PyTuple>()?;
+        if t.len() == 2 {
+            let (key, encoded) = t.extract()?;
+            return Ok(RecordArg::Encoded { key, encoded });
+        }
+        let (key, meta_json, layout_json, arrays, pickle) = t.extract()?;
+        Ok(RecordArg::Parts {
+            key,
+            meta_json,
+            layout_json,
+            arrays,
+            pickle,
+        })
+    }
 }
 
 /// An open store: a reader's snapshot until the first write, then the
@@ -204,31 +225,53 @@ impl StoreCore {
             .py_err()
     }
 
-    /// Puts `records`, a list of `(key, meta_json, layout_json, arrays,
-    /// pickle or None)` (the arguments of `put`), all or nothing, with one
-    /// durability barrier and one index batch (`Store::put_many`).
+    /// Puts `records`, each `(key, meta_json, layout_json, arrays, pickle
+    /// or None)` (the arguments of `put`) or `(key, Encoded)`, all or
+    /// nothing, with one durability barrier and one index batch
+    /// (`Store::put_many`).
     fn put_many(&self, py: Python<'_>, records: Vec<RecordArg>) -> PyResult<()> {
-        // The metadata and layout go in as checked JSON text, not parsed.
+        // The metadata and layout go in as checked JSON text, not parsed
+        // (an Encoded's text was written compact by the encoder).
         let mut texts = Vec::with_capacity(records.len());
         for r in &records {
-            let meta = convert::meta_json_text(&r.meta_json)?;
-            let layout = convert::layout_json_text(&r.layout_json)?;
-            texts.push((meta, layout));
+            texts.push(match r {
+                RecordArg::Parts {
+                    meta_json,
+                    layout_json,
+                    ..
+                } => (
+                    convert::meta_json_text(meta_json)?,
+                    convert::layout_json_text(layout_json)?,
+                ),
+                RecordArg::Encoded { encoded, .. } => {
+                    let e = encoded.get();
+                    (e.meta().clone(), e.layout().clone())
+                }
+            });
         }
         let sources: Vec<Vec<_>> = records
             .iter()
-            .map(|r| r.arrays.iter().map(ArrayArg::as_source).collect())
+            .map(|r| match r {
+                RecordArg::Parts { arrays, .. } => arrays.iter().map(ArrayArg::as_source).collect(),
+                RecordArg::Encoded { encoded, .. } => encoded.get().sources(),
+            })
             .collect();
         let batch: Vec<NewRecordJson<'_>> = records
             .iter()
             .zip(texts)
             .zip(&sources)
-            .map(|((r, (meta, layout)), sources)| NewRecordJson {
-                key: &r.key,
-                meta,
-                layout,
-                arrays: sources,
-                pickle: r.pickle.as_ref().map(|p| p.as_bytes(py)),
+            .map(|((r, (meta, layout)), sources)| {
+                let (key, pickle) = match r {
+                    RecordArg::Parts { key, pickle, .. } => (key, pickle.as_ref()),
+                    RecordArg::Encoded { key, .. } => (key, None),
+                };
+                NewRecordJson {
+                    key,
+                    meta,
+                    layout,
+                    arrays: sources,
+                    pickle: pickle.map(|p| p.as_bytes(py)),
+                }
             })
             .collect();
         py.detach(|| self.inner.put_many_json(batch)).py_err()

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _arrays, _tagged
+from . import _arrays, _lazyvault, _tagged
 from .errors import CorruptError, LazyvaultError, PickleNotAllowedError
 
 _MISSING = _tagged.MISSING
@@ -336,6 +336,17 @@ def encode(
         if flat is not None:
             return flat
     return encode_generic(obj, key)
+
+
+def put_args(obj: Any, key: str) -> tuple[Any, ...]:
+    """What the core's ``put_many`` takes for ``obj`` after its ``key``: ``(Encoded,)`` when the
+    Rust encoder covers it (``_lazyvault.encode_flat``: a dict of JSON scalars, naive or UTC
+    datetimes, dates and plain numeric arrays, the same record as :func:`encode` gives, which tests
+    check), else :func:`encode`'s four parts. Raises as :func:`encode`."""
+    encoded = _lazyvault.encode_flat(obj)
+    if encoded is not None:
+        return (encoded,)
+    return encode(obj, key)
 
 
 def encode_generic(

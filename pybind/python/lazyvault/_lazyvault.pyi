@@ -21,6 +21,7 @@ __all__ = [
     "ArrowStream",
     "ClosedError",
     "CorruptError",
+    "Encoded",
     "ForkedStoreError",
     "FormatVersionError",
     "InteropError",
@@ -50,6 +51,7 @@ __all__ = [
     "check_query",
     "detect_format",
     "dumps_archive",
+    "encode_flat",
     "export_npz",
     "export_safetensors",
     "import_files",
@@ -319,10 +321,12 @@ class StoreCore:
                 list[tuple[str, str, str, tuple[int, ...], bool, Buffer, bool]],
                 bytes | None,
             ]
+            | tuple[str, Encoded]
         ],
     ) -> None:
         """Puts each ``(key, meta_json, layout_json, arrays, pickle)`` (the
-        arguments of :meth:`put`), in order, all or nothing: every payload is
+        arguments of :meth:`put`) or ``(key, Encoded)`` (:func:`encode_flat`),
+        in order, all or nothing: every payload is
         written, made durable with one barrier (``syncfs`` for many files)
         and renamed, then the records enter the journal and the index in one
         batch. On error none is added and their payload files are removed."""
@@ -381,6 +385,35 @@ class StoreCore:
     def repair(path: str | PathLike[str]) -> dict[str, Any]:
         """Rebuilds the index from the record journal, then writes a new
         checkpoint (see ``Store.repair``)."""
+
+@final
+class Encoded:
+    """A ``dict`` split in Rust by :func:`encode_flat`, as ``_layout.encode``
+    splits it: its metadata and layout as compact JSON text and its arrays,
+    whose buffers it keeps exported while it lives."""
+
+    @property
+    def meta_json(self) -> str:
+        """The metadata, a compact JSON object (FORMAT.md, "Meta")."""
+    @property
+    def layout_json(self) -> str:
+        """The layout, compact JSON (FORMAT.md, "Layout")."""
+    @property
+    def arrays(self) -> list[tuple[str, str, str, list[int], bool]]:
+        """``(name, descr, dtype_name, shape, fortran_order)`` of each array,
+        in the dict's order."""
+    @property
+    def nbytes(self) -> int:
+        """The bytes of all its arrays."""
+
+def encode_flat(obj: object) -> Encoded | None:
+    """``obj`` split as ``_layout.encode`` splits it, or ``None`` when it is
+    not a ``dict`` the Rust encoder covers: ``str`` keys (not empty, no lone
+    surrogate) whose values are ``None``, ``bool``, ``int`` in [-2**63,
+    2**64), ``float``, ``str``, naive or UTC ``datetime.datetime``,
+    ``datetime.date``, and ``numpy.ndarray``/``memmap`` objects (each once)
+    of a native-order bool, integer, float16/32/64 or complex64/128 dtype,
+    C-contiguous. The caller then takes the Python walk."""
 
 @final
 class ArrowStream:

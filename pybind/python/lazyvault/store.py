@@ -563,7 +563,7 @@ class Store(Handle, MutableMapping[str, Record]):
             # a record (metadata, layout, payloads), never pickle the proxy
             _hook("copy_record")(self, key, obj)
             return
-        self._core.put(key, *_layout.encode(obj, key))
+        self._core.put_many([(key, *_layout.put_args(obj, key))])
 
     def replace_arrays(self, key: str, arrays: Mapping[str, Any]) -> None:
         """Replaces some arrays of the record under ``key``, keeping the rest and writing only the
@@ -690,10 +690,13 @@ class Store(Handle, MutableMapping[str, Record]):
                     self[key] = obj
                     send(copied=1)
                     continue
-                args = (key, *_layout.encode(obj, key))
+                args = (key, *_layout.put_args(obj, key))
                 chunk.append(args)
-                for a in args[3]:  # not sum(generator): a share of a small record's cost
-                    chunk_bytes += len(a[5])
+                if len(args) == 2:  # (key, Encoded)
+                    chunk_bytes += args[1].nbytes
+                else:
+                    for a in args[3]:  # not sum(generator): a share of a small record's cost
+                        chunk_bytes += len(a[5])
                 if len(chunk) >= _UPDATE_CHUNK_RECORDS or chunk_bytes >= _UPDATE_CHUNK_BYTES:
                     send()
             send()

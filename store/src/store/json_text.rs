@@ -60,6 +60,19 @@ impl JsonText {
         }
     }
 
+    /// `text` as it is, without checking it: for text its caller built as
+    /// one compact JSON value (the Python binding's encoder of flat dicts
+    /// writes each token itself). Debug builds check it as
+    /// [`JsonText::value`] would.
+    #[must_use]
+    pub fn trusted(text: String) -> Self {
+        debug_assert!(
+            JsonText::value(&text).is_ok_and(|j| j.0 == text),
+            "not compact JSON: {text}"
+        );
+        JsonText(text)
+    }
+
     /// The compact text.
     pub fn as_str(&self) -> &str {
         &self.0
