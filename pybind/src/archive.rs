@@ -19,6 +19,7 @@ use crate::arrow::ArrowStream;
 use crate::convert::{self, ArrayArg};
 use crate::entry::ArrayEntry;
 use crate::errors::IntoPy;
+use crate::keys::{KeyArray, KeysArg};
 
 /// Where an archive's bytes live.
 enum Backing {
@@ -160,10 +161,14 @@ impl ArchiveCore {
             .map(|p| PyBytes::new(py, p))
     }
 
-    /// Keys of the records matching the query `expr`, in archive order.
-    fn find(&self, py: Python<'_>, expr: &str) -> PyResult<Vec<String>> {
-        let query = parse_query(expr)?;
-        Ok(py.detach(|| self.index().find(&query)))
+    /// Keys of the records matching the query `expr` (every key with
+    /// None), in archive order, as a `KeyArray`: held packed, no `str` made
+    /// until one is read.
+    fn find(&self, py: Python<'_>, expr: Option<&str>) -> PyResult<KeyArray> {
+        let query = expr.map(parse_query).transpose()?;
+        Ok(KeyArray::new(
+            py.detach(|| self.index().find_keys(query.as_ref())),
+        ))
     }
 
     /// Number of records matching the query `expr`.
@@ -183,11 +188,12 @@ impl ArchiveCore {
         Ok(ArrowStream::new(schema, batches))
     }
 
-    /// `to_arrow` of the records of `keys`, in that order (keys the
-    /// archive lacks are left out).
-    fn to_arrow_keys(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<ArrowStream> {
+    /// `to_arrow` of the records of `keys` (a `KeyArray`, read in place, or
+    /// a sequence of str), in that order (keys the archive lacks are left
+    /// out).
+    fn to_arrow_keys(&self, py: Python<'_>, keys: KeysArg) -> PyResult<ArrowStream> {
         let (schema, batches) = py
-            .detach(|| self.index().to_arrow_keys(keys.iter().map(String::as_str)))
+            .detach(|| self.index().to_arrow_keys(keys.iter()))
             .py_err()?;
         Ok(ArrowStream::new(schema, batches))
     }

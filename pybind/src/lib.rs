@@ -13,6 +13,7 @@ mod entry;
 mod errors;
 mod export;
 mod interop;
+mod keys;
 mod progress;
 mod store;
 
@@ -28,6 +29,9 @@ fn _lazyvault(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<arrow::ArrowStream>()?;
     m.add_class::<encode::Encoded>()?;
     m.add_function(wrap_pyfunction!(encode::encode_flat, m)?)?;
+    m.add_class::<keys::KeyArray>()?;
+    // a Sequence for isinstance checks (and typing), as list and tuple are
+    pyo3::types::PySequence::register::<keys::KeyArray>(m.py())?;
     m.add_function(wrap_pyfunction!(arrow::_arrow_example, m)?)?;
     m.add_function(wrap_pyfunction!(archive::write_store_archive, m)?)?;
     m.add_function(wrap_pyfunction!(archive::dumps_archive, m)?)?;

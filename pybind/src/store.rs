@@ -5,17 +5,18 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use lazyvault_store::query::Query;
-use lazyvault_store::{schema, Keys, Mode, NewRecordJson, Store};
+use lazyvault_store::{schema, Mode, NewRecordJson, Store};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedStr;
-use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyTuple};
 
 use crate::array::RecordArrays;
 use crate::arrow::ArrowStream;
 use crate::convert::{self, ArrayArg};
 use crate::encode::Encoded;
 use crate::errors::IntoPy;
+use crate::keys::{KeyArray, KeysArg};
 use crate::progress;
 
 /// Parses `expr` and raises `QueryError` if it is not a valid query.
@@ -25,13 +26,6 @@ pub fn check_query(expr: &str) -> PyResult<()> {
         .map_err(lazyvault_store::Error::from)
         .py_err()?;
     Ok(())
-}
-
-/// `keys` as a Python list of `str`, each made straight from the packed
-/// buffer (no `String` per key: for the 100k-key lists of a `find`, making
-/// the `str` objects is most of the work).
-fn key_list<'py>(py: Python<'py>, keys: &Keys) -> PyResult<Bound<'py, PyList>> {
-    PyList::new(py, keys.iter().map(|k| PyString::new(py, k)))
 }
 
 /// One record for `put_many`: `(key, meta_json, layout_json, arrays,
@@ -372,13 +366,21 @@ impl StoreCore {
     }
 
     /// Keys of the records matching the query `expr` (evaluated in Rust,
-    /// without the GIL), as a list of `str`.
-    fn find<'py>(&self, py: Python<'py>, expr: &str) -> PyResult<Bound<'py, PyList>> {
-        let query = Query::parse(expr)
+    /// without the GIL; every key with None), in key order, as a
+    /// `KeyArray`: held packed, no `str` made until one is read.
+    fn find(&self, py: Python<'_>, expr: Option<&str>) -> PyResult<KeyArray> {
+        let query = expr
+            .map(Query::parse)
+            .transpose()
             .map_err(lazyvault_store::Error::from)
             .py_err()?;
-        let keys = py.detach(|| self.inner.find_keys(&query)).py_err()?;
-        key_list(py, &keys)
+        let keys = py
+            .detach(|| match &query {
+                Some(query) => self.inner.find_keys(query),
+                None => self.inner.all_keys(),
+            })
+            .py_err()?;
+        Ok(KeyArray::new(keys))
     }
 
     /// Number of records matching the query `expr`.
@@ -402,11 +404,12 @@ impl StoreCore {
         Ok(ArrowStream::new(schema, batches))
     }
 
-    /// `to_arrow` of the records of `keys`, in that order (keys the store
-    /// lacks are left out).
-    fn to_arrow_keys(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<ArrowStream> {
+    /// `to_arrow` of the records of `keys` (a `KeyArray`, read in place, or
+    /// a sequence of str), in that order (keys the store lacks are left
+    /// out).
+    fn to_arrow_keys(&self, py: Python<'_>, keys: KeysArg) -> PyResult<ArrowStream> {
         let (schema, batches) = py
-            .detach(|| self.inner.to_arrow_keys(keys.iter().map(String::as_str)))
+            .detach(|| self.inner.to_arrow_keys(keys.iter()))
             .py_err()?;
         Ok(ArrowStream::new(schema, batches))
     }

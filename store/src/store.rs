@@ -1029,6 +1029,21 @@ impl Store {
         Ok(keys)
     }
 
+    /// [`Store::keys`], packed in one buffer ([`Keys`]): no `String`
+    /// allocated per key.
+    ///
+    /// # Errors
+    /// Only those of every method (see [`Store`]).
+    pub fn all_keys(&self) -> Result<Keys> {
+        let view = self.view()?;
+        let mut keys = Keys::default();
+        index::scan(view.index(), |k, _| {
+            keys.push(k);
+            Ok(())
+        })?;
+        Ok(keys)
+    }
+
     /// Makes every change so far durable (the journal first, one fsync,
     /// then the index) and commits it: readers that open or `refresh()`
     /// from now on see it. Then removes the payloads of replaced records

@@ -59,10 +59,12 @@ fn export_round_trips_every_record_and_array() {
     let store = filled_store(&dir.path().join("s.lv"));
     let lvz = dir.path().join("out.lvz");
     let keys = store.keys().unwrap();
+    assert_eq!(store.all_keys().unwrap().to_vec(), keys);
     export_store(&store, &lvz, &keys).unwrap();
     let archive = Archive::open(&lvz).unwrap();
     let index = archive.index();
     assert_eq!(index.keys(), keys);
+    assert_eq!(index.find_keys(None).to_vec(), keys);
     for key in &keys {
         let rec = index.get(key).unwrap();
         // the store's record, without the pack fields of its small arrays
@@ -86,6 +88,7 @@ fn export_round_trips_every_record_and_array() {
     }
     let q = Query::parse("material == 'Si' and positions.shape[1] == 3").unwrap();
     assert_eq!(index.find(&q), ["run-0", "run-1", "run-2"]);
+    assert_eq!(index.find_keys(Some(&q)).to_vec(), index.find(&q));
     assert_eq!(index.count(&Query::parse("i >= 3").unwrap()), 2);
     // no temporary file left beside it
     let names: Vec<_> = std::fs::read_dir(dir.path())

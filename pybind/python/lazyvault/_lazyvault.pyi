@@ -4,9 +4,9 @@ Users call the Python API (:class:`lazyvault.Store`); these are the pieces
 it is built on, and the exception classes :mod:`lazyvault.errors` re-exports.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from os import PathLike
-from typing import Any, ClassVar, final
+from typing import Any, ClassVar, final, overload
 
 from typing_extensions import Buffer
 
@@ -29,6 +29,7 @@ __all__ = [
     "InvalidFieldError",
     "InvalidFileError",
     "InvalidKeyError",
+    "KeyArray",
     "KeyTypeError",
     "LazyvaultError",
     "MappedBuffer",
@@ -350,14 +351,17 @@ class StoreCore:
     def delete(self, key: str) -> bool: ...
     def __len__(self) -> int: ...
     def keys(self) -> list[str]: ...
-    def find(self, expr: str) -> list[str]: ...
+    def find(self, expr: str | None) -> KeyArray:
+        """Keys of the records matching ``expr`` (all with None), held
+        packed (no ``str`` made until one is read)."""
     def count(self, expr: str) -> int: ...
     def to_arrow(self, expr: str | None = None) -> ArrowStream:
         """The metadata of the records matching ``expr`` (all with None) as an
         Arrow table (columns: ``Store.to_arrow``)."""
-    def to_arrow_keys(self, keys: Sequence[str]) -> ArrowStream:
+    def to_arrow_keys(self, keys: KeyArray | Sequence[str]) -> ArrowStream:
         """``to_arrow`` of the records of ``keys``, in that order (keys not
-        held are left out)."""
+        held are left out); a ``KeyArray`` is read in place (no ``str``
+        made)."""
     def create_index(self, field: str) -> None: ...
     def drop_index(self, field: str) -> bool: ...
     def indexes(self) -> list[str]: ...
@@ -430,6 +434,30 @@ class ArrowStream:
     @property
     def num_rows(self) -> int: ...
 
+@final
+class KeyArray(Sequence[str]):
+    """The keys a query matched (``StoreCore.find``), in key order (archive
+    order for an archive): an immutable sequence of ``str`` held packed in
+    Rust (one UTF-8 buffer), each ``str`` made when it is read. Equal to a
+    ``KeyArray``, list or tuple of the same keys; unhashable; pickles as its
+    keys. A registered ``collections.abc.Sequence``."""
+
+    def __new__(cls, keys: Iterable[str]) -> KeyArray: ...
+    def __len__(self) -> int: ...
+    @overload
+    def __getitem__(self, key: int, /) -> str: ...
+    @overload
+    def __getitem__(self, key: slice, /) -> KeyArray: ...
+    def __iter__(self) -> Iterator[str]: ...
+    def __contains__(self, key: object, /) -> bool: ...
+    def index(self, value: object, start: int = 0, stop: int = ...) -> int: ...
+    def count(self, value: object) -> int: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+    def __reduce__(self) -> tuple[type[KeyArray], tuple[list[str]]]: ...
+    def to_list(self) -> list[str]:
+        """The keys as a list of new ``str`` objects."""
+
 def _arrow_example() -> ArrowStream:
     """A small table of every column type of the metadata tables, twice
     (two batches): the export's own test."""
@@ -456,14 +484,17 @@ class ArchiveCore:
     def get(self, key: str) -> bytes | None:
         """The record JSON of ``key``."""
     def get_pickle(self, key: str) -> bytes | None: ...
-    def find(self, expr: str) -> list[str]: ...
+    def find(self, expr: str | None) -> KeyArray:
+        """Keys of the records matching ``expr`` (all with None), held
+        packed (no ``str`` made until one is read)."""
     def count(self, expr: str) -> int: ...
     def to_arrow(self, expr: str | None = None) -> ArrowStream:
         """The metadata of the records matching ``expr`` (all with None) as an
         Arrow table (columns: ``Store.to_arrow``)."""
-    def to_arrow_keys(self, keys: Sequence[str]) -> ArrowStream:
+    def to_arrow_keys(self, keys: KeyArray | Sequence[str]) -> ArrowStream:
         """``to_arrow`` of the records of ``keys``, in that order (keys not
-        held are left out)."""
+        held are left out); a ``KeyArray`` is read in place (no ``str``
+        made)."""
     def verify(self) -> dict[str, Any]:
         """``{"ok", "records", "arrays", "problems"}`` after checking every array."""
     def map_array(self, entry: ArrayEntry) -> ArchiveBuffer | None:

@@ -122,10 +122,13 @@ def _query_text(expr: object) -> str:
     return expr
 
 
-def _keys_arg(expr: object, keys: object) -> list[str]:
-    """``keys`` (given with no query) as a list of checked keys; ValueError / TypeError."""
+def _keys_arg(expr: object, keys: object) -> Sequence[str]:
+    """``keys`` (given with no query) as a list of checked keys, or as it is when it is a
+    ``KeyArray`` (the keys of a ``find``: valid keys, kept packed); ValueError / TypeError."""
     if expr is not None:
         raise ValueError("give a query or keys, not both")
+    if isinstance(keys, _lazyvault.KeyArray):
+        return keys
     if isinstance(keys, str) or not isinstance(keys, Iterable):
         raise TypeError(f"keys is a list of str, not {type(keys).__name__}")
     return [check_key(k) for k in keys]
@@ -198,14 +201,17 @@ class Handle(RecordsDisplay, Mapping[str, Record]):
     @overload
     def keys(self, expr: str) -> list[str]: ...
     def keys(self, expr: str | None = None) -> KeysView[str] | list[str]:
-        """All keys, or with ``expr`` the keys of the matching records."""
+        """All keys, or with ``expr`` the keys of the matching records (a new list of ``str``; the
+        :class:`Results` of :meth:`find` keep them packed instead)."""
         if expr is None:
             return KeysView(self)
-        return self._index().find(_query_text(expr))
+        return self._index().find(_query_text(expr)).to_list()
 
     def find(self, expr: str | Callable[[Record], bool] | None = None) -> Results:
         """Records whose metadata match ``expr``, in key (archive) order; every record when
-        ``expr`` is ``None`` (as :meth:`count` counts them all).
+        ``expr`` is ``None`` (as :meth:`count` counts them all). The :class:`Results` hold the
+        matching keys packed in Rust (one buffer): no ``str`` object is made per key until one is
+        read.
 
         ``expr`` is a query (``"temperature > 250 and material == 'Si'"``, grammar in
         store/QUERY.md) evaluated in Rust over the index, opening no payload, with the GIL released
@@ -215,7 +221,7 @@ class Handle(RecordsDisplay, Mapping[str, Record]):
         (``find(3)``).
         """
         if expr is None:
-            return Results(self, self._index().keys())
+            return Results(self, self._index().find(None))
         if callable(expr):
             return Results(self, [k for k in self._index().keys() if expr(self[k])])
         if not isinstance(expr, str):
@@ -991,15 +997,19 @@ def plug_pickling(reduce: Callable[[Store], Any]) -> None:
 
 
 class Results(RecordsDisplay, Sequence[Record]):
-    """The records a query matched: a sequence that builds each :class:`Record` only when asked
-    (``len`` and ``keys()`` cost nothing)."""
+    """The records a query matched: a sequence that builds each :class:`Record` only when asked.
+    The matching keys stay packed in Rust (a ``KeyArray``: one buffer, each key made a ``str`` only
+    when read), so ``len``, slicing and :meth:`to_arrow` / :meth:`to_pandas` /
+    :meth:`to_polars` make no ``str`` per key; :meth:`keys` makes the list."""
 
-    def __init__(self, store: Handle, keys: list[str]) -> None:
+    def __init__(self, store: Handle, keys: Sequence[str]) -> None:
         self._store = store
         self._keys = keys
 
     def keys(self) -> list[str]:
-        """The matching keys, in key order."""
+        """The matching keys, in key order, as a new list of ``str``."""
+        if isinstance(self._keys, _lazyvault.KeyArray):
+            return self._keys.to_list()
         return list(self._keys)
 
     def __len__(self) -> int:

@@ -21,6 +21,7 @@ use super::{
 use crate::error::{Error, Result};
 use crate::npy;
 use crate::query::{ArrayFacts, Query, RecordView};
+use crate::Keys;
 
 /// Fixed part of a zip local file header.
 const LOCAL_HEADER_LEN: usize = 30;
@@ -488,6 +489,17 @@ impl ArchiveIndex {
             .iter()
             .filter(|r| query.matches(*r))
             .map(|r| r.key.clone())
+            .collect()
+    }
+
+    /// [`ArchiveIndex::find`] (every key with `None`: [`ArchiveIndex::keys`]),
+    /// the keys packed in one buffer ([`Keys`]): no `String` allocated per
+    /// key.
+    pub fn find_keys(&self, query: Option<&Query>) -> Keys {
+        self.records
+            .iter()
+            .filter(|r| query.is_none_or(|q| q.matches(*r)))
+            .map(|r| r.key.as_str())
             .collect()
     }
 
