@@ -47,6 +47,13 @@ def test_a_tiny_run_writes_every_workload_into_the_results_file(tmp_path: Path) 
     issue15 = text.split("<!-- issue15:begin -->")[1]
     assert "### Targets (issue 15)" in issue15 and "### (k) " in issue15
     assert "| SQLite | " in issue15 and "not the target's 1M" in issue15
+    # lazyvault's find both as the peers' list and as the Results it returns (keys packed), the
+    # target line on the latter, the list's ratio kept beside it
+    assert "### (k) find (keys) of a 2-field predicate over 300 records" in issue15
+    assert "### (k) find (Results) of a 2-field predicate over 300 records" in issue15
+    assert "| find: >= 100x faster than main at " in issue15
+    assert "`store.find(QUERY)`, the Results with keys packed in Rust" in issue15
+    assert "| find as a list (`find(QUERY).keys()`, as the baseline measured)" in issue15
     assert "warm cache" in text and "cold cache" in text
     assert "| lazyvault |" in text and "| SQLite+npy |" in text
     assert "./dev bench " in text and "--sizes 30 60" in text
@@ -185,3 +192,32 @@ def test_the_scan_cache_keeps_lazyvaults_scan_store_for_the_next_run(tmp_path: P
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"(reused {cache / 'lazyvault-scan-50'})" in again.stdout
     assert "(k) count of a 2-field predicate over 50 records" in again.stdout
+
+
+def test_the_find_target_is_met_by_the_results_row_against_the_list_baseline() -> None:
+    # the targets table from made-up rows at the target's size (no timing measured): the
+    # ">= 100x" line of find takes lazyvault's Results row, the list row's ratio stays beside it
+    script = f"""
+import sys
+sys.path.insert(0, {str(HARNESS)!r})
+from pathlib import Path
+import columnar
+from workloads import Context, Row
+ctx = Context({{}}, Path("."), [], 1.0, 1, 1, False, 1.0)
+base = columnar.json.loads(columnar.BASELINE.read_text())["find"]
+case = "of a 2-field predicate over 1,000,000 records"
+rows = [
+    Row("k", f"find (keys) {{case}}", "lazyvault", base / 50),
+    Row("k", f"find (Results) {{case}}", "lazyvault", base / 200),
+]
+print(columnar.targets(rows, ctx, {{"sum": 1e10, "memcpy": 1e10, "write": 1e9}}))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    (target,) = [line for line in out.stdout.splitlines() if line.startswith("| find: >= 100x")]
+    assert "`store.find(QUERY)`, the Results" in target and "| 0.005 (baseline " in target
+    assert "| <= 0.01 | yes |" in target
+    (listed,) = [line for line in out.stdout.splitlines() if line.startswith("| find as a list")]
+    assert "| 0.02 (baseline " in listed and "| - | - |" in listed
