@@ -4,6 +4,9 @@
 
 use pyo3::prelude::*;
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod archive;
 mod array;
 mod arrow;
