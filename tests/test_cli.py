@@ -100,6 +100,18 @@ def test_missing_store(tmp_path: Path) -> None:
     assert not missing.exists()  # read-only opens create nothing
 
 
+def test_gc_of_a_directory_of_other_files_says_it_is_no_store(tmp_path: Path) -> None:
+    # a fresh user's trial: `gc` said "no such store" where reading commands say what it is
+    other = tmp_path / "photos"
+    other.mkdir()
+    (other / "a.txt").write_text("hi")
+    for command in ("gc", "verify"):
+        assert_error(cli(command, other), 1, "not a lazyvault store", "photos")
+    assert sorted(os.listdir(other)) == ["a.txt"]
+    assert_error(cli("gc", tmp_path / "nope.lv"), 1, "no such store", "nope.lv")
+    assert not (tmp_path / "nope.lv").exists()
+
+
 def test_reading_commands_run_beside_a_writer_and_writing_ones_are_refused(
     small_store: Path, tmp_path: Path
 ) -> None:

@@ -548,6 +548,19 @@ def test_update_with_no_pairs_says_so_and_writes_nothing_of_that_chunk(store: lv
     assert store["a"].v == 1
 
 
+def test_an_empty_path_is_no_store_in_every_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a fresh user's trial: Store.open("") raised StorageError with errno EIO
+    monkeypatch.chdir(tmp_path)
+    for mode in ("r", "a", "w"):
+        for path in ("", b""):
+            with pytest.raises(lv.StoreNotFoundError, match="empty path") as e:
+                lv.Store.open(path, mode)
+            assert isinstance(e.value, FileNotFoundError)
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_bytes_path_opens_like_its_str_and_replace_arrays_wants_a_mapping(tmp_path: Path) -> None:
     # a fresh user's trial: b"..." failed inside open(), replace_arrays(k, 5) raised
     # AttributeError

@@ -408,7 +408,9 @@ def _cmd_verify(args: argparse.Namespace) -> _Output:
 def _cmd_gc(args: argparse.Namespace) -> _Output:
     _refuse_archive(args.path, "gc")
     if not os.path.exists(os.path.join(args.path, "lazyvault.json")):
-        # mode "a" would create an empty store at a mistyped path
+        # mode "a" would create an empty store at a mistyped path: say what a read says
+        # (NotAStoreError for a directory of other files, else no such store)
+        Store.open(args.path, mode="r").close()
         raise StoreNotFoundError(f"{args.path}: no such store")
     with Store.open(args.path, mode="a") as store:
         report = store.gc()

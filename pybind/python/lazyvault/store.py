@@ -469,6 +469,10 @@ class Store(Handle, MutableMapping[str, Record]):
             raise ValueError(f"mode must be 'r', 'a' or 'w', not {mode!r}")
         if isinstance(path, bytes):  # os.fsdecode: the file system's encoding, as open() does
             path = os.fsdecode(path)
+        if os.fspath(path) == "":  # as open(""): no such file, whatever the mode
+            error = StoreNotFoundError("'': an empty path names no store")
+            error.path = ""
+            raise error
         trust = trust_of(allow_pickle, safe_classes)
         seconds = _retention_seconds(retention)  # checked before anything is opened
         opened = _hook("open_file")(path, mode, trust)  # an .lvz archive
