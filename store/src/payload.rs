@@ -148,6 +148,74 @@ pub(crate) struct PayloadWriter<'r> {
     renamed: Vec<PathBuf>,
     /// The pack small payloads go into, once one was written.
     pack: Option<PackOut>,
+    /// Where the ids of its payloads and packs come from.
+    ids: Ids,
+}
+
+/// The ids of the payloads and packs one writer makes (FORMAT.md, "Name
+/// and id"): the 122 random bits of a UUID v4 drawn once (one
+/// `getrandom`, where a UUID per payload cost a system call each) as two
+/// seeds `a` and `b`, then for the `n`th id `mix(a + n)` and `mix(b + n)`
+/// in 32 lowercase hex digits. `mix` is a bijection of `u64` (SplitMix64's
+/// finalizer), so the first 16 digits of one source's ids never repeat
+/// (nor do its pack member names, their first 24), and they spread over
+/// the `arrays/<xx>` fan-out as random ids do; two sources of `n` ids
+/// share one only if both their seeds differ by the same amount, less
+/// than `n` (a chance of the order of `n` × 2^-120).
+pub(crate) struct Ids {
+    seed: (u64, u64),
+    next: u64,
+}
+
+impl Ids {
+    /// A new source, from fresh random bits.
+    pub(crate) fn new() -> Ids {
+        let (a, b) = uuid::Uuid::new_v4().as_u64_pair();
+        Ids::from_seed(a, b)
+    }
+
+    /// A source from the given draw (tests).
+    pub(crate) fn from_seed(a: u64, b: u64) -> Ids {
+        Ids {
+            seed: (a, b),
+            next: 0,
+        }
+    }
+
+    /// The next id: 32 lowercase hex digits.
+    pub(crate) fn next_id(&mut self) -> String {
+        let n = self.next;
+        self.next = self.next.wrapping_add(1);
+        let (a, b) = self.seed;
+        hex_id(mix64(a.wrapping_add(n)), mix64(b.wrapping_add(n)))
+    }
+}
+
+/// SplitMix64's output function: a bijection of `u64` whose outputs for
+/// consecutive inputs look independent.
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// `hi` then `lo` as 32 lowercase hex digits.
+fn hex_id(hi: u64, lo: u64) -> String {
+    let mut id = String::with_capacity(32);
+    push_hex(&mut id, hi);
+    push_hex(&mut id, lo);
+    id
+}
+
+/// Appends `word` to `out` as 16 lowercase hex digits (what `{:016x}`
+/// writes, without the formatting machinery).
+fn push_hex(out: &mut String, word: u64) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut digits = [0u8; 16];
+    for (i, digit) in digits.iter_mut().enumerate() {
+        *digit = DIGITS[((word >> (60 - 4 * i)) & 0xf) as usize];
+    }
+    out.push_str(std::str::from_utf8(&digits).expect("hex digits are ASCII"));
 }
 
 /// Payloads whose data take at most [`READ_MAX_BYTES`] and whose header is
@@ -272,7 +340,14 @@ impl<'r> PayloadWriter<'r> {
             pending: Vec::new(),
             renamed: Vec::new(),
             pack: None,
+            ids: Ids::new(),
         })
+    }
+
+    /// A new payload or pack id from this writer's source (for a payload
+    /// file taken in by another way than writing it: a hard link).
+    pub(crate) fn new_id(&mut self) -> String {
+        self.ids.next_id()
     }
 
     /// Writes `src` as a new payload file and returns its entry. In barrier
@@ -368,7 +443,7 @@ impl<'r> PayloadWriter<'r> {
         entry: ArrayEntry,
         body: &mut dyn FnMut(&mut File, &Path, &mut xxhash_rust::xxh3::Xxh3) -> Result<()>,
     ) -> Result<ArrayEntry> {
-        let id = uuid::Uuid::new_v4().simple().to_string();
+        let id = self.ids.next_id();
         let dir = self.root.join(PAYLOAD_DIR).join(&id[..2]);
         if !self.made.contains(&dir) {
             fsio::create_dir_all(&dir).map_err(Error::io(&dir))?;
@@ -434,7 +509,7 @@ impl<'r> PayloadWriter<'r> {
         entry: ArrayEntry,
         data: &[u8],
     ) -> Result<ArrayEntry> {
-        let id = uuid::Uuid::new_v4().simple().to_string();
+        let id = self.ids.next_id();
         self.write_member_as(&id, header, entry, data)
     }
 
@@ -463,7 +538,7 @@ impl<'r> PayloadWriter<'r> {
         let mut id = id.to_owned();
         let mut name = member_name(&id);
         while pack.names.contains(&name) {
-            id = uuid::Uuid::new_v4().simple().to_string();
+            id = self.ids.next_id();
             name = member_name(&id);
         }
         let mut crc = crc32fast::Hasher::new();
@@ -490,7 +565,7 @@ impl<'r> PayloadWriter<'r> {
 
     /// Creates the temporary file of a new pack.
     fn open_pack(&mut self) -> Result<PackOut> {
-        let id = uuid::Uuid::new_v4().simple().to_string();
+        let id = self.ids.next_id();
         let dir = self.root.join(PAYLOAD_DIR).join(&id[..2]);
         if !self.made.contains(&dir) {
             fsio::create_dir_all(&dir).map_err(Error::io(&dir))?;
@@ -1285,5 +1360,58 @@ mod pack_names {
             member.read_to_end(&mut bytes).unwrap();
             assert_eq!(&bytes[e.data_offset as usize..], &data[..]);
         }
+    }
+}
+
+#[cfg(test)]
+mod ids {
+    use std::collections::HashSet;
+
+    use super::Ids;
+
+    fn is_id(id: &str) -> bool {
+        id.len() == 32 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    }
+
+    /// The halves are `mix(a + n)` and `mix(b + n)` as 16 hex digits each
+    /// (zero-padded): the same digits `format!` writes.
+    #[test]
+    fn ids_are_the_mixed_counter_in_hex() {
+        let mut ids = Ids::from_seed(u64::MAX, 7);
+        for n in 0..3u64 {
+            let want = format!(
+                "{:016x}{:016x}",
+                super::mix64(u64::MAX.wrapping_add(n)),
+                super::mix64(7 + n)
+            );
+            assert_eq!(ids.next_id(), want);
+        }
+        // mix(0) is 0: the zero padding shows
+        assert_eq!(
+            super::hex_id(0, 1),
+            "00000000000000000000000000000001".to_owned()
+        );
+    }
+
+    /// One source's ids: the pattern, no repeated first 16 digits (so no
+    /// two pack members of one writer share a name), every `arrays/<xx>`
+    /// directory used; another source shares none of them.
+    #[test]
+    fn one_source_never_repeats_and_spreads_over_the_fan_out() {
+        for (a, b) in [(0, 0), (u64::MAX - 10, 3), (0x0123_4567_89ab_cdef, 1)] {
+            let mut ids = Ids::from_seed(a, b);
+            let mut starts = HashSet::new();
+            let mut dirs = HashSet::new();
+            for _ in 0..100_000 {
+                let id = ids.next_id();
+                assert!(is_id(&id), "{id}");
+                assert!(starts.insert(id[..16].to_owned()), "{id} repeats");
+                dirs.insert(id[..2].to_owned());
+            }
+            assert_eq!(dirs.len(), 256);
+        }
+        let (mut x, mut y) = (Ids::new(), Ids::new());
+        let xs: HashSet<String> = (0..1000).map(|_| x.next_id()).collect();
+        assert!((0..1000).all(|_| !xs.contains(&y.next_id())));
     }
 }
