@@ -150,6 +150,10 @@ pub(crate) struct PayloadWriter<'r> {
     pack: Option<PackOut>,
     /// Where the ids of its payloads and packs come from.
     ids: Ids,
+    /// The last payload prepared: its `ArraySource::descr` as given, its
+    /// header and its entry (no id), reused for the next payload of the
+    /// same description and size (see [`PayloadWriter::prepare`]).
+    last: Option<(String, Vec<u8>, ArrayEntry)>,
 }
 
 /// The ids of the payloads and packs one writer makes (FORMAT.md, "Name
@@ -298,7 +302,11 @@ pub(crate) fn member_name(id: &str) -> String {
     if legacy::names() {
         return format!("{id}.npy");
     }
-    format!("{}.npy", id.get(..MEMBER_ID_DIGITS).unwrap_or(id))
+    let start = id.get(..MEMBER_ID_DIGITS).unwrap_or(id);
+    let mut name = String::with_capacity(start.len() + 4);
+    name.push_str(start);
+    name.push_str(".npy");
+    name
 }
 
 /// The pack layout written before 2.0 (members named `<id>.npy`, their
@@ -341,6 +349,7 @@ impl<'r> PayloadWriter<'r> {
             renamed: Vec::new(),
             pack: None,
             ids: Ids::new(),
+            last: None,
         })
     }
 
@@ -350,10 +359,34 @@ impl<'r> PayloadWriter<'r> {
         self.ids.next_id()
     }
 
+    /// [`prepare_payload_of`], remembering the result: a payload whose
+    /// descr (as given), order, shape, dtype name, `pickled` and byte count
+    /// equal the last one's has the same header and entry (every check
+    /// depends on those and on the name being non-empty alone), so a batch
+    /// of like records parses and renders each descr once, not three times
+    /// a record.
+    fn prepare(&mut self, src: &ArraySource<'_>, nbytes: u64) -> Result<(Vec<u8>, ArrayEntry)> {
+        if let Some((descr, header, entry)) = &self.last {
+            if !src.name.is_empty()
+                && *descr == src.descr
+                && entry.fortran_order == src.fortran_order
+                && entry.shape == src.shape
+                && entry.dtype == src.dtype
+                && entry.pickled == src.pickled
+                && entry.nbytes == nbytes
+            {
+                return Ok((header.clone(), entry.clone()));
+            }
+        }
+        let (header, entry) = prepare_payload_of(src, nbytes)?;
+        self.last = Some((src.descr.clone(), header.clone(), entry.clone()));
+        Ok((header, entry))
+    }
+
     /// Writes `src` as a new payload file and returns its entry. In barrier
     /// mode the file is not durable (nor renamed) until [`Self::finish`].
     pub(crate) fn write(&mut self, src: &ArraySource<'_>) -> Result<ArrayEntry> {
-        let (header, entry) = prepare_payload(src)?;
+        let (header, entry) = self.prepare(src, src.data.len() as u64)?;
         if packable(&entry) {
             return self.write_member(&header, entry, src.data);
         }
@@ -382,7 +415,7 @@ impl<'r> PayloadWriter<'r> {
         source: &Path,
         buf: &mut [u8],
     ) -> Result<ArrayEntry> {
-        let (header, entry) = prepare_payload_of(src, nbytes)?;
+        let (header, entry) = self.prepare(src, nbytes)?;
         let name = &src.name;
         if packable(&entry) {
             // small: read whole (at most READ_MAX_BYTES), then packed
@@ -742,7 +775,10 @@ pub(crate) fn checksum(data: &[u8]) -> String {
 }
 
 fn format_checksum(hash: u64) -> String {
-    format!("{CHECKSUM_PREFIX}{hash:016x}")
+    let mut text = String::with_capacity(CHECKSUM_PREFIX.len() + 16);
+    text.push_str(CHECKSUM_PREFIX);
+    push_hex(&mut text, hash);
+    text
 }
 
 /// The algorithm tag of [`checksum`].
@@ -1386,6 +1422,13 @@ mod ids {
             );
             assert_eq!(ids.next_id(), want);
         }
+        for hash in [0, 1, 0xabc, u64::MAX, 0x0123_4567_89ab_cdef] {
+            assert_eq!(super::format_checksum(hash), format!("xxh3-64:{hash:016x}"));
+        }
+        assert_eq!(
+            super::member_name("0123456789abcdef0123456789abcdef"),
+            "0123456789abcdef01234567.npy"
+        );
         // mix(0) is 0: the zero padding shows
         assert_eq!(
             super::hex_id(0, 1),
@@ -1413,5 +1456,91 @@ mod ids {
         let (mut x, mut y) = (Ids::new(), Ids::new());
         let xs: HashSet<String> = (0..1000).map(|_| x.next_id()).collect();
         assert!((0..1000).all(|_| !xs.contains(&y.next_id())));
+    }
+}
+
+#[cfg(test)]
+mod prepared {
+    use super::{prepare_payload, ArraySource, PayloadWriter};
+
+    /// A writer reuses the last header and entry only for a payload of the
+    /// same description and size: each of these differs from the first in
+    /// one thing, and gets what preparing it alone gives (or its error).
+    #[test]
+    fn the_last_header_is_reused_only_for_the_same_description() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = [0u8; 64];
+        let base = ArraySource {
+            name: "x".into(),
+            descr: "'<f8'".into(),
+            dtype: "float64".into(),
+            shape: vec![8],
+            fortran_order: false,
+            data: &data,
+            pickled: false,
+        };
+        let variants = [
+            base.clone(),
+            ArraySource {
+                name: "y".into(),
+                ..base.clone()
+            },
+            ArraySource {
+                descr: "'>f8'".into(),
+                ..base.clone()
+            },
+            ArraySource {
+                descr: "  '<f8'".into(),
+                ..base.clone()
+            },
+            ArraySource {
+                dtype: "something".into(),
+                ..base.clone()
+            },
+            ArraySource {
+                shape: vec![2, 4],
+                ..base.clone()
+            },
+            ArraySource {
+                shape: vec![2, 4],
+                fortran_order: true,
+                ..base.clone()
+            },
+            ArraySource {
+                pickled: true,
+                ..base.clone()
+            },
+            ArraySource {
+                data: &data[..32],
+                shape: vec![4],
+                ..base.clone()
+            },
+            // errors: each after a success of the same description
+            ArraySource {
+                name: String::new(),
+                ..base.clone()
+            },
+            base.clone(),
+            ArraySource {
+                data: &data[..32],
+                ..base.clone()
+            },
+            base.clone(),
+            ArraySource {
+                shape: vec![4],
+                ..base.clone()
+            },
+        ];
+        let mut writer = PayloadWriter::new(dir.path(), 1).unwrap();
+        for src in &variants {
+            let alone = prepare_payload(src);
+            let nbytes = src.data.len() as u64;
+            match (writer.prepare(src, nbytes), alone) {
+                (Ok(got), Ok(want)) => assert_eq!(got, want, "{src:?}"),
+                (Err(got), Err(want)) => assert_eq!(got.to_string(), want.to_string()),
+                (got, want) => panic!("{src:?}: {got:?} but alone {want:?}"),
+            }
+        }
+        writer.abort();
     }
 }
