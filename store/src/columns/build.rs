@@ -71,7 +71,8 @@ struct PathValues {
     /// The record's own JSON text of tagged leaves (`$float`, `$numpy`,
     /// `$datetime`...), by row: what their JSON-text cell shows; and what
     /// the tag marks in the typed column's metadata.
-    raw: HashMap<u32, (String, Mark)>,
+    /// In row order (a path has at most one leaf a row).
+    raw: Vec<(u32, String, Mark)>,
     strings: Vec<String>,
     string_ids: HashMap<String, u32>,
     ints: usize,
@@ -88,12 +89,19 @@ impl PathValues {
             (Some(Leaf::Str(_)), _) => Leaf::Other(value.to_string()),
             (Some(other), _) => {
                 if let Value::Object(map) = value {
-                    self.raw.insert(row, (value.to_string(), Mark::of(map)));
+                    self.raw.push((row, value.to_string(), Mark::of(map)));
                 }
                 other
             }
         };
         self.add(row, leaf);
+    }
+
+    /// The JSON text and mark of the tagged leaf of `row`, if it has one.
+    fn raw(&self, row: u32) -> Option<(&String, &Mark)> {
+        let at = self.raw.binary_search_by_key(&row, |(r, _, _)| *r).ok()?;
+        let (_, text, mark) = &self.raw[at];
+        Some((text, mark))
     }
 
     /// [`PathValues::push`] of a string value.
@@ -436,6 +444,11 @@ pub(crate) struct ColumnBuilder {
     /// Every path and array gets columns, past [`MAX_PATHS`] and
     /// [`MAX_ARRAYS`] too (a table for a user, not a column file).
     unlimited: bool,
+    /// For the `i`th top-level metadata field of the last record read
+    /// fast, the index of its path in `paths`: records mostly list the
+    /// same fields in the same order, and checking the guess costs less
+    /// than hashing the path.
+    hints: Vec<usize>,
 }
 
 impl ColumnBuilder {
@@ -469,13 +482,13 @@ impl ColumnBuilder {
         let arrays = match fast_parse(bytes).filter(|_| fast) {
             Some(fast) => {
                 let mut path = Vec::new();
-                for (name, field) in &fast.meta {
+                for (i, (name, field)) in fast.meta.iter().enumerate() {
                     path.push(name.as_ref());
                     match field {
-                        MetaValue::Str(text) => self.path_values(&path).push_str(row, text),
+                        MetaValue::Str(text) => self.top_values(i, name).push_str(row, text),
                         MetaValue::Other(value) => match descend(value) {
                             Some(inner) => self.walk(row, inner, &mut path),
-                            None => self.path_values(&path).push(row, value),
+                            None => self.top_values(i, name).push(row, value),
                         },
                     }
                     path.pop();
@@ -513,17 +526,45 @@ impl ColumnBuilder {
         }
     }
 
+    /// [`ColumnBuilder::path_values`] of the top-level field `name`, the
+    /// `i`th of its record: the path of the last record's `i`th field when
+    /// it is the same.
+    fn top_values(&mut self, i: usize, name: &str) -> &mut PathValues {
+        let guess = self.hints.get(i).copied().filter(|&at| {
+            self.paths
+                .get_index(at)
+                .is_some_and(|(path, _)| path.len() == 1 && path[0] == name)
+        });
+        let at = match guess {
+            Some(at) => at,
+            None => {
+                let at = self.path_index(&[name]);
+                if self.hints.len() <= i {
+                    self.hints.resize(i + 1, usize::MAX);
+                }
+                self.hints[i] = at;
+                at
+            }
+        };
+        &mut self.paths[at]
+    }
+
     /// The values of `path`, new and empty when it was not seen yet (its
     /// names copied then only).
     fn path_values(&mut self, path: &[&str]) -> &mut PathValues {
-        let at = match self.paths.get_index_of(&PathRef(path)) {
+        let at = self.path_index(path);
+        &mut self.paths[at]
+    }
+
+    /// The index in `paths` of `path`, added when it was not seen yet.
+    fn path_index(&mut self, path: &[&str]) -> usize {
+        match self.paths.get_index_of(&PathRef(path)) {
             Some(at) => at,
             None => {
                 let owned = path.iter().map(|n| (*n).to_owned()).collect();
                 self.paths.insert_full(owned, PathValues::default()).0
             }
-        };
-        &mut self.paths[at]
+        }
     }
 
     /// The batch of every row pushed.
@@ -576,7 +617,7 @@ impl ColumnBuilder {
                     }
                     None => {
                         // A row of the typed column: what it was tagged as.
-                        marks.note(values.raw.get(&row).map(|(_, mark)| mark));
+                        marks.note(values.raw(row).map(|(_, mark)| mark));
                         json.append_null();
                     }
                 }
@@ -868,7 +909,7 @@ fn fill<B>(
 /// The JSON text of a leaf the typed column does not hold: the record's
 /// own text for a tagged value, else the value written as JSON.
 fn other_text(row: u32, leaf: &Leaf, values: &PathValues) -> String {
-    if let Some((raw, _)) = values.raw.get(&row) {
+    if let Some((raw, _)) = values.raw(row) {
         return raw.clone();
     }
     match leaf {
