@@ -231,7 +231,7 @@ impl indexmap::Equivalent<Vec<String>> for PathRef<'_, '_> {
 /// (no allocation), objects and lists as `Value`s; and the array facts.
 struct FastRecord<'de> {
     meta: Vec<(Cow<'de, str>, MetaValue<'de>)>,
-    arrays: IndexMap<String, SlimArray>,
+    arrays: Vec<(Cow<'de, str>, SlimArray<'de>)>,
 }
 
 /// One top-level metadata value of a [`FastRecord`].
@@ -305,7 +305,9 @@ impl<'de> Deserialize<'de> for FastRecord<'de> {
                 while let Some(Text(name)) = map.next_key()? {
                     match name.as_ref() {
                         "meta" if meta.is_none() => meta = Some(map.next_value::<Meta<'de>>()?.0),
-                        "arrays" if arrays.is_none() => arrays = Some(map.next_value()?),
+                        "arrays" if arrays.is_none() => {
+                            arrays = Some(map.next_value::<Arrays<'de>>()?.0)
+                        }
                         "meta" | "arrays" => return Err(de::Error::custom("a field twice")),
                         _ => {
                             map.next_value::<de::IgnoredAny>()?;
@@ -317,6 +319,38 @@ impl<'de> Deserialize<'de> for FastRecord<'de> {
                     meta,
                     arrays: arrays.unwrap_or_default(),
                 })
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// The array entries, refused for a name twice (a map keeps the last).
+struct Arrays<'de>(Vec<(Cow<'de, str>, SlimArray<'de>)>);
+
+impl<'de> Deserialize<'de> for Arrays<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Arrays<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("the array entries")
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<Arrays<'de>, A::Error> {
+                let mut entries: Vec<(Cow<'de, str>, SlimArray<'de>)> = Vec::new();
+                while let Some(Text(name)) = map.next_key()? {
+                    let entry = map.next_value()?;
+                    entries.push((name, entry));
+                }
+                let mut names: Vec<&str> = entries.iter().map(|(n, _)| n.as_ref()).collect();
+                names.sort_unstable();
+                if names.windows(2).any(|w| w[0] == w[1]) {
+                    return Err(de::Error::custom("read as a map"));
+                }
+                Ok(Arrays(entries))
             }
         }
         d.deserialize_map(V)
@@ -414,24 +448,59 @@ impl<'de> Deserialize<'de> for MetaValue<'de> {
 
 /// What the builder reads of a record: its metadata and array facts.
 #[derive(Deserialize)]
-struct Slim {
+struct Slim<'a> {
     meta: Map<String, Value>,
-    #[serde(default)]
-    arrays: IndexMap<String, SlimArray>,
+    #[serde(default, borrow)]
+    arrays: IndexMap<String, SlimArray<'a>>,
 }
 
+/// What the builder reads of an array entry (its strings borrowed from
+/// the record when they have no escapes).
 #[derive(Deserialize)]
-struct SlimArray {
-    dtype: String,
-    descr: String,
+struct SlimArray<'a> {
+    #[serde(borrow)]
+    dtype: Cow<'a, str>,
+    #[serde(borrow)]
+    descr: Cow<'a, str>,
     shape: Vec<u64>,
     nbytes: u64,
 }
 
-/// Per-array facts of every row that has the array.
+/// Per-array facts of every row that has the array: row, shape, dtype and
+/// descr (indexes in `strings`), nbytes.
 #[derive(Default)]
 struct ArrayValues {
-    rows: Vec<(u32, Vec<u64>, String, String, u64)>,
+    rows: Vec<(u32, Vec<u64>, u32, u32, u64)>,
+    /// The dtype and descr texts, each once.
+    strings: Vec<String>,
+    ids: HashMap<String, u32>,
+}
+
+impl ArrayValues {
+    /// Adds the facts of `a` for `row`.
+    fn push(&mut self, row: u32, a: SlimArray<'_>) {
+        let (dtype, descr) = (self.intern(&a.dtype), self.intern(&a.descr));
+        self.rows.push((row, a.shape, dtype, descr, a.nbytes));
+    }
+
+    /// The index of `text` in `strings` (added if new): the last row's
+    /// dtype and descr are tried first.
+    fn intern(&mut self, text: &str) -> u32 {
+        if let Some(&(_, _, dtype, descr, _)) = self.rows.last() {
+            for id in [dtype, descr] {
+                if self.strings[id as usize] == text {
+                    return id;
+                }
+            }
+        }
+        if let Some(&id) = self.ids.get(text) {
+            return id;
+        }
+        let id = self.strings.len() as u32;
+        self.strings.push(text.to_owned());
+        self.ids.insert(text.to_owned(), id);
+        id
+    }
 }
 
 /// Collects rows, then builds the batch.
@@ -479,7 +548,7 @@ impl ColumnBuilder {
         let Some(bytes) = record else {
             return Ok(());
         };
-        let arrays = match fast_parse(bytes).filter(|_| fast) {
+        match fast_parse(bytes).filter(|_| fast) {
             Some(fast) => {
                 let mut path = Vec::new();
                 for (i, (name, field)) in fast.meta.iter().enumerate() {
@@ -493,24 +562,34 @@ impl ColumnBuilder {
                     }
                     path.pop();
                 }
-                fast.arrays
+                for (name, a) in fast.arrays {
+                    self.array_values(&name).push(row, a);
+                }
             }
             None => {
-                let slim: Slim = serde_json::from_slice(bytes)
+                let slim: Slim<'_> = serde_json::from_slice(bytes)
                     .map_err(|e| Error::corrupt(format!("record {key:?}"), e).with_key(key))?;
                 let mut path = Vec::new();
                 self.walk(row, crate::query::fields(&slim.meta), &mut path);
-                slim.arrays
+                for (name, a) in slim.arrays {
+                    self.array_values(&name).push(row, a);
+                }
             }
-        };
-        for (name, a) in arrays {
-            self.arrays
-                .entry(name)
-                .or_default()
-                .rows
-                .push((row, a.shape, a.dtype, a.descr, a.nbytes));
         }
         Ok(())
+    }
+
+    /// The facts of the array `name`, new and empty when not seen yet.
+    fn array_values(&mut self, name: &str) -> &mut ArrayValues {
+        let at = match self.arrays.get_index_of(name) {
+            Some(at) => at,
+            None => {
+                self.arrays
+                    .insert_full(name.to_owned(), ArrayValues::default())
+                    .0
+            }
+        };
+        &mut self.arrays[at]
     }
 
     /// Adds the leaves of `map` under `path` (borrowed from the record:
@@ -762,8 +841,12 @@ impl ColumnBuilder {
                 }
                 shape.values().append_slice(dims);
                 shape.append(true);
-                dtype.append(dt).map_err(arrow_err)?;
-                descr.append(de).map_err(arrow_err)?;
+                dtype
+                    .append(&values.strings[*dt as usize])
+                    .map_err(arrow_err)?;
+                descr
+                    .append(&values.strings[*de as usize])
+                    .map_err(arrow_err)?;
                 nbytes.append_value(*nb);
                 at += 1;
             }
@@ -954,6 +1037,9 @@ mod fast_tests {
             " { \"meta\" : { \"a\" : 1 , \"material\" : \"Si\" } , \"arrays\" : { } } ".to_owned(),
             format!(r#"{{"meta":{{{many}}},"arrays":{{}}}}"#),
             r#"{"meta":{"started":{"$datetime":"2026-01-01T00:00:00+01:00"},"w":{"$numpy":["<f4",2.5]}},"arrays":{}}"#.to_owned(),
+            r#"{"meta":{},"arrays":{"x":{"dtype":"int32","descr":"'<i4'","shape":[1],"nbytes":4},"y":{"dtype":"float64","descr":"'<f8'","shape":[],"nbytes":8},"x":{"dtype":"uint8","descr":"'|u1'","shape":[3],"nbytes":3}}}"#.to_owned(),
+            r#"{"meta":{"a":1},"arrays":{"\u0078":{"dtype":"flo\u0061t64","descr":"'<f8'","shape":[2],"nbytes":16,"extra":[1,{"b":2}]},"z":{"dtype":"float64","descr":"'<f8'","shape":[2,2],"nbytes":32}}}"#.to_owned(),
+            r#"{"meta":{"a":2},"arrays":{"y":{"dtype":"<f8","descr":"'<f8'","shape":[1],"nbytes":8},"x":{"dtype":"float64","descr":"'<f8'","shape":[64],"nbytes":512}}}"#.to_owned(),
         ]
         .into_iter()
         .map(Some)
@@ -1005,6 +1091,10 @@ mod fast_tests {
             r#"{"meta":{"a":1}} x"#,
             r#"[{"a":1},{}]"#,
             r#"{"meta":{"a":1},"arrays":{"x":{"id":3}}}"#,
+            r#"{"meta":{"a":1},"arrays":null}"#,
+            r#"{"meta":{"a":1},"arrays":{"x":{"dtype":"u1","descr":"'|u1'","shape":[1]}}}"#,
+            r#"{"meta":{"a":1},"arrays":{"x":{"dtype":"u1","dtype":"u1","descr":"'|u1'","shape":[1],"nbytes":1}}}"#,
+            r#"{"meta":{"a":1},"arrays":{},"arrays":{}}"#,
         ] {
             let read = |fast| {
                 ColumnBuilder::default()
