@@ -148,6 +148,78 @@ pub(crate) struct PayloadWriter<'r> {
     renamed: Vec<PathBuf>,
     /// The pack small payloads go into, once one was written.
     pack: Option<PackOut>,
+    /// Where the ids of its payloads and packs come from.
+    ids: Ids,
+    /// The last payload prepared: its `ArraySource::descr` as given, its
+    /// header and its entry (no id), reused for the next payload of the
+    /// same description and size (see [`PayloadWriter::prepare`]).
+    last: Option<(String, Vec<u8>, ArrayEntry)>,
+}
+
+/// The ids of the payloads and packs one writer makes (FORMAT.md, "Name
+/// and id"): the 122 random bits of a UUID v4 drawn once (one
+/// `getrandom`, where a UUID per payload cost a system call each) as two
+/// seeds `a` and `b`, then for the `n`th id `mix(a + n)` and `mix(b + n)`
+/// in 32 lowercase hex digits. `mix` is a bijection of `u64` (SplitMix64's
+/// finalizer), so the first 16 digits of one source's ids never repeat
+/// (nor do its pack member names, their first 24), and they spread over
+/// the `arrays/<xx>` fan-out as random ids do; two sources of `n` ids
+/// share one only if both their seeds differ by the same amount, less
+/// than `n` (a chance of the order of `n` × 2^-120).
+pub(crate) struct Ids {
+    seed: (u64, u64),
+    next: u64,
+}
+
+impl Ids {
+    /// A new source, from fresh random bits.
+    pub(crate) fn new() -> Ids {
+        let (a, b) = uuid::Uuid::new_v4().as_u64_pair();
+        Ids::from_seed(a, b)
+    }
+
+    /// A source from the given draw (tests).
+    pub(crate) fn from_seed(a: u64, b: u64) -> Ids {
+        Ids {
+            seed: (a, b),
+            next: 0,
+        }
+    }
+
+    /// The next id: 32 lowercase hex digits.
+    pub(crate) fn next_id(&mut self) -> String {
+        let n = self.next;
+        self.next = self.next.wrapping_add(1);
+        let (a, b) = self.seed;
+        hex_id(mix64(a.wrapping_add(n)), mix64(b.wrapping_add(n)))
+    }
+}
+
+/// SplitMix64's output function: a bijection of `u64` whose outputs for
+/// consecutive inputs look independent.
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// `hi` then `lo` as 32 lowercase hex digits.
+fn hex_id(hi: u64, lo: u64) -> String {
+    let mut id = String::with_capacity(32);
+    push_hex(&mut id, hi);
+    push_hex(&mut id, lo);
+    id
+}
+
+/// Appends `word` to `out` as 16 lowercase hex digits (what `{:016x}`
+/// writes, without the formatting machinery).
+fn push_hex(out: &mut String, word: u64) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut digits = [0u8; 16];
+    for (i, digit) in digits.iter_mut().enumerate() {
+        *digit = DIGITS[((word >> (60 - 4 * i)) & 0xf) as usize];
+    }
+    out.push_str(std::str::from_utf8(&digits).expect("hex digits are ASCII"));
 }
 
 /// Payloads whose data take at most [`READ_MAX_BYTES`] and whose header is
@@ -230,7 +302,11 @@ pub(crate) fn member_name(id: &str) -> String {
     if legacy::names() {
         return format!("{id}.npy");
     }
-    format!("{}.npy", id.get(..MEMBER_ID_DIGITS).unwrap_or(id))
+    let start = id.get(..MEMBER_ID_DIGITS).unwrap_or(id);
+    let mut name = String::with_capacity(start.len() + 4);
+    name.push_str(start);
+    name.push_str(".npy");
+    name
 }
 
 /// The pack layout written before 2.0 (members named `<id>.npy`, their
@@ -272,13 +348,45 @@ impl<'r> PayloadWriter<'r> {
             pending: Vec::new(),
             renamed: Vec::new(),
             pack: None,
+            ids: Ids::new(),
+            last: None,
         })
+    }
+
+    /// A new payload or pack id from this writer's source (for a payload
+    /// file taken in by another way than writing it: a hard link).
+    pub(crate) fn new_id(&mut self) -> String {
+        self.ids.next_id()
+    }
+
+    /// [`prepare_payload_of`], remembering the result: a payload whose
+    /// descr (as given), order, shape, dtype name, `pickled` and byte count
+    /// equal the last one's has the same header and entry (every check
+    /// depends on those and on the name being non-empty alone), so a batch
+    /// of like records parses and renders each descr once, not three times
+    /// a record.
+    fn prepare(&mut self, src: &ArraySource<'_>, nbytes: u64) -> Result<(Vec<u8>, ArrayEntry)> {
+        if let Some((descr, header, entry)) = &self.last {
+            if !src.name.is_empty()
+                && *descr == src.descr
+                && entry.fortran_order == src.fortran_order
+                && entry.shape == src.shape
+                && entry.dtype == src.dtype
+                && entry.pickled == src.pickled
+                && entry.nbytes == nbytes
+            {
+                return Ok((header.clone(), entry.clone()));
+            }
+        }
+        let (header, entry) = prepare_payload_of(src, nbytes)?;
+        self.last = Some((src.descr.clone(), header.clone(), entry.clone()));
+        Ok((header, entry))
     }
 
     /// Writes `src` as a new payload file and returns its entry. In barrier
     /// mode the file is not durable (nor renamed) until [`Self::finish`].
     pub(crate) fn write(&mut self, src: &ArraySource<'_>) -> Result<ArrayEntry> {
-        let (header, entry) = prepare_payload(src)?;
+        let (header, entry) = self.prepare(src, src.data.len() as u64)?;
         if packable(&entry) {
             return self.write_member(&header, entry, src.data);
         }
@@ -307,7 +415,7 @@ impl<'r> PayloadWriter<'r> {
         source: &Path,
         buf: &mut [u8],
     ) -> Result<ArrayEntry> {
-        let (header, entry) = prepare_payload_of(src, nbytes)?;
+        let (header, entry) = self.prepare(src, nbytes)?;
         let name = &src.name;
         if packable(&entry) {
             // small: read whole (at most READ_MAX_BYTES), then packed
@@ -368,7 +476,7 @@ impl<'r> PayloadWriter<'r> {
         entry: ArrayEntry,
         body: &mut dyn FnMut(&mut File, &Path, &mut xxhash_rust::xxh3::Xxh3) -> Result<()>,
     ) -> Result<ArrayEntry> {
-        let id = uuid::Uuid::new_v4().simple().to_string();
+        let id = self.ids.next_id();
         let dir = self.root.join(PAYLOAD_DIR).join(&id[..2]);
         if !self.made.contains(&dir) {
             fsio::create_dir_all(&dir).map_err(Error::io(&dir))?;
@@ -434,7 +542,7 @@ impl<'r> PayloadWriter<'r> {
         entry: ArrayEntry,
         data: &[u8],
     ) -> Result<ArrayEntry> {
-        let id = uuid::Uuid::new_v4().simple().to_string();
+        let id = self.ids.next_id();
         self.write_member_as(&id, header, entry, data)
     }
 
@@ -463,7 +571,7 @@ impl<'r> PayloadWriter<'r> {
         let mut id = id.to_owned();
         let mut name = member_name(&id);
         while pack.names.contains(&name) {
-            id = uuid::Uuid::new_v4().simple().to_string();
+            id = self.ids.next_id();
             name = member_name(&id);
         }
         let mut crc = crc32fast::Hasher::new();
@@ -490,7 +598,7 @@ impl<'r> PayloadWriter<'r> {
 
     /// Creates the temporary file of a new pack.
     fn open_pack(&mut self) -> Result<PackOut> {
-        let id = uuid::Uuid::new_v4().simple().to_string();
+        let id = self.ids.next_id();
         let dir = self.root.join(PAYLOAD_DIR).join(&id[..2]);
         if !self.made.contains(&dir) {
             fsio::create_dir_all(&dir).map_err(Error::io(&dir))?;
@@ -667,7 +775,10 @@ pub(crate) fn checksum(data: &[u8]) -> String {
 }
 
 fn format_checksum(hash: u64) -> String {
-    format!("{CHECKSUM_PREFIX}{hash:016x}")
+    let mut text = String::with_capacity(CHECKSUM_PREFIX.len() + 16);
+    text.push_str(CHECKSUM_PREFIX);
+    push_hex(&mut text, hash);
+    text
 }
 
 /// The algorithm tag of [`checksum`].
@@ -1285,5 +1396,151 @@ mod pack_names {
             member.read_to_end(&mut bytes).unwrap();
             assert_eq!(&bytes[e.data_offset as usize..], &data[..]);
         }
+    }
+}
+
+#[cfg(test)]
+mod ids {
+    use std::collections::HashSet;
+
+    use super::Ids;
+
+    fn is_id(id: &str) -> bool {
+        id.len() == 32 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    }
+
+    /// The halves are `mix(a + n)` and `mix(b + n)` as 16 hex digits each
+    /// (zero-padded): the same digits `format!` writes.
+    #[test]
+    fn ids_are_the_mixed_counter_in_hex() {
+        let mut ids = Ids::from_seed(u64::MAX, 7);
+        for n in 0..3u64 {
+            let want = format!(
+                "{:016x}{:016x}",
+                super::mix64(u64::MAX.wrapping_add(n)),
+                super::mix64(7 + n)
+            );
+            assert_eq!(ids.next_id(), want);
+        }
+        for hash in [0, 1, 0xabc, u64::MAX, 0x0123_4567_89ab_cdef] {
+            assert_eq!(super::format_checksum(hash), format!("xxh3-64:{hash:016x}"));
+        }
+        assert_eq!(
+            super::member_name("0123456789abcdef0123456789abcdef"),
+            "0123456789abcdef01234567.npy"
+        );
+        // mix(0) is 0: the zero padding shows
+        assert_eq!(
+            super::hex_id(0, 1),
+            "00000000000000000000000000000001".to_owned()
+        );
+    }
+
+    /// One source's ids: the pattern, no repeated first 16 digits (so no
+    /// two pack members of one writer share a name), every `arrays/<xx>`
+    /// directory used; another source shares none of them.
+    #[test]
+    fn one_source_never_repeats_and_spreads_over_the_fan_out() {
+        for (a, b) in [(0, 0), (u64::MAX - 10, 3), (0x0123_4567_89ab_cdef, 1)] {
+            let mut ids = Ids::from_seed(a, b);
+            let mut starts = HashSet::new();
+            let mut dirs = HashSet::new();
+            for _ in 0..100_000 {
+                let id = ids.next_id();
+                assert!(is_id(&id), "{id}");
+                assert!(starts.insert(id[..16].to_owned()), "{id} repeats");
+                dirs.insert(id[..2].to_owned());
+            }
+            assert_eq!(dirs.len(), 256);
+        }
+        let (mut x, mut y) = (Ids::new(), Ids::new());
+        let xs: HashSet<String> = (0..1000).map(|_| x.next_id()).collect();
+        assert!((0..1000).all(|_| !xs.contains(&y.next_id())));
+    }
+}
+
+#[cfg(test)]
+mod prepared {
+    use super::{prepare_payload, ArraySource, PayloadWriter};
+
+    /// A writer reuses the last header and entry only for a payload of the
+    /// same description and size: each of these differs from the first in
+    /// one thing, and gets what preparing it alone gives (or its error).
+    #[test]
+    fn the_last_header_is_reused_only_for_the_same_description() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = [0u8; 64];
+        let base = ArraySource {
+            name: "x".into(),
+            descr: "'<f8'".into(),
+            dtype: "float64".into(),
+            shape: vec![8],
+            fortran_order: false,
+            data: &data,
+            pickled: false,
+        };
+        let variants = [
+            base.clone(),
+            ArraySource {
+                name: "y".into(),
+                ..base.clone()
+            },
+            ArraySource {
+                descr: "'>f8'".into(),
+                ..base.clone()
+            },
+            ArraySource {
+                descr: "  '<f8'".into(),
+                ..base.clone()
+            },
+            ArraySource {
+                dtype: "something".into(),
+                ..base.clone()
+            },
+            ArraySource {
+                shape: vec![2, 4],
+                ..base.clone()
+            },
+            ArraySource {
+                shape: vec![2, 4],
+                fortran_order: true,
+                ..base.clone()
+            },
+            ArraySource {
+                pickled: true,
+                ..base.clone()
+            },
+            ArraySource {
+                data: &data[..32],
+                shape: vec![4],
+                ..base.clone()
+            },
+            // errors: each after a success of the same description
+            ArraySource {
+                name: String::new(),
+                ..base.clone()
+            },
+            base.clone(),
+            ArraySource {
+                data: &data[..32],
+                ..base.clone()
+            },
+            base.clone(),
+            ArraySource {
+                shape: vec![4],
+                ..base.clone()
+            },
+        ];
+        let mut writer = PayloadWriter::new(dir.path(), 1).unwrap();
+        for src in &variants {
+            let alone = prepare_payload(src);
+            let nbytes = src.data.len() as u64;
+            match (writer.prepare(src, nbytes), alone) {
+                (Ok(got), Ok(want)) => assert_eq!(got, want, "{src:?}"),
+                (Err(got), Err(want)) => assert_eq!(got.to_string(), want.to_string()),
+                (got, want) => panic!("{src:?}: {got:?} but alone {want:?}"),
+            }
+        }
+        writer.abort();
     }
 }

@@ -751,7 +751,8 @@ impl Store {
         let committed = (|| -> Result<Done> {
             let mut entries = Vec::with_capacity(records.len());
             for (r, kept) in &records {
-                let mut e = kept.clone();
+                let mut e = IndexMap::with_capacity(kept.len() + r.arrays().len());
+                e.extend(kept.iter().map(|(k, v)| (k.clone(), v.clone())));
                 for src in r.arrays() {
                     e.insert(src.name.clone(), payloads.write(src)?);
                 }

@@ -86,7 +86,12 @@ impl JournalWriter {
     /// one write; returns the position after the last. On error none of
     /// them is in the segment.
     pub(crate) fn put_many(&mut self, puts: &[Put<'_>]) -> Result<Position> {
-        let mut buf = Vec::new();
+        // header, key, record, pickle and CRC of each: one allocation
+        let size = puts
+            .iter()
+            .map(|(k, r, p)| 44 + k.len() + r.len() + p.map_or(0, <[u8]>::len))
+            .sum();
+        let mut buf = Vec::with_capacity(size);
         for (key, record, pickle) in puts {
             let header = entry_header(key, record, *pickle, 0)?;
             encode_into(

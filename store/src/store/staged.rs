@@ -194,7 +194,7 @@ impl<'s> Stage<'s> {
             self.ids.insert(member_key(&linked));
             return Ok(linked);
         }
-        let id = uuid::Uuid::new_v4().simple().to_string();
+        let id = self.writer().new_id();
         let dir = self.root.join(lazyvault_schema::PAYLOAD_DIR).join(&id[..2]);
         fsio::create_dir_all(&dir).map_err(Error::io(&dir))?;
         let ext = if entry.is_packed() { "npz" } else { "npy" };
