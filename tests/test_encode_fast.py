@@ -117,14 +117,20 @@ def test_fast_encoding_is_the_generic_one(obj: dict[str, Any]) -> None:
         assert comparable(flat) == want
 
 
+# the common object: what a user's loop of update() stores
+COMMON = {
+    "temperature": 300.5,
+    "material": "Si",
+    "step": 7,
+    "ok": True,
+    "started": datetime.datetime(2024, 3, 1, 12, tzinfo=datetime.UTC),
+    "loss": float("nan"),
+}
+
+
 def test_the_common_object_takes_the_fast_path() -> None:
     obj = {
-        "temperature": 300.5,
-        "material": "Si",
-        "step": 7,
-        "ok": True,
-        "started": datetime.datetime(2024, 3, 1, 12, tzinfo=datetime.UTC),
-        "loss": float("nan"),
+        **COMMON,
         "n": np.int64(3),
         "x": np.arange(64.0),
         "y": np.zeros((2, 3), dtype="<f4", order="F"),
@@ -216,14 +222,9 @@ def test_rust_writes_numbers_and_texts_as_python_json_does(x: Any) -> None:
 
 def test_the_common_object_takes_the_rust_path() -> None:
     obj = {
-        "temperature": 300.5,
-        "material": "Si",
-        "step": 7,
-        "ok": True,
-        "started": datetime.datetime(2024, 3, 1, 12, tzinfo=datetime.UTC),
+        **COMMON,
         "day": datetime.date(999, 1, 2),
         "at": datetime.datetime(2024, 3, 1, 12, 0, 1, 5),
-        "loss": float("nan"),
         "none": None,
         "x": np.arange(64.0),
         "after": -1e-7,

@@ -9,6 +9,7 @@
 use std::collections::HashSet;
 use std::fmt::Write as _;
 
+use lazyvault_store::interop::export::pyjson;
 use lazyvault_store::{ArraySource, JsonText};
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::intern;
@@ -238,7 +239,7 @@ fn write_value(out: &mut String, v: &Bound<'_, PyAny>, t: &Types) -> PyResult<bo
     } else if v.is_exact_instance_of::<PyFloat>() {
         let x = v.cast::<PyFloat>()?.value();
         if x.is_finite() {
-            write_py_float(out, x);
+            pyjson::push_float(out, x);
         } else {
             // Python's repr: the tag FORMAT.md names for non-finite floats
             let text = if x.is_nan() {
@@ -355,120 +356,7 @@ fn flat_array(name: &str, v: &Bound<'_, PyAny>) -> PyResult<Option<FlatArray>> {
     }))
 }
 
-/// `s` as a JSON string the way Python's `json` module writes it with
-/// `ensure_ascii=False`: `"` and `\` escaped, `\b \f \n \r \t` by name,
-/// the other control characters as `\u00XX`, everything else as it is.
+/// `s` as Python's `json` writes it with `ensure_ascii=False`.
 fn write_json_str(out: &mut String, s: &str) {
-    out.push('"');
-    let mut plain = 0;
-    for (i, b) in s.bytes().enumerate() {
-        let esc: &str = match b {
-            b'"' => "\\\"",
-            b'\\' => "\\\\",
-            b'\n' => "\\n",
-            b'\r' => "\\r",
-            b'\t' => "\\t",
-            0x08 => "\\b",
-            0x0c => "\\f",
-            0..=0x1f => "",
-            _ => continue,
-        };
-        out.push_str(&s[plain..i]);
-        if esc.is_empty() {
-            let _ = write!(out, "\\u{b:04x}");
-        } else {
-            out.push_str(esc);
-        }
-        plain = i + 1;
-    }
-    out.push_str(&s[plain..]);
-    out.push('"');
-}
-
-/// A finite `x` as Python's `repr(float)` writes it (the shortest digits
-/// that read back as `x`; positional for exponents -4 to 15, else
-/// `d.ddde+XX`), which is what Python's `json` writes.
-fn write_py_float(out: &mut String, x: f64) {
-    // Rust's `{:e}` gives the same shortest digits: "-1.2345e-7", "0e0"
-    let sci = format!("{x:e}");
-    let (mantissa, exp) = sci.split_once('e').expect("{:e} writes an exponent");
-    let exp: i32 = exp.parse().expect("{:e} writes a decimal exponent");
-    let (sign, mantissa) = match mantissa.strip_prefix('-') {
-        Some(m) => ("-", m),
-        None => ("", mantissa),
-    };
-    let digits: String = mantissa.chars().filter(|&c| c != '.').collect();
-    out.push_str(sign);
-    if (-4..16).contains(&exp) {
-        if exp < 0 {
-            out.push_str("0.");
-            for _ in 0..(-exp - 1) {
-                out.push('0');
-            }
-            out.push_str(&digits);
-        } else {
-            let int_len = exp as usize + 1;
-            if digits.len() > int_len {
-                out.push_str(&digits[..int_len]);
-                out.push('.');
-                out.push_str(&digits[int_len..]);
-            } else {
-                out.push_str(&digits);
-                for _ in digits.len()..int_len {
-                    out.push('0');
-                }
-                out.push_str(".0");
-            }
-        }
-    } else {
-        out.push_str(&digits[..1]);
-        if digits.len() > 1 {
-            out.push('.');
-            out.push_str(&digits[1..]);
-        }
-        let _ = write!(out, "e{}{:02}", if exp < 0 { '-' } else { '+' }, exp.abs());
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn float(x: f64) -> String {
-        let mut s = String::new();
-        write_py_float(&mut s, x);
-        s
-    }
-
-    #[test]
-    fn floats_are_written_as_python_repr_writes_them() {
-        // each pair: the value, repr(value) in CPython 3.11
-        for (x, repr) in [
-            (0.0, "0.0"),
-            (-0.0, "-0.0"),
-            (1.0, "1.0"),
-            (277.097, "277.097"),
-            (0.1, "0.1"),
-            (0.0001, "0.0001"),
-            (0.00001, "1e-05"),
-            (1.5e-5, "1.5e-05"),
-            (1e15, "1000000000000000.0"),
-            (1e16, "1e+16"),
-            (123456789012345680.0, "1.2345678901234568e+17"),
-            (1234.5, "1234.5"),
-            (-2.5e-300, "-2.5e-300"),
-            (5e-324, "5e-324"),
-            (1.7976931348623157e308, "1.7976931348623157e+308"),
-            (9999999999999998.0, "9999999999999998.0"),
-        ] {
-            assert_eq!(float(x), repr, "{x:e}");
-        }
-    }
-
-    #[test]
-    fn strings_are_escaped_as_python_json_escapes_them() {
-        let mut s = String::new();
-        write_json_str(&mut s, "a\"b\\c\nd\u{1}e\u{7f}é\u{8}\u{c}\t\r");
-        assert_eq!(s, "\"a\\\"b\\\\c\\nd\\u0001e\u{7f}é\\b\\f\\t\\r\"");
-    }
+    pyjson::push_str(out, s, false);
 }

@@ -17,7 +17,7 @@
 //! across versions.
 
 pub mod npz;
-mod pyjson;
+pub mod pyjson;
 pub mod safetensors;
 pub(crate) mod zipfile;
 

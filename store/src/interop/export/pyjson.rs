@@ -119,10 +119,11 @@ fn write_seq<T>(
     out.push(close);
 }
 
-/// A string literal with Python's escapes: `\"`, `\\`, `\n`, `\r`, `\t`,
-/// `\b`, `\f`, other control characters as `\u00XX`; with `ascii`, also
-/// DEL and everything past it, astral characters as surrogate pairs.
-fn push_str(out: &mut String, s: &str, ascii: bool) {
+/// Appends `s` as a JSON string literal with Python's escapes: `\"`, `\\`,
+/// `\n`, `\r`, `\t`, `\b`, `\f`, other control characters as `\u00XX`;
+/// with `ascii` (`ensure_ascii=True`), also DEL and everything past it,
+/// astral characters as surrogate pairs.
+pub fn push_str(out: &mut String, s: &str, ascii: bool) {
     out.push('"');
     for c in s.chars() {
         match c {
@@ -148,7 +149,7 @@ fn push_str(out: &mut String, s: &str, ascii: bool) {
 /// `repr(x)` of a finite float: the shortest digits that round-trip (Rust's
 /// `{:e}` finds the same ones as Python's dtoa), laid out as Python does:
 /// positional when the decimal exponent is in `-4..16`, else `d.ddde±XX`.
-fn push_float(out: &mut String, x: f64) {
+pub fn push_float(out: &mut String, x: f64) {
     let sci = format!("{x:e}");
     let (mantissa, exp) = sci.split_once('e').expect("{:e} has an exponent");
     let exp: i32 = exp.parse().expect("{:e} exponent is an integer");
