@@ -593,6 +593,17 @@ def test_gc_on_a_mistyped_path_creates_nothing(tmp_path: Path) -> None:
     assert not missing.exists()
 
 
+def test_find_escapes_control_characters_in_keys_as_ls_does(tmp_path: Path) -> None:
+    # a fresh user's trial: find printed ESC and TAB of keys raw to the terminal
+    path = tmp_path / "s.lv"
+    with lv.Store.open(path) as store:
+        store["esc\x1b[31mRED"] = {"v": 1}
+        store["tab\tkey"] = {"v": 2}
+    proc = cli("find", path, "exists(v)")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["esc\\x1b[31mRED  v=1", "tab\\tkey  v=2"]
+
+
 def test_ls_escapes_control_characters_and_export_names_a_missing_key(tmp_path: Path) -> None:
     # fresh-user trial: a key with a newline printed as two lines, ESC went raw
     path = tmp_path / "s.lv"

@@ -561,6 +561,15 @@ def test_an_empty_path_is_no_store_in_every_mode(
     assert os.listdir(tmp_path) == []
 
 
+def test_a_path_with_a_nul_byte_is_a_value_error_in_every_mode(tmp_path: Path) -> None:
+    # a fresh user's trial: mode "r" said no such store, "a" and "w" StorageError EIO
+    for mode in ("r", "a", "w"):
+        for path in (f"{tmp_path}/x\0y", os.fsencode(f"{tmp_path}/x\0y")):
+            with pytest.raises(ValueError, match="null byte"):
+                lv.Store.open(path, mode)
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_bytes_path_opens_like_its_str_and_replace_arrays_wants_a_mapping(tmp_path: Path) -> None:
     # a fresh user's trial: b"..." failed inside open(), replace_arrays(k, 5) raised
     # AttributeError

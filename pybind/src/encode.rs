@@ -238,7 +238,10 @@ fn write_value(out: &mut String, v: &Bound<'_, PyAny>, t: &Types) -> PyResult<bo
         write_json_str(out, s);
     } else if v.is_exact_instance_of::<PyFloat>() {
         let x = v.cast::<PyFloat>()?.value();
-        if x.is_finite() {
+        if x.is_finite() && !pyjson::shortest_is_unique(x) {
+            // two strings as short read back as x: Python's repr says which
+            out.push_str(v.repr()?.to_str()?);
+        } else if x.is_finite() {
             pyjson::push_float(out, x);
         } else {
             // Python's repr: the tag FORMAT.md names for non-finite floats

@@ -173,7 +173,7 @@ def _summary_line(rec: Record) -> str:
     )
     arrays = ", ".join(f"{n} {i.dtype} {tuple(i.shape)}" for n, i in rec.arrays.items())
     line = "  ".join(part for part in (rec.key, fields, arrays and f"[{arrays}]") if part)
-    return line.replace("\n", "\\n")
+    return _printable(line)
 
 
 def _progress(args: argparse.Namespace) -> bool | None:

@@ -462,8 +462,9 @@ class Store(Handle, MutableMapping[str, Record]):
 
         Raises :class:`StoreExistsError` / :class:`StoreNotFoundError` by mode,
         :class:`NotAStoreError`, :class:`FormatVersionError` for a newer major format version,
-        ``ValueError`` for a bad mode, ``TypeError`` / ``ValueError`` for a bad ``allow_pickle``,
-        ``retention`` or ``safe_classes`` (``TypeError`` for an item that is not a class,
+        ``ValueError`` for a bad mode or a path holding a NUL byte, ``TypeError`` / ``ValueError``
+        for a bad ``allow_pickle``, ``retention`` or ``safe_classes`` (``TypeError`` for an item
+        that is not a class,
         ``ValueError`` for a class whose instances are stored as pickles: ``__slots__``, custom
         pickling, a C base class, a class defined in a function).
         """
@@ -471,6 +472,8 @@ class Store(Handle, MutableMapping[str, Record]):
             raise ValueError(f"mode must be 'r', 'a' or 'w', not {mode!r}")
         if isinstance(path, bytes):  # os.fsdecode: the file system's encoding, as open() does
             path = os.fsdecode(path)
+        if "\0" in os.fspath(path):  # as open(): the OS cannot name such a file
+            raise ValueError(f"embedded null byte in the store path {os.fspath(path)!r}")
         if os.fspath(path) == "":  # as open(""): no such file, whatever the mode
             error = StoreNotFoundError("'': an empty path names no store")
             error.path = ""
