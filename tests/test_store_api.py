@@ -581,3 +581,10 @@ def test_a_bytes_path_opens_like_its_str_and_replace_arrays_wants_a_mapping(tmp_
         assert s["k"].a.tolist() == [0.0, 0.0]
     with lv.Store.open(path, "r") as s:
         assert list(s) == ["k"]
+
+    class BytesPath:  # an os.PathLike whose __fspath__ gives bytes (a trial: TypeError)
+        def __fspath__(self) -> bytes:
+            return os.fsencode(path)
+
+    with lv.Store.open(BytesPath(), "r") as s:
+        assert list(s) == ["k"]

@@ -470,8 +470,8 @@ class Store(Handle, MutableMapping[str, Record]):
         """
         if mode is not None and mode not in ("r", "a", "w"):
             raise ValueError(f"mode must be 'r', 'a' or 'w', not {mode!r}")
-        if isinstance(path, bytes):  # os.fsdecode: the file system's encoding, as open() does
-            path = os.fsdecode(path)
+        # str, bytes or os.PathLike (of either) as text: os.fsdecode, as open() takes them
+        path = os.fsdecode(path)
         if "\0" in os.fspath(path):  # as open(): the OS cannot name such a file
             raise ValueError(f"embedded null byte in the store path {os.fspath(path)!r}")
         if os.fspath(path) == "":  # as open(""): no such file, whatever the mode
