@@ -165,6 +165,20 @@ def test_show_text(small_store: Path) -> None:
     assert "mask       shape=(4,)  dtype=bool  nbytes=4  order=C" in out
 
 
+def test_show_and_repr_escape_control_characters_in_field_and_array_names(tmp_path: Path) -> None:
+    # a fresh user's trial: ESC, TAB and newlines of names reached the terminal raw
+    path = tmp_path / "s"
+    with lv.Store.open(path) as s:
+        s["k"] = {"a\x1bb": 1, "n": {"x\ty": 2}, "arr\nz": np.zeros(2)}
+        rec = s["k"]
+        assert repr(rec).isprintable() and "'a\\x1bb'=1" in repr(rec)
+        assert "'arr\\nz': float64 (2,)" in repr(rec)
+    proc = cli("show", path, "k")
+    assert proc.returncode == 0, proc.stderr
+    assert all(line.isprintable() for line in proc.stdout.splitlines())
+    assert "  'arr\\nz'  shape=(2,)  dtype=float64  nbytes=16  order=C" in proc.stdout
+
+
 def test_show_json(small_store: Path) -> None:
     proc = cli("show", small_store, "run-002", "--json")
     assert proc.returncode == 0, proc.stderr

@@ -190,6 +190,62 @@ def test_find_on_a_writer_a_reader_and_an_archive(
         _check_find(archive, changed, list(archive))
 
 
+def test_results_pickle_as_their_records_and_refuse_changes_not_yet_committed(
+    filled: lv.Store, store_path: Path, tmp_path: Path
+) -> None:
+    """A pickled Results reads its store's last commit: from a writer holding changes it has not
+    committed, it would have given old values and keys it could not read (a fresh user's trial)."""
+    results = filled.find(QUERY)
+    back = pickle.loads(pickle.dumps(results))
+    assert type(back) is lv.Results and type(back._keys) is KeyArray and back.keys() == EXPECTED
+    assert [r.t for r in back] == [r.t for r in results]
+    back._store.close()
+    filled["r100"] = {"t": 100, "m": "Si"}
+    filled["r010"] = {"t": 999, "m": "Si"}
+    changed = filled.find(QUERY)
+    for protocol in (2, pickle.HIGHEST_PROTOCOL):
+        with pytest.raises(pickle.PicklingError, match="flush"):
+            pickle.dumps(changed, protocol)
+    filled.flush()
+    back = pickle.loads(pickle.dumps(changed))
+    assert back.keys() == changed.keys() and back[-1].key == "r100" and back[0].t == 999
+    back._store.close()
+    # a reader's results and an archive's pickle as theirs
+    with lv.Store.open(store_path, mode="r") as reader:
+        back = pickle.loads(pickle.dumps(reader.find(QUERY)))
+        assert back.keys() == changed.keys() and back[0].t == 999
+        back._store.close()
+    filled.export(tmp_path / "a.lvz")
+    with lv.Store.open(tmp_path / "a.lvz") as archive:
+        back = pickle.loads(pickle.dumps(archive.find(QUERY)))
+        assert back.keys() == changed.keys() and back[-1].t == 100
+        back._store.close()
+
+
+def test_results_find_their_records_by_handle_and_key_and_name_themselves_in_errors(
+    filled: lv.Store, store_path: Path
+) -> None:
+    """``in``/``index``/``count`` matched nothing (each access builds a new Record, and records
+    compare by identity) and errors said "KeyArray" (a fresh user's trial)."""
+    results = filled.find(QUERY)
+    first, last = results[0], filled[EXPECTED[-1]]
+    assert first in results and last in results and filled["r000"] not in results
+    assert results.index(first) == 0 and results.index(last) == len(EXPECTED) - 1
+    assert results.count(last) == 1 and results.count(filled["r000"]) == 0
+    assert results.index(last, 2) == len(EXPECTED) - 1
+    with pytest.raises(ValueError, match="record 'r011' is not in the results"):
+        results.index(filled["r011"], 0, 1)
+    with pytest.raises(ValueError, match="'r011' is not in the results"):
+        results.index("r011")  # a key is not a record
+    assert "r011" not in results and results.count("r011") == 0
+    with lv.Store.open(store_path, mode="r") as reader:  # another handle's record
+        assert reader[EXPECTED[0]] not in results and results.count(reader[EXPECTED[0]]) == 0
+    with pytest.raises(IndexError, match=r"^Results index out of range$"):
+        results[len(EXPECTED)]
+    with pytest.raises(TypeError, match=r"^Results indices must be integers or slices, not str$"):
+        results["r011"]  # type: ignore[call-overload]
+
+
 def test_find_with_a_callable_still_gives_results(filled: lv.Store) -> None:
     results = filled.find(lambda r: r.t == 5)
     assert results.keys() == ["r005"] and results.to_arrow().num_rows == 1

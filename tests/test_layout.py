@@ -252,3 +252,29 @@ def test_problem_names_what_is_wrong() -> None:
     assert "no pickled remainder" in (_layout.problem({"pickle": 0}, set()) or "")
     assert _layout.problem({"pickle": 0}, set(), remainder=True) is None
     assert "unknown node kind" in (_layout.problem({"set": [1]}, set()) or "")
+
+
+def _nested(levels: int) -> dict[str, Any]:
+    """An object of ``levels`` nested dicts (the object itself the first), ``{"v": 1}`` inside."""
+    obj: dict[str, Any] = {"v": 1}
+    for _ in range(levels - 1):
+        obj = {"n": obj}
+    return obj
+
+
+def test_containers_nested_past_32_levels_go_to_the_pickled_remainder(tmp_path: Path) -> None:
+    # what README says ("Containers nested more than 32 levels deep"): a fresh user's trial
+    # found the limit documented nowhere
+    path = "n/" * 31 + "v"
+    with lv.Store.open(tmp_path / "s") as s:
+        s["ok"], s["deep"] = _nested(32), _nested(33)
+        s.flush()
+        assert s.keys(f"{path.replace('/', '.')} == 1") == ["ok"]
+        assert s["ok"].load() == _nested(32)
+        assert "n" in s["deep"].meta and s["deep"].meta["n"]["n"] is not None
+    with lv.Store.open(tmp_path / "s", "r") as s:
+        assert s["ok"].load() == _nested(32)
+        with pytest.raises(lv.PickleNotAllowedError):
+            s["deep"].load()
+    with lv.Store.open(tmp_path / "s", "r", allow_pickle=True) as s:
+        assert s["deep"].load() == _nested(33)

@@ -570,6 +570,24 @@ def test_a_path_with_a_nul_byte_is_a_value_error_in_every_mode(tmp_path: Path) -
     assert os.listdir(tmp_path) == []
 
 
+def test_export_import_and_merge_refuse_a_path_with_a_nul_byte(tmp_path: Path) -> None:
+    # a fresh user's trial: export and import_file raised StorageError EIO
+    with lv.Store.open(tmp_path / "s") as s:
+        s["k"] = {"a": np.zeros(2)}
+        s.flush()
+        for ext in (".lvz", ".npz", ".safetensors"):
+            with pytest.raises(ValueError, match="null byte in the export path"):
+                s.export(f"{tmp_path}/x\0y{ext}")
+        with pytest.raises(ValueError, match="null byte in the file path"):
+            s.import_file(f"{tmp_path}/x\0y.npy")
+        with pytest.raises(ValueError, match="null byte in the file path"):
+            s.import_file([os.fsencode(f"{tmp_path}/x\0y.npy")])
+        with pytest.raises(ValueError, match="null byte in the store path"):
+            s.merge(f"{tmp_path}/x\0y")
+        assert list(s) == ["k"]
+    assert sorted(os.listdir(tmp_path)) == ["s"]
+
+
 def test_a_bytes_path_opens_like_its_str_and_replace_arrays_wants_a_mapping(tmp_path: Path) -> None:
     # a fresh user's trial: b"..." failed inside open(), replace_arrays(k, 5) raised
     # AttributeError

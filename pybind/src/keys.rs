@@ -18,7 +18,7 @@ const REPR_SHOWN: usize = 5;
 /// is read (indexing, iteration, `to_list()`).
 #[pyclass(module = "lazyvault._lazyvault", frozen, sequence)]
 pub struct KeyArray {
-    keys: Keys,
+    pub(crate) keys: Keys,
 }
 
 impl KeyArray {

@@ -138,6 +138,13 @@ impl StoreCore {
         self.inner.version().py_err()
     }
 
+    /// Whether this handle holds changes not yet committed (a writer's puts
+    /// or deletes since its last flush); False for a reader.
+    #[getter]
+    fn has_uncommitted_changes(&self) -> PyResult<bool> {
+        self.inner.has_uncommitted_changes().py_err()
+    }
+
     /// Moves a reader to the latest commit; returns its version.
     fn refresh(&self, py: Python<'_>) -> PyResult<u64> {
         py.detach(|| self.inner.refresh()).py_err()
@@ -409,7 +416,10 @@ impl StoreCore {
     /// out).
     fn to_arrow_keys(&self, py: Python<'_>, keys: KeysArg) -> PyResult<ArrowStream> {
         let (schema, batches) = py
-            .detach(|| self.inner.to_arrow_keys(keys.iter()))
+            .detach(|| match &keys {
+                KeysArg::Packed(a) => self.inner.to_arrow_of_keys(&a.get().keys),
+                KeysArg::Strings(_) => self.inner.to_arrow_keys(keys.iter()),
+            })
             .py_err()?;
         Ok(ArrowStream::new(schema, batches))
     }

@@ -540,6 +540,21 @@ impl Store {
         })
     }
 
+    /// Whether this handle holds changes not yet committed (puts or
+    /// deletes since the last [`Store::flush`]): what it shows differs from
+    /// its [`Store::version`]. Always false for a reader.
+    ///
+    /// # Errors
+    /// Only those of every method (see [`Store`]).
+    pub fn has_uncommitted_changes(&self) -> Result<bool> {
+        let view = self.view()?;
+        Ok(match &*view.0 {
+            State::Reading(_) => false,
+            State::Writing(w) => w.lock().journal.has_uncommitted(),
+            State::Closed => unreachable!("checked open"),
+        })
+    }
+
     /// Moves a reader's snapshot to the latest commit and returns its
     /// version; the writer already shows it.
     ///

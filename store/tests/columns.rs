@@ -111,7 +111,44 @@ fn check(store: &Store, oracle: &BTreeMap<String, Map<String, Value>>) {
             })
             .unwrap();
         assert_eq!(keys, expected, "scan_matching {src}");
+        // The table of the query, of the keys find left packed (read from
+        // the columns in place where they can be), and of the same keys
+        // given as text: one table.
+        let found = store.find_keys(&q).unwrap();
+        assert_eq!(found.to_vec(), expected, "find_keys {src}");
+        let of_query = table(store.to_arrow(Some(&q)).unwrap());
+        let of_keys = table(store.to_arrow_of_keys(&found).unwrap());
+        let looked_up = table(
+            store
+                .to_arrow_keys(expected.iter().map(String::as_str))
+                .unwrap(),
+        );
+        assert_eq!(of_keys, of_query, "to_arrow_of_keys {src}");
+        assert_eq!(looked_up, of_query, "to_arrow_keys {src}");
+        // In another order, a key twice, a key not held: the rows taken so.
+        let mut shuffled: Vec<&str> = expected.iter().rev().map(String::as_str).collect();
+        shuffled.extend(expected.first().map(String::as_str));
+        shuffled.push("absent");
+        let rows: Vec<u32> = (0..expected.len() as u32)
+            .rev()
+            .chain((!expected.is_empty()).then_some(0))
+            .collect();
+        let taken =
+            arrow_select::take::take_record_batch(&of_query, &arrow_array::UInt32Array::from(rows))
+                .unwrap();
+        assert_eq!(
+            table(store.to_arrow_keys(shuffled).unwrap()),
+            taken,
+            "order {src}"
+        );
     }
+}
+
+/// One batch of a table.
+fn table(
+    (schema, batches): (arrow_schema::SchemaRef, Vec<arrow_array::RecordBatch>),
+) -> arrow_array::RecordBatch {
+    arrow_select::concat::concat_batches(&schema, &batches).unwrap()
 }
 
 proptest! {

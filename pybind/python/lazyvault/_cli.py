@@ -229,7 +229,7 @@ def _cmd_show(args: argparse.Namespace) -> _Output:
         shown = _as_json(rec, repr=repr(rec))
     meta = json.dumps(shown["meta"], indent=2, ensure_ascii=False, default=_json_default)
     lines = [shown["repr"], "", "meta:", meta, "", "arrays:"]
-    arrays = shown["arrays"]
+    arrays = {_display.name_text(n): a for n, a in shown["arrays"].items()}
     width = max((len(n) for n in arrays), default=0)
     lines += [
         f"  {name:<{width}}  shape={tuple(a['shape'])}  dtype={a['dtype']}  "

@@ -68,7 +68,7 @@ def cut(text: str, limit: int = MAX_CELL) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _name(text: str) -> str:
+def name_text(text: str) -> str:
     """A key or a field name as shown: itself, or its repr when it holds characters that would break
     a line (newlines, control characters)."""
     return text if text.isprintable() else repr(text)
@@ -138,13 +138,13 @@ def _record_parts(rec: Record, loaded: Collection[str]) -> tuple[str, _Table, _T
     )
     meta_table = _Table(["field", "value"])
     for name, value in list(fields.items())[:MAX_ROWS]:
-        meta_table.rows.append([cut(_name(name)), short_repr(value)])
+        meta_table.rows.append([cut(name_text(name)), short_repr(value)])
     meta_table.more = _more(len(fields), MAX_ROWS, "fields")
     array_table = _Table(["array", "shape", "dtype", "size", "order", "loaded"])
     for name, info in list(arrays.items())[:MAX_ROWS]:
         array_table.rows.append(
             [
-                cut(_name(name)),
+                cut(name_text(name)),
                 _shape(info.shape),
                 cut(str(info.dtype)),
                 human_size(info.nbytes),
@@ -198,7 +198,7 @@ def _html(kind: str, heading: str, tables: Iterable[_Table], note: str | None = 
 def _arrays_cell(rec: Record) -> str:
     arrays = rec.arrays
     cells = [
-        f"{cut(_name(n), 20)} {cut(str(i.dtype), 20)} {_shape(i.shape)}"
+        f"{cut(name_text(n), 20)} {cut(str(i.dtype), 20)} {_shape(i.shape)}"
         for n, i in list(arrays.items())[:MAX_ARRAYS_IN_CELL]
     ]
     if len(arrays) > MAX_ARRAYS_IN_CELL:
@@ -221,15 +221,15 @@ def _records_table(get: Callable[[str], Record], keys: Sequence[str]) -> tuple[_
     names = sorted(counts, key=lambda n: -counts[n])  # stable: ties keep first-seen order
     columns = names[:MAX_COLUMNS]
     hidden = len(names) - len(columns)
-    table = _Table(["key", *(cut(_name(c)) for c in columns), "arrays", "size"])
+    table = _Table(["key", *(cut(name_text(c)) for c in columns), "arrays", "size"])
     for rec, fields in zip(shown, flat, strict=True):
         if isinstance(rec, str):
-            table.rows.append([cut(_name(rec)), *([""] * len(columns)), "(deleted)", ""])
+            table.rows.append([cut(name_text(rec)), *([""] * len(columns)), "(deleted)", ""])
             continue
         size = sum(info.nbytes for info in rec.arrays.values())
         table.rows.append(
             [
-                cut(_name(rec.key)),
+                cut(name_text(rec.key)),
                 *(short_repr(fields[c]) if c in fields else "" for c in columns),
                 _arrays_cell(rec),
                 human_size(size),

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from . import _archive, _lazyvault
 from ._progress import ProgressArg, progress_callback
+from ._source import text_path
 from .errors import InteropError, MissingKeyError, UnknownFormatError
 from .record import array_entries
 from .store import core_of, plug_export
@@ -64,7 +65,8 @@ def export(
     the core writes a ``.lvz`` in one step, reported as ``(0, n)`` and
     ``(n, n)``.
 
-    Raises ``TypeError`` when ``keys`` is not an iterable of str (a str
+    Raises ``ValueError`` for a path holding a NUL byte (as ``open()``),
+    ``TypeError`` when ``keys`` is not an iterable of str (a str
     alone included), :class:`MissingKeyError` (``key``: the first key
     without a record) before anything is written,
     :class:`UnknownFormatError` for another extension,
@@ -74,7 +76,7 @@ def export(
     writing (or reading a payload) fails, :class:`CorruptError` naming the
     record and array whose payload is damaged or gone.
     """
-    path = os.fspath(path)
+    path = text_path(path, "export path")
     selected = _resolve_keys(store, keys, query)
     ext = Path(path).suffix.lower()
     if ext == ".lvz":

@@ -25,7 +25,7 @@ import numpy as np
 
 from . import _arrays, _lazyvault
 from ._progress import ProgressArg, progress_callback
-from ._source import array_entry
+from ._source import array_entry, text_path
 from .errors import (
     InteropError,
     InvalidFileError,
@@ -131,7 +131,8 @@ def import_file(
     :class:`StorageError` (``ENOSPC``) when the arrays do not fit on the store's file system
     (checked before writing), ``FileNotFoundError`` (:class:`StorageError` too) for a missing file,
     ``TypeError`` or ``ValueError`` for a bad ``key``, ``max_header_size`` or ``max_ratio``,
-    ``TypeError`` for a ``path`` that is not a path or a list of paths; :class:`InteropError` for
+    ``TypeError`` for a ``path`` that is not a path or a list of paths, ``ValueError`` for a path
+    holding a NUL byte; :class:`InteropError` for
     a directory with no file to import or an empty list (nothing is written, and the command
     line's ``import`` creates no store) and for a file given twice.
     """
@@ -143,7 +144,7 @@ def import_file(
             raise TypeError(f"path must be a path or a list of paths, not {shown}")
     if not items:
         raise InteropError("path is an empty list: nothing to import")
-    paths = [os.fsdecode(p) for p in items]
+    paths = [text_path(p, "file path") for p in items]
     if key is not None and not isinstance(key, str):
         raise KeyTypeError(f"keys are str, not {type(key).__name__}")
     header_limit = _limit("max_header_size", max_header_size, "bytes of .npy header text")

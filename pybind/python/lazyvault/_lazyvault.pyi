@@ -288,6 +288,10 @@ class StoreCore:
     @property
     def version(self) -> int:
         """Commits since the store was created, as this handle shows them."""
+    @property
+    def has_uncommitted_changes(self) -> bool:
+        """Whether this handle holds changes not yet committed (a writer's puts or deletes since
+        its last flush); False for a reader."""
     def refresh(self) -> int:
         """Moves a reader to the latest commit; returns the new version."""
     def begin_write(self) -> None:

@@ -15,6 +15,16 @@ from . import _arrays, _layout, _lazyvault
 from .errors import CorruptError, PickleNotAllowedError
 
 
+def text_path(path: Any, what: str) -> str:
+    """``path`` (a str, bytes or ``os.PathLike`` of either) as text, as ``open()`` takes it
+    (``os.fsdecode``). Raises ``ValueError`` naming ``what`` for a NUL byte, as ``open()``: no file
+    can be named so; ``TypeError`` for anything else."""
+    text = os.fsdecode(path)
+    if "\0" in text:
+        raise ValueError(f"embedded null byte in the {what} {text!r}")
+    return text
+
+
 class Trust(NamedTuple):
     """What ``load()`` may rebuild beyond JSON values and arrays: anything, unpickling included
     (``allow_pickle``), or else only instances of ``safe_classes`` (object nodes whose class is

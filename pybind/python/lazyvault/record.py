@@ -299,11 +299,12 @@ class Record:
         return _display.record_text(self, self._cache.keys())
 
     def __repr__(self) -> str:
-        meta = ", ".join(f"{k}={_display.short_repr(v)}" for k, v in list(self.meta.items())[:8])
+        name, value = _display.name_text, _display.short_repr
+        meta = ", ".join(f"{name(k)}={value(v)}" for k, v in list(self.meta.items())[:8])
         if len(self.meta) > 8:
             meta += ", ..."
         arrays = ", ".join(
-            f"{n}: {info.dtype} {info.shape}" for n, info in list(self.arrays.items())[:8]
+            f"{name(n)}: {info.dtype} {info.shape}" for n, info in list(self.arrays.items())[:8]
         )
         if len(self._record["arrays"]) > 8:
             arrays += ", ..."

@@ -9,6 +9,8 @@ import itertools
 import math
 import numbers
 import os
+import pickle
+import sys
 import weakref
 from collections.abc import (
     Callable,
@@ -27,7 +29,7 @@ from . import _arrays, _arrow, _dask, _frame, _layout, _lazyvault, _tagged
 from ._dataset import Dataset, dataset_of
 from ._display import RecordsDisplay
 from ._progress import ProgressArg, progress_callback
-from ._source import UNTRUSTED, DirectorySource, Trust, trust_of
+from ._source import UNTRUSTED, DirectorySource, Trust, text_path, trust_of
 from .errors import (
     InvalidArrayError,
     InvalidKeyError,
@@ -268,9 +270,10 @@ class Handle(RecordsDisplay, Mapping[str, Record]):
     def to_arrow(self, expr: str | None = None, *, keys: Sequence[str] | None = None) -> pa.Table:
         """All records (or those matching the query ``expr``) as a ``pyarrow.Table`` of their
         metadata, from the index only (no payload opened), one row per record in key (archive)
-        order; with ``keys``, the records of those keys in that order. Built in Rust and handed to
-        pyarrow through the Arrow PyCapsule interface (the Arrow C stream interface): the buffers
-        are shared, not copied.
+        order; with ``keys``, the records of those keys in that order (the columns and types of
+        the table a query matching exactly them gives; a key given twice is two rows). Built in
+        Rust and handed to pyarrow through the Arrow PyCapsule interface (the Arrow C stream
+        interface): the buffers are shared, not copied.
 
         Columns (each field's metadata ``lazyvault.kind`` says which it is):
 
@@ -470,11 +473,8 @@ class Store(Handle, MutableMapping[str, Record]):
         """
         if mode is not None and mode not in ("r", "a", "w"):
             raise ValueError(f"mode must be 'r', 'a' or 'w', not {mode!r}")
-        # str, bytes or os.PathLike (of either) as text: os.fsdecode, as open() takes them
-        path = os.fsdecode(path)
-        if "\0" in os.fspath(path):  # as open(): the OS cannot name such a file
-            raise ValueError(f"embedded null byte in the store path {os.fspath(path)!r}")
-        if os.fspath(path) == "":  # as open(""): no such file, whatever the mode
+        path = text_path(path, "store path")
+        if path == "":  # as open(""): no such file, whatever the mode
             error = StoreNotFoundError("'': an empty path names no store")
             error.path = ""
             raise error
@@ -836,7 +836,8 @@ class Store(Handle, MutableMapping[str, Record]):
         ``np.load`` reads it as an npz),
         ``.npz`` or ``.safetensors``. ``keys`` or ``query`` select the records (all by default).
         ``progress`` (see :class:`Store`) counts arrays written (a ``.lvz``: ``(0, n)`` then ``(n,
-        n)``, the core writes it in one step)."""
+        n)``, the core writes it in one step). The errors raised are in
+        :func:`lazyvault._export.export`."""
         _hook("export")(self, path, keys=keys, query=query, progress=progress)
 
     def import_file(
@@ -884,7 +885,8 @@ class Store(Handle, MutableMapping[str, Record]):
         and checked, then as their arrays are linked (it runs while the writer lock is held: it
         must not write to this store). An empty list merges nothing and returns ``[]``.
 
-        Raises ``TypeError`` for ``sources`` not a path or a list of paths; :class:`ReadOnlyError`
+        Raises ``TypeError`` for ``sources`` not a path or a list of paths, ``ValueError`` for a
+        path holding a NUL byte; :class:`ReadOnlyError`
         in mode ``"r"``; for a source, what ``Store.open(path, mode="r")`` raises
         (:class:`StoreNotFoundError`, :class:`NotAStoreError`, :class:`FormatVersionError`, ...);
         :class:`InteropError` (a ``ValueError``) for a source that is this store, a source given
@@ -899,7 +901,7 @@ class Store(Handle, MutableMapping[str, Record]):
             if isinstance(item, bytes) or not isinstance(item, str | os.PathLike):
                 shown = "None" if item is None else type(item).__name__
                 raise TypeError(f"sources must be a store path or a list of them, not {shown}")
-        paths = [os.fsdecode(p) for p in items]
+        paths = [text_path(p, "store path") for p in items]
         for path in paths:
             if os.path.isfile(path):  # the core says only what a store is
                 error = NotAStoreError(
@@ -1031,7 +1033,43 @@ class Results(RecordsDisplay, Sequence[Record]):
     def __getitem__(self, i: int | slice) -> Record | Results:
         if isinstance(i, slice):
             return Results(self._store, self._keys[i])
-        return self._store[self._keys[i]]
+        try:
+            key = self._keys[i]
+        except IndexError:
+            raise IndexError("Results index out of range") from None
+        except TypeError:
+            what = type(i).__name__
+            raise TypeError(f"Results indices must be integers or slices, not {what}") from None
+        return self._store[key]
+
+    def _key_of(self, value: object) -> str | None:
+        """The key of ``value`` when it is a record read through this handle, else None."""
+        if isinstance(value, Record) and value._source is getattr(self._store, "_source", None):
+            return value.key
+        return None
+
+    def __contains__(self, value: object) -> bool:
+        """Whether ``value`` is a :class:`Record` read through the same handle under one of these
+        keys (records are matched by handle and key: each access builds a new one)."""
+        key = self._key_of(value)
+        return key is not None and key in self._keys
+
+    def index(self, value: Any, start: int = 0, stop: int | None = None) -> int:
+        """The first position, at or after ``start`` and before ``stop``, of the key of ``value``
+        (a :class:`Record` read through the same handle, see ``in``). Raises ``ValueError`` when
+        there is none."""
+        key = self._key_of(value)
+        if key is not None:
+            with contextlib.suppress(ValueError):
+                return self._keys.index(key, start, sys.maxsize if stop is None else stop)
+        what = f"record {value.key!r}" if isinstance(value, Record) else repr(value)
+        raise ValueError(f"{what} is not in the results")
+
+    def count(self, value: Any) -> int:
+        """How many of these keys are that of ``value`` (a :class:`Record` read through the same
+        handle, see ``in``): 0 or 1 for the results of a query."""
+        key = self._key_of(value)
+        return 0 if key is None else self._keys.count(key)
 
     def __iter__(self) -> Iterator[Record]:
         return map(self._store.__getitem__, self._keys)
@@ -1049,6 +1087,19 @@ class Results(RecordsDisplay, Sequence[Record]):
         """These records as a ``polars.DataFrame``, as :meth:`Store.to_polars` (rows in this
         order)."""
         return self._store.to_polars(keys=self._keys)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Results pickle as their store (see :meth:`Store.__reduce__`: a reader pinned to the
+        store's last commit) and their keys, so they come back as the same records. Raises
+        ``pickle.PicklingError`` for the results of a writer holding changes it has not yet
+        committed (``flush()`` first): the pickle would read the last commit, without them."""
+        store = self._store
+        if isinstance(store, Store) and not store.closed and store._core.has_uncommitted_changes:
+            raise pickle.PicklingError(
+                f"these results of {store.path!r} come from changes not yet committed, and a "
+                "pickled store reads its last commit: flush() the store first"
+            )
+        return (Results, (store, self._keys))
 
     def _display_parts(self) -> tuple[str, Callable[[str], Record], Sequence[str]]:
         n = len(self._keys)

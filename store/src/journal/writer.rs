@@ -195,6 +195,11 @@ impl JournalWriter {
         self.commit().map(drop)
     }
 
+    /// Whether changes were appended since the last commit.
+    pub(crate) fn has_uncommitted(&self) -> bool {
+        self.uncommitted
+    }
+
     /// Bytes appended so far by this writer.
     pub(crate) fn appended(&self) -> u64 {
         self.appended

@@ -34,7 +34,7 @@ use arrow_array::{
 };
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 
-use super::Store;
+use super::{Keys, Store};
 use crate::columns::ColumnBuilder;
 use crate::error::{Error, Result};
 use crate::query::Query;
@@ -69,24 +69,33 @@ impl Store {
     /// [`Error::Corrupt`] (naming the key) for a record that does not
     /// decode; those of every method (see [`Store`]).
     pub fn to_arrow(&self, query: Option<&Query>) -> Result<(SchemaRef, Vec<RecordBatch>)> {
-        let parts = self.select(query)?;
-        let batches = parts
-            .iter()
-            .map(|p| p.columns.batch())
-            .collect::<Result<Vec<_>>>()?;
-        let rows: Vec<Rows<'_>> = parts
-            .iter()
-            .zip(&batches)
-            .map(|(p, batch)| Rows {
-                batch,
-                rows: &p.rows,
-            })
-            .collect();
-        shape(&rows)
+        table_of_parts(&self.select(query)?)
+    }
+
+    /// [`Store::to_arrow_keys`] of `keys` (what [`Store::find_keys`]
+    /// returned). Keys a `find` of this handle's view left in its key
+    /// column are read from the columns without a look-up, as long as
+    /// nothing changed since.
+    ///
+    /// # Errors
+    /// As [`Store::to_arrow_keys`].
+    pub fn to_arrow_of_keys(&self, keys: &Keys) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+        if let (Some((column, rows)), Some(layered)) = (keys.rows(), self.layered()?) {
+            if let Some(parts) = layered
+                .parts_of_rows(column, rows)
+                .filter(|_| layered.whole())
+            {
+                return table_of_parts(&parts);
+            }
+        }
+        self.to_arrow_keys(keys.iter())
     }
 
     /// [`Store::to_arrow`] of the records of `keys`, in the order given;
-    /// keys the store does not hold are left out.
+    /// keys the store does not hold are left out. The table is the one
+    /// `to_arrow` gives for a query matching exactly those records (the same
+    /// columns and types), its rows in the order of `keys`, a key given
+    /// twice giving its row twice.
     ///
     /// # Errors
     /// As [`Store::to_arrow`]; [`UsageError::EmptyKey`](crate::UsageError::EmptyKey) for an empty key.
@@ -94,16 +103,85 @@ impl Store {
         &self,
         keys: impl IntoIterator<Item = &'k str>,
     ) -> Result<(SchemaRef, Vec<RecordBatch>)> {
-        let view = self.view()?;
-        let mut builder = ColumnBuilder::default();
-        for key in keys {
+        let keys: Vec<&str> = keys.into_iter().collect();
+        for key in &keys {
             super::check_key(key)?;
-            if let Some(bytes) = view.index().get(key)? {
-                builder.push(key, Some(&bytes))?;
-            }
         }
-        table_of(builder)
+        let in_order = keys.windows(2).all(|w| w[0] < w[1]);
+        let mut set = keys.clone();
+        if !in_order {
+            set.sort_unstable();
+            set.dedup();
+        }
+        let parts = match self.layered()? {
+            Some(layered) if layered.whole() => layered.parts_of_keys(&set)?,
+            _ => None,
+        };
+        let (schema, batches) = match parts {
+            Some(parts) => table_of_parts(&parts)?,
+            None => {
+                let view = self.view()?;
+                let mut builder = ColumnBuilder::unlimited();
+                for key in &set {
+                    if let Some(bytes) = view.index().get(key)? {
+                        builder.push(key, Some(&bytes))?;
+                    }
+                }
+                table_of(builder)?
+            }
+        };
+        if in_order {
+            return Ok((schema, batches));
+        }
+        // The rows of the table are the keys held, in key order: take them
+        // in the order given.
+        let table = arrow_select::concat::concat_batches(&schema, &batches).map_err(arrow_error)?;
+        let held = table
+            .column(0)
+            .as_string_opt::<i32>()
+            .ok_or_else(|| Error::corrupt("columns", "the key column is not text"))?;
+        let order: arrow_array::UInt32Array = keys
+            .iter()
+            .filter_map(|key| {
+                let at = partition_point(held.len(), |i| held.value(i) < *key);
+                (at < held.len() && held.value(at) == *key).then_some(at as u32)
+            })
+            .collect();
+        let taken = arrow_select::take::take_record_batch(&table, &order).map_err(arrow_error)?;
+        Ok((schema, vec![taken]))
     }
+}
+
+/// The table of `parts` (as [`Store::select`] gives them).
+fn table_of_parts(parts: &[super::columnar::Part]) -> Result<Table> {
+    let batches = parts
+        .iter()
+        .map(|p| p.columns.batch())
+        .collect::<Result<Vec<_>>>()?;
+    let rows: Vec<Rows<'_>> = parts
+        .iter()
+        .zip(&batches)
+        .map(|(p, batch)| Rows {
+            batch,
+            rows: &p.rows,
+        })
+        .collect();
+    shape(&rows)
+}
+
+/// The first of `0..len` where `before` turns false (`before` true for a
+/// prefix).
+fn partition_point(len: usize, before: impl Fn(usize) -> bool) -> usize {
+    let (mut lo, mut hi) = (0, len);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if before(mid) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
 }
 
 /// The table of every row a builder was given (in its order).

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use super::{Keys, State, Store};
-use crate::checkpoint::base::Base;
+use crate::checkpoint::base::{find_row, Base};
 use crate::columns::{ColumnBuilder, Columns};
 use crate::error::Result;
 use crate::query::columnar::{count, ones, Bits};
@@ -108,10 +108,25 @@ impl Layered {
 
     /// Keys of the records matching `query`, in key order.
     pub(crate) fn find(&self, query: &Query) -> Result<Keys> {
+        let matching = self.matching(query)?;
+        let changed = self.changed_matching(Some(query))?;
+        // Matches from one run only (a reader of a checkpoint, the common
+        // case): the keys stay in that run's key column, as row numbers.
+        let mut hit = self
+            .base
+            .runs
+            .iter()
+            .zip(&matching)
+            .filter(|(_, yes)| yes.iter().any(|w| *w != 0));
+        if let (true, Some((r, yes)), None) = (changed.is_empty(), hit.next(), hit.next()) {
+            if let Some(keys) = r.columns.keys().and_then(|c| Keys::of_rows(c, ones(yes))) {
+                return Ok(keys);
+            }
+        }
         let mut keys: Vec<&str> = Vec::new();
         // where each source (a run, then the changed records) starts in `keys`
         let mut starts = Vec::with_capacity(self.base.runs.len() + 1);
-        for (r, yes) in self.base.runs.iter().zip(self.matching(query)?) {
+        for (r, yes) in self.base.runs.iter().zip(matching) {
             starts.push(keys.len());
             match r.columns.keys() {
                 Some(column) => keys.extend(ones(&yes).map(|row| column.value(row))),
@@ -123,11 +138,7 @@ impl Layered {
             }
         }
         starts.push(keys.len());
-        keys.extend(
-            self.changed_matching(Some(query))?
-                .into_iter()
-                .map(|(k, _)| k),
-        );
+        keys.extend(changed.into_iter().map(|(k, _)| k));
         // Each source is in key order and no key is in two: the whole is in
         // order unless two sources interleave, which their first and last
         // keys tell (comparing every key costs as much as the query).
@@ -139,6 +150,100 @@ impl Layered {
             keys.sort_unstable();
         }
         Ok(Keys::from_slice(&keys))
+    }
+
+    /// Whether the runs' columns make the whole table: column files that
+    /// left some fields or arrays out (records with thousands of them) do
+    /// not, nor do damaged ones (a column that fails its checksum).
+    pub(crate) fn whole(&self) -> bool {
+        self.base.runs.iter().all(|r| {
+            r.columns.paths_complete && r.columns.facts_complete && r.columns.batch().is_ok()
+        })
+    }
+
+    /// The records of `keys` (ascending, no repeats) as parts, as
+    /// [`Layered::select`] gives those of a query matching exactly them:
+    /// per run, the rows holding one of them (found by binary search of its
+    /// key column), then those changed since as columns of their own. Keys
+    /// this view does not hold are left out. `None` when a run's key
+    /// column cannot be read.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`](crate::Error::Corrupt) for a changed record that
+    /// does not decode.
+    pub(crate) fn parts_of_keys(&self, keys: &[&str]) -> Result<Option<Vec<Part>>> {
+        let mut parts = Vec::with_capacity(self.base.runs.len() + 1);
+        for (r, skipped) in self.base.runs.iter().zip(&self.skipped) {
+            let (Some(column), Some(_)) = (r.columns.keys(), r.columns.live()) else {
+                return Ok(None);
+            };
+            let live = live_rows(&r.columns, skipped);
+            let rows = keys
+                .iter()
+                .filter_map(|key| find_row(column, key))
+                .filter(|&row| live[row / 64] & (1 << (row % 64)) != 0)
+                .map(|row| row as u32)
+                .collect();
+            parts.push(Part {
+                columns: r.columns.clone(),
+                rows,
+            });
+        }
+        let changed: Vec<(&str, &[u8])> = keys
+            .iter()
+            .filter_map(|key| {
+                let at = self
+                    .changed
+                    .binary_search_by(|(k, _)| k.as_str().cmp(key))
+                    .ok()?;
+                let (k, record) = &self.changed[at];
+                Some((k.as_str(), record.as_deref()?))
+            })
+            .collect();
+        if !changed.is_empty() {
+            parts.push(built_part(&changed)?);
+        }
+        Ok(Some(parts))
+    }
+
+    /// [`Layered::parts_of_keys`] of keys a `find` of this view left in
+    /// place: rows `rows` of the key column `column`, when `column` is the
+    /// key column of one of its runs (the same mapped buffers) and nothing
+    /// changed since the checkpoint, so that each row still holds its key's
+    /// record when it is live and not replaced by a newer run; `None`
+    /// otherwise.
+    pub(crate) fn parts_of_rows(
+        &self,
+        column: &arrow_array::StringArray,
+        rows: &[u32],
+    ) -> Option<Vec<Part>> {
+        use arrow_array::Array;
+        if !self.changed.is_empty() {
+            return None;
+        }
+        let same = |keys: &arrow_array::StringArray| {
+            keys.len() == column.len()
+                && keys.offset() == column.offset()
+                && keys.values().as_ptr() == column.values().as_ptr()
+                && keys.value_offsets().as_ptr() == column.value_offsets().as_ptr()
+        };
+        let at = self
+            .base
+            .runs
+            .iter()
+            .position(|r| r.columns.keys().is_some_and(same))?;
+        self.base.runs[at].columns.live()?;
+        let live = live_rows(&self.base.runs[at].columns, &self.skipped[at]);
+        let held = rows.iter().all(|&row| {
+            let row = row as usize;
+            live.get(row / 64)
+                .is_some_and(|w| w & (1 << (row % 64)) != 0)
+        });
+        let parts = self.base.runs.iter().enumerate().map(|(i, r)| Part {
+            columns: r.columns.clone(),
+            rows: if i == at { rows.to_vec() } else { Vec::new() },
+        });
+        held.then(|| parts.collect())
     }
 
     /// The matching rows of every run, and the matching changed records as
@@ -166,15 +271,7 @@ impl Layered {
             .collect();
         let changed = self.changed_matching(query)?;
         if !changed.is_empty() {
-            let mut builder = ColumnBuilder::unlimited();
-            for (key, record) in &changed {
-                builder.push(key, Some(record))?;
-            }
-            let columns = builder.finish()?;
-            parts.push(Part {
-                rows: (0..columns.len() as u32).collect(),
-                columns: Arc::new(columns),
-            });
+            parts.push(built_part(&changed)?);
         }
         Ok(parts)
     }
@@ -184,6 +281,20 @@ impl Layered {
         let rows = self.base.runs.iter().map(|r| r.columns.len() as u64).sum();
         (rows, self.base.runs.len(), self.changed.len())
     }
+}
+
+/// The columns built for `records` (key, record JSON; in key order), every
+/// row selected.
+fn built_part(records: &[(&str, &[u8])]) -> Result<Part> {
+    let mut builder = ColumnBuilder::unlimited();
+    for (key, record) in records {
+        builder.push(key, Some(record))?;
+    }
+    let columns = builder.finish()?;
+    Ok(Part {
+        rows: (0..columns.len() as u32).collect(),
+        columns: Arc::new(columns),
+    })
 }
 
 /// Rows of `cols` holding a record that no later change replaced (every
@@ -229,13 +340,7 @@ impl Store {
     /// decode; those of every method (see [`Store`]).
     pub(crate) fn select(&self, query: Option<&Query>) -> Result<Vec<Part>> {
         if let Some(layered) = self.layered()? {
-            // Column files that left some fields or arrays out (records
-            // with thousands of them) do not make the whole table.
-            // ... nor do damaged ones (a column that fails its checksum).
-            let complete = layered.base.runs.iter().all(|r| {
-                r.columns.paths_complete && r.columns.facts_complete && r.columns.batch().is_ok()
-            });
-            if complete {
+            if layered.whole() {
                 return layered.select(query);
             }
         }
