@@ -5,7 +5,7 @@
 //! the same file.
 
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -100,6 +100,55 @@ impl<W: Write> Write for Hashing<W> {
     }
 }
 
+/// Bytes of each write of a column file: a multiple of 2 MiB.
+const WRITE_CHUNK: usize = 8 << 20;
+
+/// A file written in whole chunks (of [`WRITE_CHUNK`] bytes; the last one
+/// shorter), each at an offset that is a multiple of the chunk. The page cache
+/// then holds the file in large folios, which a mapping of it maps 2 MiB
+/// per page fault: a reader's first query faults a few times instead of
+/// hundreds (a file written 8 KiB at a time took 6.1 ms to touch once
+/// mapped, 71 MB; in 8 MiB chunks 2.3 ms, as a file read from disk).
+struct Chunked<W: Write> {
+    inner: W,
+    buf: Vec<u8>,
+    chunk: usize,
+}
+
+impl<W: Write> Chunked<W> {
+    fn new(inner: W, chunk: usize) -> Chunked<W> {
+        Chunked {
+            inner,
+            buf: Vec::with_capacity(chunk),
+            chunk,
+        }
+    }
+
+    /// The writer, every byte written to it.
+    fn into_inner(mut self) -> std::io::Result<W> {
+        self.flush()?;
+        Ok(self.inner)
+    }
+}
+
+impl<W: Write> Write for Chunked<W> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let n = bytes.len().min(self.chunk - self.buf.len());
+        self.buf.extend_from_slice(&bytes[..n]);
+        if self.buf.len() == self.chunk {
+            self.inner.write_all(&self.buf)?;
+            self.buf.clear();
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.write_all(&self.buf)?;
+        self.buf.clear();
+        self.inner.flush()
+    }
+}
+
 /// The memory map as the owner of Arrow buffers that point into it.
 struct MappedFile(Mmap);
 
@@ -117,7 +166,7 @@ impl Columns {
         let written = (|| -> Result<(u64, u64)> {
             let file = fsio::create(&tmp).map_err(Error::io(&tmp))?;
             let mut sink = Hashing {
-                inner: BufWriter::with_capacity(1 << 20, file),
+                inner: Chunked::new(file, WRITE_CHUNK),
                 hash: Xxh3::new(),
                 bytes: 0,
             };
@@ -132,10 +181,7 @@ impl Columns {
             writer.finish().map_err(|e| io_or_arrow(e, &tmp))?;
             drop(writer);
             let (bytes, checksum) = (sink.bytes, sink.hash.digest());
-            let file = sink
-                .inner
-                .into_inner()
-                .map_err(|e| Error::io(&tmp)(e.into_error()))?;
+            let file = sink.inner.into_inner().map_err(Error::io(&tmp))?;
             fsio::sync_file(&file, &tmp).map_err(Error::io(&tmp))?;
             Ok((bytes, checksum))
         })();
@@ -519,5 +565,49 @@ fn io_or_arrow(e: arrow_schema::ArrowError, path: &PathBuf) -> Error {
     match e {
         arrow_schema::ArrowError::IoError(_, io) => Error::io(path)(io),
         other => super::build::arrow_err(other),
+    }
+}
+
+#[cfg(test)]
+mod chunked_tests {
+    use std::io::Write;
+
+    use super::Chunked;
+
+    /// Records the length of each write it is given.
+    #[derive(Default)]
+    struct Recorder {
+        bytes: Vec<u8>,
+        writes: Vec<usize>,
+    }
+
+    impl Write for Recorder {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.bytes.extend_from_slice(buf);
+            self.writes.push(buf.len());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_chunked_file_is_written_in_whole_chunks_then_the_rest() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        let mut w = Chunked::new(Recorder::default(), 1024);
+        // pieces smaller and larger than a chunk, as Arrow's writer gives
+        for piece in data
+            .chunks(7)
+            .take(50)
+            .chain([&data[350..5000], &data[5000..]])
+        {
+            w.write_all(piece).unwrap();
+        }
+        let out = w.into_inner().unwrap();
+        assert_eq!(out.bytes, data);
+        let (last, whole) = out.writes.split_last().unwrap();
+        assert!(whole.iter().all(|&n| n == 1024), "{:?}", out.writes);
+        assert_eq!(*last, 10_000 % 1024);
     }
 }
