@@ -268,6 +268,33 @@ def test_a_type_changing_across_records_and_commits(store: lv.Store) -> None:
     same_rows(list(cells(table)), expected(store, ["a", "c", "d"]))
 
 
+def test_a_column_is_typed_from_the_selected_values_alone(
+    store: lv.Store, store_path: Path
+) -> None:
+    # the store's checkpoint holds ints for most records of "material": strings of the few
+    # selected came out as JSON text ('"Si"'), typed again only once rewritten
+    for i in range(10):
+        store[f"k{i}"] = {"material": 1 if i < 7 else "Si", "t": i}
+    store.close()
+    with lv.Store.open(store_path, "r") as reader:
+        for table in (
+            reader.to_arrow("material == 'Si'"),
+            reader.find("material == 'Si'").to_arrow(),
+            reader.to_arrow(keys=["k9", "k7", "k8"]).sort_by("key"),
+        ):
+            field = table.schema.field("material")
+            assert str(field.type) == "dictionary<values=string, indices=int32, ordered=0>"
+            assert b"lazyvault.json" not in (field.metadata or {})
+            assert table.column("material").to_pylist() == ["Si"] * 3
+        mixed = reader.to_arrow("t >= 5")  # ints and strings: JSON text
+        assert mixed.column("material").to_pylist() == ["1", "1", '"Si"', '"Si"', '"Si"']
+    with lv.Store.open(store_path, "a") as writer:
+        writer["k9"] = {"material": "Ge", "t": 9}  # unflushed, beside the checkpoint's rows
+        table = writer.to_arrow("t >= 7")
+        assert str(table.schema.field("material").type).startswith("dictionary")
+        assert table.column("material").to_pylist() == ["Si", "Si", "Ge"]
+
+
 def test_a_reader_sees_the_last_commit(store: lv.Store, store_path: Path) -> None:
     store["a"] = {"x": 1}
     store.flush()

@@ -144,6 +144,107 @@ fn check(store: &Store, oracle: &BTreeMap<String, Map<String, Value>>) {
     }
 }
 
+/// Seconds since the epoch of an aware `$datetime` text
+/// (`YYYY-MM-DDTHH:MM:SS±HH:MM`, whole seconds, as this test writes them).
+fn instant(text: &str) -> Option<i64> {
+    let b = text.as_bytes();
+    if b.len() != 25 || b[10] != b'T' || !matches!(b[19], b'+' | b'-') {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| text.get(r)?.parse::<i64>().ok();
+    let (y, m, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let secs = num(11..13)? * 3600 + num(14..16)? * 60 + num(17..19)?;
+    let offset = (num(20..22)? * 3600 + num(23..25)? * 60) * if b[19] == b'-' { -1 } else { 1 };
+    // days from the civil date (proleptic Gregorian), 1970-01-01 = 0
+    let (y, m) = if m <= 2 { (y - 1, m + 9) } else { (y, m - 3) };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * m + 2) / 5 + d - 1;
+    let days = era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468;
+    Some(days * 86_400 + secs - offset)
+}
+
+/// `v` with every number as an f64 and every aware datetime as its
+/// instant: JSON text renders a number held in a Float64 column (ints
+/// among floats) as `31.0` where its record has `31`, and an aware
+/// datetime held in a timestamp column in UTC: the same values.
+fn numbers_as_floats(v: Value) -> Value {
+    match v {
+        Value::Object(map) if map.len() == 1 => {
+            match map
+                .get("$datetime")
+                .and_then(Value::as_str)
+                .and_then(instant)
+            {
+                Some(secs) => serde_json::json!({ "$instant": secs }),
+                None => Value::Object(
+                    map.into_iter()
+                        .map(|(k, v)| (k, numbers_as_floats(v)))
+                        .collect(),
+                ),
+            }
+        }
+        Value::Number(n) => n.as_f64().map_or(Value::Number(n), Value::from),
+        Value::Array(items) => Value::Array(items.into_iter().map(numbers_as_floats).collect()),
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .map(|(k, v)| (k, numbers_as_floats(v)))
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
+/// A table's columns by name: each one's type and values as text (the
+/// order of columns and a dictionary's encoding left out; JSON text as the
+/// value it reads as, numbers as f64).
+fn logical(
+    batch: &arrow_array::RecordBatch,
+) -> BTreeMap<String, (arrow_schema::DataType, Vec<String>)> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::Int32Type;
+    use arrow_array::Array;
+    let schema = batch.schema();
+    schema
+        .fields()
+        .iter()
+        .zip(batch.columns())
+        .map(|(field, column)| {
+            let values = (0..column.len())
+                .map(|r| match column.data_type() {
+                    _ if column.is_null(r) => "null".to_owned(),
+                    arrow_schema::DataType::Utf8
+                        if field.metadata().contains_key("lazyvault.json") =>
+                    {
+                        let text = column.as_string::<i32>().value(r);
+                        numbers_as_floats(serde_json::from_str(text).unwrap()).to_string()
+                    }
+                    arrow_schema::DataType::Dictionary(..) => {
+                        let dict = column.as_dictionary::<Int32Type>();
+                        let text = dict.values().as_string::<i32>();
+                        text.value(dict.keys().value(r) as usize).to_owned()
+                    }
+                    arrow_schema::DataType::Int64 => {
+                        let ints = column.as_primitive::<arrow_array::types::Int64Type>();
+                        format!("{:?}", ints.value(r) as f64)
+                    }
+                    arrow_schema::DataType::Float64 => {
+                        let floats = column.as_primitive::<arrow_array::types::Float64Type>();
+                        format!("{:?}", floats.value(r))
+                    }
+                    _ => format!("{:?}", column.slice(r, 1)),
+                })
+                .collect();
+            // ints held beside floats come as Float64 (see numbers_as_floats)
+            let data_type = match field.data_type() {
+                arrow_schema::DataType::Int64 => arrow_schema::DataType::Float64,
+                t => t.clone(),
+            };
+            (field.name().clone(), (data_type, values))
+        })
+        .collect()
+}
+
 /// One batch of a table.
 fn table(
     (schema, batches): (arrow_schema::SchemaRef, Vec<arrow_array::RecordBatch>),
@@ -187,6 +288,10 @@ proptest! {
         }
         // The writer, with its unflushed changes.
         check(&store, &oracle);
+        let tables: Vec<_> = QUERIES
+            .iter()
+            .map(|src| logical(&table(store.to_arrow(Some(&Query::parse(src).unwrap())).unwrap())))
+            .collect();
         store.flush().unwrap();
         let reader = Store::open(&path, Mode::ReadOnly).unwrap();
         check(&reader, &oracle);
@@ -194,6 +299,13 @@ proptest! {
         // After the closing checkpoint every record is in a column file.
         let reader = Store::open(&path, Mode::ReadOnly).unwrap();
         check(&reader, &oracle);
+        // The same records give the same table, whichever runs and changes
+        // they were read from (one run now; runs and changes before).
+        for (src, before) in QUERIES.iter().zip(&tables) {
+            let q = Query::parse(src).unwrap();
+            let after = logical(&table(reader.to_arrow(Some(&q)).unwrap()));
+            prop_assert_eq!(&after, before, "to_arrow {}", src);
+        }
         let plan = reader.explain(&Query::parse("temperature > 1").unwrap()).unwrap();
         prop_assert!(plan.contains("column file"), "{}", plan);
     }

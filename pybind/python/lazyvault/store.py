@@ -280,9 +280,11 @@ class Handle(RecordsDisplay, Mapping[str, Record]):
         - ``key``: ``string``, never null;
         - per metadata path, in first-seen order, named by the path's segments joined with ``.``
           (``params.lr``: nested dicts are walked; a list or an empty dict is a value), with
-          ``lazyvault.path`` the segments as a JSON array: ``int64``, ``double`` (ints and floats
-          together), ``bool``, ``dictionary<int32, string>`` (strings), ``timestamp[us]`` (naive
-          datetimes) or ``timestamp[us, tz=+00:00]`` (aware ones, as instants in UTC), null where
+          ``lazyvault.path`` the segments as a JSON array, typed from the selected values alone:
+          ``int64``, ``double`` (ints and floats together; an int stored beside floats of its field
+          may come as a ``double``), ``bool``, ``dictionary<int32, string>`` (strings),
+          ``timestamp[us]`` (naive datetimes) or ``timestamp[us, tz=+00:00]`` (aware ones, as
+          instants in UTC), null where
           a record lacks the path (numpy numbers count as their value; a column of one numpy
           dtype, or of dates, says so in ``lazyvault.numpy`` / ``lazyvault.date``). A path holding
           values of several kinds, nulls, lists, tuples or other tagged values

@@ -15,7 +15,12 @@
 //! when every selected value has it in every batch (Int64 and Float64 make
 //! Float64 when every int is exact as f64; aware timestamps of different
 //! zones make UTC), else Utf8 JSON text of each value, typed values
-//! rendered as JSON too (`lazyvault.json = "true"` on the field); then
+//! rendered as JSON too (`lazyvault.json = "true"` on the field). A path
+//! with a selected value in a batch's JSON-text column (of a kind other
+//! than that batch's most common one) is built again from the selected
+//! values alone, so that its type does not depend on the batches the
+//! values came from (only an int held as Float64 beside floats stays so);
+//! then
 //! `<array>.shape` (`List<UInt64>`) and `<array>.dtype`
 //! (`Dictionary<Int32, Utf8>`) per array path in first-seen order. Columns with no value in the
 //! selected rows are left out; `$live`, `descr`, `nbytes` and unknown kinds
@@ -315,6 +320,12 @@ fn arrow_error(e: arrow_schema::ArrowError) -> Error {
 /// (no key column, a column without its field metadata, a fact of two
 /// types, a key column that is not Utf8).
 pub(crate) fn shape(parts: &[Rows<'_>]) -> Result<Table> {
+    shape_with(parts, true)
+}
+
+/// [`shape`]; a path whose selected values include JSON text is made again
+/// from those values when `rebuild` (see [`Gather::rebuilt`]).
+fn shape_with(parts: &[Rows<'_>], rebuild: bool) -> Result<Table> {
     let n = parts.len();
     let mut key_cols = Vec::with_capacity(n);
     let mut gathers: Vec<Gather> = Vec::new();
@@ -400,7 +411,7 @@ pub(crate) fn shape(parts: &[Rows<'_>]) -> Result<Table> {
         arrow_select::interleave::interleave(&key_arrays, &order).map_err(arrow_error)?
     }];
     for gather in &gathers {
-        if let Some((field, column)) = gather.output(parts, &order, zero_copy)? {
+        if let Some((field, column)) = gather.output(parts, &order, zero_copy, rebuild)? {
             fields.push(field);
             columns.push(column);
         }
@@ -529,11 +540,14 @@ impl Gather {
     }
 
     /// The output field and column, `None` when no selected row has a value.
+    /// A path whose selected values include JSON text is made again from
+    /// those values when `rebuild` (see [`Gather::rebuilt`]).
     fn output(
         &self,
         parts: &[Rows<'_>],
         order: &[(usize, usize)],
         zero_copy: bool,
+        rebuild: bool,
     ) -> Result<Option<(Field, ArrayRef)>> {
         // the batches whose typed column has a selected value
         let mut typed: Vec<(usize, &ArrayRef)> = Vec::new();
@@ -550,6 +564,11 @@ impl Gather {
         }
         if typed.is_empty() && json_values == 0 {
             return Ok(None);
+        }
+        if json_values > 0 && rebuild && !zero_copy {
+            // (one batch with every row selected was built from exactly
+            // these values: its columns are the builder's already)
+            return self.rebuilt(parts, order);
         }
         let unified = if json_values > 0 {
             Unified::Json
@@ -624,6 +643,75 @@ impl Gather {
                 gather(&refs, order, &data_type)?
             }
         };
+        let field = Field::new(&self.name, array.data_type().clone(), true).with_metadata(metadata);
+        Ok(Some((field, array)))
+    }
+
+    /// The path's column as the column builder makes it from the selected
+    /// values alone: each typed value rendered as the JSON its record held,
+    /// each JSON-text value as it is, given to a builder as the records of
+    /// one path, whose column (typed, or JSON text when the values are of
+    /// several kinds) then goes out. A batch's typed column holds the most
+    /// common kind of all of its rows, and its JSON-text column the others:
+    /// the same values would otherwise come out typed from one batch and as
+    /// JSON text from another. `None` when no value is selected.
+    fn rebuilt(
+        &self,
+        parts: &[Rows<'_>],
+        order: &[(usize, usize)],
+    ) -> Result<Option<(Field, ArrayRef)>> {
+        let column_of = |which: &[Option<usize>], p: usize| {
+            which[p].map(|c| {
+                (
+                    parts[p].batch.column(c),
+                    parts[p].batch.schema_ref().field(c),
+                )
+            })
+        };
+        let mut builder = ColumnBuilder::unlimited();
+        let (mut record, mut key) = (String::new(), String::new());
+        for (i, &(p, r)) in order.iter().enumerate() {
+            record.clear();
+            record.push_str("{\"meta\":{");
+            let json = column_of(&self.json, p).filter(|(j, _)| j.is_valid(r));
+            if let Some((j, _)) = json {
+                record.push_str("\"v\":");
+                record.push_str(j.as_string::<i32>().value(r));
+            } else if let Some((t, field)) =
+                column_of(&self.typed, p).filter(|(t, _)| t.is_valid(r))
+            {
+                record.push_str("\"v\":");
+                render_tagged(t.as_ref(), field, r, &mut record)?;
+            }
+            record.push_str("},\"arrays\":{}}");
+            key.clear();
+            write!(key, "{i:012}").expect("writing to a String");
+            builder.push(&key, Some(record.as_bytes()))?;
+        }
+        let columns = builder.finish()?;
+        let batch = columns.batch()?;
+        let rows: Vec<u32> = (0..batch.num_rows() as u32).collect();
+        let (schema, batches) = shape_with(
+            &[Rows {
+                batch: &batch,
+                rows: &rows,
+            }],
+            false,
+        )?;
+        let v = serde_json::to_string(&["v"]).expect("strings serialize");
+        let Some(at) = schema
+            .fields()
+            .iter()
+            .position(|f| f.metadata().get(PATH) == Some(&v))
+        else {
+            return Ok(None);
+        };
+        let Gathered::Meta(path) = &self.kind else {
+            return Ok(None);
+        };
+        let mut metadata = schema.field(at).metadata().clone();
+        metadata.insert(PATH.to_owned(), path.clone());
+        let array = batches[0].column(at).clone();
         let field = Field::new(&self.name, array.data_type().clone(), true).with_metadata(metadata);
         Ok(Some((field, array)))
     }
