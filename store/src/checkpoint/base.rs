@@ -46,7 +46,9 @@ pub(crate) fn find_row(keys: &StringArray, key: &str) -> Option<usize> {
     (at < keys.len() && key_at(at) == key.as_bytes()).then_some(at)
 }
 
-fn partition_point(len: usize, before: impl Fn(usize) -> bool) -> usize {
+/// The first of `0..len` where `before` turns false (`before` true for a
+/// prefix): a binary search over positions.
+pub(crate) fn partition_point(len: usize, before: impl Fn(usize) -> bool) -> usize {
     let (mut lo, mut hi) = (0, len);
     while lo < hi {
         let mid = lo + (hi - lo) / 2;

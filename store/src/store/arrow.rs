@@ -40,6 +40,7 @@ use arrow_array::{
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 
 use super::{Keys, Store};
+use crate::checkpoint::base::partition_point;
 use crate::columns::ColumnBuilder;
 use crate::error::{Error, Result};
 use crate::query::Query;
@@ -172,21 +173,6 @@ fn table_of_parts(parts: &[super::columnar::Part]) -> Result<Table> {
         })
         .collect();
     shape(&rows)
-}
-
-/// The first of `0..len` where `before` turns false (`before` true for a
-/// prefix).
-fn partition_point(len: usize, before: impl Fn(usize) -> bool) -> usize {
-    let (mut lo, mut hi) = (0, len);
-    while lo < hi {
-        let mid = lo + (hi - lo) / 2;
-        if before(mid) {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
-    }
-    lo
 }
 
 /// The table of every row a builder was given (in its order).
