@@ -577,3 +577,19 @@ def test_damaged_records_raise_corrupt_error_not_builtins() -> None:
     }
     with pytest.raises(lv.CorruptError):
         lv.Record(MemorySource({}, None), "k", record).arrays
+
+
+def test_archive_is_opened_not_called_and_errors_name_only_public_functions(
+    tmp_path: Path,
+) -> None:
+    # a fresh user's trial: lv.Archive("x.lvz") raised AttributeError, and the advice to pass
+    # allow_pickle named an open_archive the package does not export
+    with pytest.raises(TypeError, match=r"Store\.open\(path\)"):
+        lv.Archive("x.lvz")  # type: ignore[arg-type]
+    with lv.Store.open(tmp_path / "s") as s:
+        s["k"] = {"d": {1: "int keys need pickle"}}
+        s.export(tmp_path / "a.lvz")
+    with lv.Store.open(tmp_path / "a.lvz") as archive:
+        with pytest.raises(lv.PickleNotAllowedError) as e:
+            archive["k"].load()
+    assert "open_archive" not in str(e.value) and "Store.open, lazyvault.loads" in str(e.value)

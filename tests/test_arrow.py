@@ -295,6 +295,34 @@ def test_a_column_is_typed_from_the_selected_values_alone(
         assert table.column("material").to_pylist() == ["Si", "Si", "Ge"]
 
 
+def test_a_nul_in_a_field_or_array_name_is_escaped_in_column_names(store: lv.Store) -> None:
+    # a fresh user's trial: pyarrow refused the whole table ("Null byte ... not allowed")
+    store["bad"] = {"x": 2, "a\0b": 1, "m\0": np.zeros(2)}
+    store["good"] = {"x": 3}
+    for table in (store.to_arrow(), store.find("x > 0").to_arrow(), store.to_arrow(keys=["bad"])):
+        names = table.column_names
+        assert "a\\x00b" in names and "m\\x00.shape" in names and "x" in names
+        field = table.schema.field("a\\x00b")
+        assert json.loads(field.metadata[b"lazyvault.path"]) == ["a\0b"]
+    assert store.to_pandas().loc["bad", "a\\x00b"] == 1
+
+
+def test_an_archive_gives_the_columns_of_the_query_whatever_the_order_of_keys(
+    store: lv.Store, tmp_path: Path
+) -> None:
+    # a fresh user's trial: to_arrow(keys=["b", "a"]) ordered the columns by the keys given
+    store["a"] = {"x": 1}
+    store["b"] = {"y": 2}
+    store.export(tmp_path / "a.lvz")
+    with lv.Store.open(tmp_path / "a.lvz") as archive:
+        whole = archive.to_arrow()
+        table = archive.to_arrow(keys=["b", "a", "b"])
+        assert table.column_names == whole.column_names == ["key", "x", "y"]
+        assert table.column("key").to_pylist() == ["b", "a", "b"]
+        assert table.column("y").to_pylist() == [2, None, 2]
+    assert store.to_arrow(keys=["b", "a"]).column_names == ["key", "x", "y"]
+
+
 def test_a_reader_sees_the_last_commit(store: lv.Store, store_path: Path) -> None:
     store["a"] = {"x": 1}
     store.flush()

@@ -177,6 +177,14 @@ def test_show_and_repr_escape_control_characters_in_field_and_array_names(tmp_pa
     assert proc.returncode == 0, proc.stderr
     assert all(line.isprintable() for line in proc.stdout.splitlines())
     assert "  'arr\\nz'  shape=(2,)  dtype=float64  nbytes=16  order=C" in proc.stdout
+    # DEL, C1 controls and bidirectional overrides in the metadata JSON too (a second trial)
+    with lv.Store.open(path) as s:
+        s["k2"] = {"d\x7f": "\u202ex\x9b"}
+    proc = cli("show", path, "k2")
+    assert proc.returncode == 0, proc.stderr
+    assert all(line.isprintable() for line in proc.stdout.splitlines())
+    meta = proc.stdout.split("meta:\n", 1)[1].split("\n\narrays:", 1)[0]
+    assert json.loads(meta) == {"d\x7f": "\u202ex\x9b"}
 
 
 def test_show_json(small_store: Path) -> None:

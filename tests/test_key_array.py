@@ -207,6 +207,11 @@ def test_results_pickle_as_their_records_and_refuse_changes_not_yet_committed(
         with pytest.raises(pickle.PicklingError, match="flush"):
             pickle.dumps(changed, protocol)
     filled.flush()
+    found = filled.find(QUERY)
+    filled["r200"] = {"t": 200, "m": "Ge"}  # a change after the find: still refused
+    with pytest.raises(pickle.PicklingError, match="holds changes not yet committed"):
+        pickle.dumps(found)
+    filled.flush()
     back = pickle.loads(pickle.dumps(changed))
     assert back.keys() == changed.keys() and back[-1].key == "r100" and back[0].t == 999
     back._store.close()
@@ -215,6 +220,10 @@ def test_results_pickle_as_their_records_and_refuse_changes_not_yet_committed(
         back = pickle.loads(pickle.dumps(reader.find(QUERY)))
         assert back.keys() == changed.keys() and back[0].t == 999
         back._store.close()
+        kept = reader.find(QUERY)
+    # closed, they would come back at another version (a fresh user's trial): refused
+    with pytest.raises(lv.errors.ClosedError, match="cannot be pickled"):
+        pickle.dumps(kept)
     filled.export(tmp_path / "a.lvz")
     with lv.Store.open(tmp_path / "a.lvz") as archive:
         back = pickle.loads(pickle.dumps(archive.find(QUERY)))

@@ -245,7 +245,9 @@ def test_bad_arguments_are_refused_and_change_nothing(tmp_path: Path) -> None:
             (3, TypeError, "not int"),
             ([tmp_path / "a.lv", 3.5], TypeError, "not float"),
             ([tmp_path / "a.lv", None], TypeError, "not None"),
-            (b"a.lv", TypeError, "not bytes"),
+            # bytes are a path, as for open() (a fresh user's trial: TypeError), "" names none
+            (os.fsencode(tmp_path / "missing.lv"), lv.StoreNotFoundError, "missing.lv"),
+            ("", lv.StoreNotFoundError, "empty path"),
             (tmp_path / "missing.lv", lv.StoreNotFoundError, "missing.lv"),
             ([tmp_path / "a.lv", tmp_path / "file.txt"], lv.NotAStoreError, "file.txt"),
             # an archive is a file: its advice is import_file (a fresh user's trial)

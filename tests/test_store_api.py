@@ -588,6 +588,36 @@ def test_export_import_and_merge_refuse_a_path_with_a_nul_byte(tmp_path: Path) -
     assert sorted(os.listdir(tmp_path)) == ["s"]
 
 
+def test_merge_and_repair_take_paths_as_open_does(tmp_path: Path) -> None:
+    # a fresh user's trial: merge(b"...") and repair(b"...") raised TypeError, merge("") EIO,
+    # repair("...\0...") StoreNotFoundError with the NUL in its message
+    with lv.Store.open(tmp_path / "src") as src:
+        src["k"] = {"a": np.arange(3)}
+    with lv.Store.open(tmp_path / "dst") as dst:
+        assert dst.merge(os.fsencode(tmp_path / "src")) == ["k"]
+        with pytest.raises(lv.StoreNotFoundError, match="empty path"):
+            dst.merge("")
+        with pytest.raises(lv.StoreNotFoundError, match="empty path"):
+            dst.merge([b""])
+        assert dst["k"].a.tolist() == [0, 1, 2]
+    report = lv.Store.repair(os.fsencode(tmp_path / "dst"))
+    assert report["records"] == 1
+    with pytest.raises(ValueError, match="null byte"):
+        lv.Store.repair(f"{tmp_path}/dst\0x")
+    with pytest.raises(lv.StoreNotFoundError, match="empty path"):
+        lv.Store.repair("")
+
+
+def test_a_store_path_that_is_not_utf8_is_refused(tmp_path: Path) -> None:
+    # a fresh user's trial: such a store opened, then its path read back as U+FFFD, so exporting
+    # an archive raised a false CorruptError and a pickled store could not be opened
+    path = os.fsencode(tmp_path) + b"/\xff.lv"
+    for mode in ("r", "a", "w"):
+        with pytest.raises(ValueError, match="not valid UTF-8"):
+            lv.Store.open(path, mode)
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_bytes_path_opens_like_its_str_and_replace_arrays_wants_a_mapping(tmp_path: Path) -> None:
     # a fresh user's trial: b"..." failed inside open(), replace_arrays(k, 5) raised
     # AttributeError

@@ -84,8 +84,9 @@ class Archive(Handle):
     """A ``.lvz`` archive opened read-only: a ``Mapping`` from key to :class:`Record`, like a store
     opened with ``mode="r"`` but without a lock, so any number of processes may read it at once;
     its arrays are read-only views of the one mapping. Open with :func:`lazyvault.Store.open` (or
-    :func:`open_archive`). ``find``, ``count``, ``keys(expr)`` and ``to_pandas`` work as on a
-    :class:`Store` (see there), but in archive order (the order the keys were exported in).
+    read one from bytes with :func:`lazyvault.loads`). ``find``, ``count``, ``keys(expr)`` and
+    ``to_pandas`` work as on a :class:`Store` (see there), but in archive order (the order the keys
+    were exported in).
     """
 
     def _read_only(self, *args: Any, **kwargs: Any) -> None:
@@ -97,6 +98,11 @@ class Archive(Handle):
     def __init__(
         self, core: _lazyvault.ArchiveCore, trust: Trust = UNTRUSTED, path: str | None = None
     ) -> None:
+        if not isinstance(core, _lazyvault.ArchiveCore):
+            raise TypeError(
+                "an Archive is opened by lazyvault.Store.open(path) (a .lvz file) or read from "
+                "bytes by lazyvault.loads(data), not made by calling Archive"
+            )
         self._core: _lazyvault.ArchiveCore | None = core
         self._path = path if path is not None else core.path
         self._trust = trust

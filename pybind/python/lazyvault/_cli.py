@@ -153,6 +153,17 @@ def _printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+def _printable_json(text: str) -> str:
+    """JSON ``text`` (indented) with every character that is not printable but a line break
+    written as its ``\\u`` escape (DEL, C1 controls, bidirectional overrides): the same JSON, safe
+    for a terminal. Such characters only occur inside JSON strings, where the escape means them."""
+    if all(c.isprintable() or c == "\n" for c in text):
+        return text
+    return "".join(
+        c if c.isprintable() or c == "\n" else json.dumps(c, ensure_ascii=True)[1:-1] for c in text
+    )
+
+
 def _as_json(rec: Record, **extra: Any) -> dict[str, Any]:
     """``{"key", **extra, "meta", "arrays": {name: {shape, dtype, nbytes, order}}}``; meta as the
     record holds it (tagged values as JSON, schema/FORMAT.md "Tagged values": valid, exact JSON)."""
@@ -227,7 +238,9 @@ def _cmd_show(args: argparse.Namespace) -> _Output:
         except MissingKeyError:
             raise MissingKeyError(args.key, f"no record {args.key!r} in {args.path}") from None
         shown = _as_json(rec, repr=repr(rec))
-    meta = json.dumps(shown["meta"], indent=2, ensure_ascii=False, default=_json_default)
+    meta = _printable_json(
+        json.dumps(shown["meta"], indent=2, ensure_ascii=False, default=_json_default)
+    )
     lines = [shown["repr"], "", "meta:", meta, "", "arrays:"]
     arrays = {_display.name_text(n): a for n, a in shown["arrays"].items()}
     width = max((len(n) for n in arrays), default=0)

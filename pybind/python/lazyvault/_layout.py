@@ -754,7 +754,7 @@ def join(
         raise PickleNotAllowedError(
             f"{what}: loading it needs unpickling ({found.needs_pickle}), which can run "
             "arbitrary code; if you trust its source, pass allow_pickle=True (Store.open, "
-            "open_archive, lazyvault.loads). Its "
+            "lazyvault.loads). Its "
             "metadata and arrays stay readable without it (.meta, .arrays)."
         )
     arrays: dict[str, np.ndarray] = {}

@@ -126,7 +126,7 @@ def load_array(
                 raise PickleNotAllowedError(
                     f"record {key!r} array {name!r} is an object array, stored as a pickle; "
                     "loading it can run arbitrary code: if you trust its source, pass "
-                    "allow_pickle=True (Store.open, open_archive, lazyvault.loads)"
+                    "allow_pickle=True (Store.open, lazyvault.loads)"
                 )
             return _arrays.load_pickled(read_bytes(core_entry))
         buffer = map_buffer(core_entry)

@@ -31,6 +31,7 @@ from ._display import RecordsDisplay
 from ._progress import ProgressArg, progress_callback
 from ._source import UNTRUSTED, DirectorySource, Trust, text_path, trust_of
 from .errors import (
+    ClosedError,
     InvalidArrayError,
     InvalidKeyError,
     KeyTypeError,
@@ -467,19 +468,15 @@ class Store(Handle, MutableMapping[str, Record]):
 
         Raises :class:`StoreExistsError` / :class:`StoreNotFoundError` by mode,
         :class:`NotAStoreError`, :class:`FormatVersionError` for a newer major format version,
-        ``ValueError`` for a bad mode or a path holding a NUL byte, ``TypeError`` / ``ValueError``
-        for a bad ``allow_pickle``, ``retention`` or ``safe_classes`` (``TypeError`` for an item
-        that is not a class,
+        ``ValueError`` for a bad mode or a path holding a NUL byte or not valid UTF-8,
+        ``TypeError`` / ``ValueError`` for a bad ``allow_pickle``, ``retention`` or
+        ``safe_classes`` (``TypeError`` for an item that is not a class,
         ``ValueError`` for a class whose instances are stored as pickles: ``__slots__``, custom
         pickling, a C base class, a class defined in a function).
         """
         if mode is not None and mode not in ("r", "a", "w"):
             raise ValueError(f"mode must be 'r', 'a' or 'w', not {mode!r}")
-        path = text_path(path, "store path")
-        if path == "":  # as open(""): no such file, whatever the mode
-            error = StoreNotFoundError("'': an empty path names no store")
-            error.path = ""
-            raise error
+        path = store_path(path)
         trust = trust_of(allow_pickle, safe_classes)
         seconds = _retention_seconds(retention)  # checked before anything is opened
         opened = _hook("open_file")(path, mode, trust)  # an .lvz archive
@@ -810,11 +807,12 @@ class Store(Handle, MutableMapping[str, Record]):
         rebuilds the secondary indexes. What it could not keep is listed in ``skipped``. Returns
         ``{"records": n, "entries": n, "skipped": [str], "indexes":
         [str], "moved_index": path or None}``. Raises ``StoreNotFoundError``, ``NotAStoreError``,
-        ``StoreLockedError`` while a Store holds it, ``TypeError`` for a path of another type.
+        ``StoreLockedError`` while a Store holds it, ``TypeError`` for a path of another type,
+        ``ValueError`` for a path holding a NUL byte or not valid UTF-8.
         """
-        if not isinstance(path, (str, os.PathLike)):
+        if not isinstance(path, str | bytes | os.PathLike):
             raise TypeError(f"path must be a str or os.PathLike, not {type(path).__name__}")
-        return _lazyvault.StoreCore.repair(os.fspath(path))
+        return _lazyvault.StoreCore.repair(store_path(path))
 
     # -- pickling, archives, interop (thin: the work is in their modules) ----
 
@@ -900,10 +898,10 @@ class Store(Handle, MutableMapping[str, Record]):
         """
         items: list[Any] = list(sources) if isinstance(sources, list | tuple) else [sources]
         for item in items:
-            if isinstance(item, bytes) or not isinstance(item, str | os.PathLike):
+            if not isinstance(item, str | bytes | os.PathLike):
                 shown = "None" if item is None else type(item).__name__
                 raise TypeError(f"sources must be a store path or a list of them, not {shown}")
-        paths = [text_path(p, "store path") for p in items]
+        paths = [store_path(p) for p in items]
         for path in paths:
             if os.path.isfile(path):  # the core says only what a store is
                 error = NotAStoreError(
@@ -993,6 +991,26 @@ def plug_interop(
     _hooks.update(import_file=import_file, copy_record=copy_record)
 
 
+def store_path(path: Any) -> str:
+    """A store's path (a str, bytes or ``os.PathLike`` of either) as text (:func:`text_path`).
+    Raises ``ValueError`` for a NUL byte or a path that is not valid UTF-8 (the core names a
+    store's files by UTF-8 paths), :class:`StoreNotFoundError` for ``""`` (as ``open("")``),
+    ``TypeError`` for anything else."""
+    text = text_path(path, "store path")
+    if text == "":
+        error = StoreNotFoundError("'': an empty path names no store")
+        error.path = ""
+        raise error
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # os.fsdecode's surrogate escapes of undecodable bytes
+        raise ValueError(
+            f"the store path {text!r} is not valid UTF-8: lazyvault names a store's files by UTF-8 "
+            "paths; rename the directory"
+        ) from None
+    return text
+
+
 def plug_export(export: Callable[..., None]) -> None:
     """Makes ``export(store, path, keys=, query=, progress=)`` the store's export (``_export``)."""
     _hooks["export"] = export
@@ -1011,6 +1029,9 @@ def plug_pickling(reduce: Callable[[Store], Any]) -> None:
 
 class Results(RecordsDisplay, Sequence[Record]):
     """The records a query matched: a sequence that builds each :class:`Record` only when asked.
+    It holds the matching keys, not a snapshot: a record read from it is the handle's record of
+    that key now (a key deleted since raises :class:`MissingKeyError`, in ``to_arrow()`` too); a
+    reader (mode ``"r"``) keeps its version until ``refresh()``.
     The matching keys stay packed in Rust (a ``KeyArray``: one buffer, each key made a ``str`` only
     when read), so ``len``, slicing and :meth:`to_arrow` / :meth:`to_pandas` /
     :meth:`to_polars` make no ``str`` per key; :meth:`keys` makes the list."""
@@ -1093,13 +1114,16 @@ class Results(RecordsDisplay, Sequence[Record]):
     def __reduce__(self) -> tuple[Any, ...]:
         """Results pickle as their store (see :meth:`Store.__reduce__`: a reader pinned to the
         store's last commit) and their keys, so they come back as the same records. Raises
-        ``pickle.PicklingError`` for the results of a writer holding changes it has not yet
-        committed (``flush()`` first): the pickle would read the last commit, without them."""
+        ``pickle.PicklingError`` while the store holds changes not yet committed (``flush()``
+        first: the pickle would read the last commit, without them), :class:`ClosedError` once it
+        is closed (it would come back at another version)."""
         store = self._store
-        if isinstance(store, Store) and not store.closed and store._core.has_uncommitted_changes:
+        if store.closed:
+            raise ClosedError(f"{store.path!r} is closed: its results cannot be pickled")
+        if isinstance(store, Store) and store._core.has_uncommitted_changes:
             raise pickle.PicklingError(
-                f"these results of {store.path!r} come from changes not yet committed, and a "
-                "pickled store reads its last commit: flush() the store first"
+                f"{store.path!r} holds changes not yet committed, and pickled results read the "
+                "store's last commit: flush() the store first"
             )
         return (Results, (store, self._keys))
 

@@ -8,7 +8,7 @@ use super::ArchiveIndex;
 use crate::columns::ColumnBuilder;
 use crate::error::Result;
 use crate::query::Query;
-use crate::store::arrow::table_of;
+use crate::store::arrow::{in_given_order, table_of};
 
 impl ArchiveIndex {
     /// The metadata of the records matching `query` (every record with
@@ -29,7 +29,10 @@ impl ArchiveIndex {
     }
 
     /// [`ArchiveIndex::to_arrow`] of the records of `keys`, in the order
-    /// given; keys the archive does not hold are left out.
+    /// given; keys the archive does not hold are left out. The table is
+    /// the one `to_arrow` gives for a query matching exactly those records
+    /// (the same columns, in the same order), its rows in the order of
+    /// `keys`, a key given twice giving its row twice.
     ///
     /// # Errors
     /// As [`ArchiveIndex::to_arrow`].
@@ -37,12 +40,15 @@ impl ArchiveIndex {
         &self,
         keys: impl IntoIterator<Item = &'k str>,
     ) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+        let keys: Vec<&str> = keys.into_iter().collect();
+        let wanted: std::collections::HashSet<&str> = keys.iter().copied().collect();
+        // in archive order, as a query reads them: the columns follow
         let mut builder = ColumnBuilder::default();
-        for key in keys {
-            if let Some(record) = self.get(key) {
+        for record in self.records() {
+            if wanted.contains(record.key.as_str()) {
                 builder.push(&record.key, Some(&record.json))?;
             }
         }
-        table_of(builder)
+        in_given_order(table_of(builder)?, &keys)
     }
 }

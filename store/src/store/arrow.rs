@@ -40,7 +40,6 @@ use arrow_array::{
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 
 use super::{Keys, Store};
-use crate::checkpoint::base::partition_point;
 use crate::columns::ColumnBuilder;
 use crate::error::{Error, Result};
 use crate::query::Query;
@@ -139,23 +138,33 @@ impl Store {
         if in_order {
             return Ok((schema, batches));
         }
-        // The rows of the table are the keys held, in key order: take them
-        // in the order given.
-        let table = arrow_select::concat::concat_batches(&schema, &batches).map_err(arrow_error)?;
-        let held = table
-            .column(0)
-            .as_string_opt::<i32>()
-            .ok_or_else(|| Error::corrupt("columns", "the key column is not text"))?;
-        let order: arrow_array::UInt32Array = keys
-            .iter()
-            .filter_map(|key| {
-                let at = partition_point(held.len(), |i| held.value(i) < *key);
-                (at < held.len() && held.value(at) == *key).then_some(at as u32)
-            })
-            .collect();
-        let taken = arrow_select::take::take_record_batch(&table, &order).map_err(arrow_error)?;
-        Ok((schema, vec![taken]))
+        in_given_order((schema, batches), &keys)
     }
+}
+
+/// The rows of `table` (one per key it holds, its `key` column first) taken
+/// in the order of `keys`, a key given twice twice, keys it lacks left out.
+///
+/// # Errors
+/// [`Error::Corrupt`] when the first column is not the key text.
+pub(crate) fn in_given_order((schema, batches): Table, keys: &[&str]) -> Result<Table> {
+    let table = arrow_select::concat::concat_batches(&schema, &batches).map_err(arrow_error)?;
+    let held = table
+        .column(0)
+        .as_string_opt::<i32>()
+        .ok_or_else(|| Error::corrupt("columns", "the key column is not text"))?;
+    if held.len() == keys.len() && held.iter().zip(keys).all(|(h, k)| h == Some(*k)) {
+        return Ok((schema, vec![table]));
+    }
+    let row_of: HashMap<&str, u32> = held
+        .iter()
+        .enumerate()
+        .filter_map(|(i, k)| Some((k?, i as u32)))
+        .collect();
+    let order: arrow_array::UInt32Array =
+        keys.iter().filter_map(|k| row_of.get(k).copied()).collect();
+    let taken = arrow_select::take::take_record_batch(&table, &order).map_err(arrow_error)?;
+    Ok((schema, vec![taken]))
 }
 
 /// The table of `parts` (as [`Store::select`] gives them).
@@ -418,6 +427,15 @@ fn shape_with(parts: &[Rows<'_>], rebuild: bool) -> Result<Table> {
 /// names it: `meta.key`, `meta.x.shape` (nested), `meta['a.b']` (a field
 /// whose name holds a dot); a name still taken gets ` (2)`, ` (3)`...
 fn unique_names(fields: &mut [Field]) {
+    // No Arrow reader takes a NUL in a name (pyarrow refuses the whole
+    // table): a field or array name holding one shows it as `\x00`, its
+    // exact path staying in `lazyvault.path` / `lazyvault.array`.
+    for f in fields.iter_mut() {
+        if f.name().contains('\0') {
+            let name = f.name().replace('\0', "\\x00");
+            *f = f.clone().with_name(name);
+        }
+    }
     let path_of =
         |f: &Field| -> Option<Vec<String>> { serde_json::from_str(f.metadata().get(PATH)?).ok() };
     // 0: key and facts; 1: plain metadata paths; 2: paths with a dotted field.
@@ -459,7 +477,7 @@ fn query_spelling(path: &[String]) -> String {
         if plain {
             out.push('.');
             out.push_str(seg);
-        } else if !seg.contains(['\'', '\\']) {
+        } else if !seg.contains(['\'', '\\', '\0']) {
             out.push_str(&format!("['{seg}']"));
         } else {
             // a JSON string is a query string literal too
