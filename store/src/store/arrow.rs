@@ -569,10 +569,19 @@ impl Gather {
         if typed.is_empty() && json_values == 0 {
             return Ok(None);
         }
-        if json_values > 0 && rebuild && !zero_copy {
-            // (one batch with every row selected was built from exactly
-            // these values: its columns are the builder's already)
-            return self.rebuilt(parts, order);
+        if json_values > 0 && rebuild {
+            // (even one batch with every row selected: a merged checkpoint
+            // run's split is its inputs', not the builder's over its rows)
+            let all: Vec<(usize, usize)>;
+            let rows = if zero_copy {
+                all = (0..parts[0].batch.num_rows()).map(|r| (0, r)).collect();
+                &all
+            } else {
+                order
+            };
+            if self.json_values_may_be_typed(parts, rows) {
+                return self.rebuilt(parts, rows);
+            }
         }
         let unified = if json_values > 0 {
             Unified::Json
@@ -649,6 +658,31 @@ impl Gather {
         };
         let field = Field::new(&self.name, array.data_type().clone(), true).with_metadata(metadata);
         Ok(Some((field, array)))
+    }
+
+    /// Whether every selected JSON-text value of the path may be one a
+    /// typed column holds (a string, a number, a boolean, a tagged value):
+    /// only then can the builder make the path typed from the selected
+    /// values. A null, a list or an object keeps it JSON text, and the
+    /// values' own text then goes out as it is (no rebuild; a column of
+    /// JSON text alone is not copied).
+    fn json_values_may_be_typed(&self, parts: &[Rows<'_>], rows: &[(usize, usize)]) -> bool {
+        let json: Vec<Option<&StringArray>> = (0..parts.len())
+            .map(|p| self.json[p].and_then(|c| parts[p].batch.column(c).as_string_opt::<i32>()))
+            .collect();
+        rows.iter()
+            .all(|&(p, r)| match json[p].filter(|j| j.is_valid(r)) {
+                None => true,
+                Some(j) => {
+                    let text = j.value(r);
+                    match text.as_bytes().first() {
+                        Some(b'"' | b't' | b'f' | b'-' | b'0'..=b'9') => true,
+                        // a tagged value ($float, $datetime, $date, $numpy...)
+                        Some(b'{') => text.starts_with("{\"$"),
+                        _ => false,
+                    }
+                }
+            })
     }
 
     /// The path's column as the column builder makes it from the selected
