@@ -349,6 +349,29 @@ def test_a_merged_checkpoint_gives_the_table_its_records_give(store_path: Path) 
         assert values(after, name) == values(before, name), name
 
 
+def test_strings_from_a_checkpoint_and_later_changes_share_one_dictionary(
+    store_path: Path,
+) -> None:
+    # an adversarial trial: the dictionary listed "A" twice (the checkpoint's and the changed
+    # records'), so pyarrow's own to_pandas() refused it and value_counts split "A" in two
+    import pyarrow.compute as pc
+
+    with lv.Store.open(store_path) as s:
+        for i in range(6):
+            s[f"r{i}"] = {"k": "AB"[i % 2]}
+    with lv.Store.open(store_path) as s:
+        s["r9"] = {"k": "A"}
+        s.flush()
+        for table in (s.to_arrow("k == 'A'"), s.to_arrow()):
+            dictionary = table.column("k").combine_chunks().dictionary.to_pylist()
+            assert len(dictionary) == len(set(dictionary))
+            counts = {
+                v["values"]: v["counts"] for v in pc.value_counts(table.column("k")).to_pylist()
+            }
+            assert counts["A"] == 4
+            assert table.to_pandas()["k"].tolist().count("A") == 4
+
+
 def test_a_nul_in_a_field_or_array_name_is_escaped_in_column_names(store: lv.Store) -> None:
     # a fresh user's trial: pyarrow refused the whole table ("Null byte ... not allowed")
     store["bad"] = {"x": 2, "a\0b": 1, "m\0": np.zeros(2)}

@@ -636,7 +636,7 @@ impl Gather {
                 }
             }
             Unified::Same(_) if zero_copy => typed[0].1.clone(),
-            Unified::Same(data_type) => gather(&typed, order, &data_type)?,
+            Unified::Same(data_type) => unique_dictionary(gather(&typed, order, &data_type)?),
             Unified::Float => {
                 let floats: Vec<(usize, ArrayRef)> =
                     typed.iter().map(|&(p, col)| (p, as_float(col))).collect();
@@ -865,6 +865,32 @@ fn gather(
         .map(|&(p, r)| slot.get(&p).map_or((nulls, 0), |&i| (i, r)))
         .collect();
     arrow_select::interleave::interleave(&arrays, &indices).map_err(arrow_error)
+}
+
+/// `array` with each dictionary value once, when it is a dictionary of
+/// strings gathered from several batches (Arrow's interleave keeps each
+/// batch's dictionary, so a string two batches hold was listed twice:
+/// pyarrow's `to_pandas` refuses such categories, `value_counts` splits
+/// them); any other array as it is.
+fn unique_dictionary(array: ArrayRef) -> ArrayRef {
+    let Some(dict) = array.as_dictionary_opt::<Int32Type>() else {
+        return array;
+    };
+    let Some(values) = dict.values().as_string_opt::<i32>() else {
+        return array;
+    };
+    let mut seen = std::collections::HashSet::with_capacity(values.len());
+    if values.iter().all(|v| seen.insert(v)) {
+        return array; // already unique
+    }
+    let mut b = arrow_array::builder::StringDictionaryBuilder::<Int32Type>::new();
+    for key in dict.keys() {
+        match key {
+            Some(k) => b.append_value(values.value(k as usize)),
+            None => b.append_null(),
+        }
+    }
+    Arc::new(b.finish())
 }
 
 /// Row `r` of the typed column `array` (of `field`) as JSON text, as the
