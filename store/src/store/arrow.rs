@@ -572,15 +572,9 @@ impl Gather {
         if json_values > 0 && rebuild {
             // (even one batch with every row selected: a merged checkpoint
             // run's split is its inputs', not the builder's over its rows)
-            let all: Vec<(usize, usize)>;
-            let rows = if zero_copy {
-                all = (0..parts[0].batch.num_rows()).map(|r| (0, r)).collect();
-                &all
-            } else {
-                order
-            };
-            if self.json_values_may_be_typed(parts, rows) {
-                return self.rebuilt(parts, rows);
+            let rows = selected(parts, order, zero_copy);
+            if self.json_values_may_be_typed(parts, &rows) {
+                return self.rebuilt(parts, &rows);
             }
         }
         let unified = if json_values > 0 {
@@ -762,13 +756,7 @@ impl Gather {
         order: &[(usize, usize)],
         zero_copy: bool,
     ) -> Result<StringArray> {
-        let identity: Vec<(usize, usize)>;
-        let order = if zero_copy {
-            identity = (0..parts[0].batch.num_rows()).map(|r| (0, r)).collect();
-            &identity
-        } else {
-            order
-        };
+        let order = selected(parts, order, zero_copy);
         let typed: Vec<Option<(&ArrayRef, &Field)>> = (0..parts.len())
             .map(|p| {
                 self.typed[p].map(|c| {
@@ -784,7 +772,7 @@ impl Gather {
             .collect();
         let mut out = StringBuilder::with_capacity(order.len(), order.len() * 8);
         let mut text = String::new();
-        for &(p, r) in order {
+        for &(p, r) in order.iter() {
             if let Some(j) = json[p].filter(|j| j.is_valid(r)) {
                 out.append_value(j.value(r));
             } else if let Some((t, field)) = typed[p].filter(|(t, _)| t.is_valid(r)) {
@@ -796,6 +784,21 @@ impl Gather {
             }
         }
         Ok(out.finish())
+    }
+}
+
+/// The selected rows as `(part, row)` in output order: `order`, or every
+/// row of the one part when it goes out whole (`zero_copy`, where no order
+/// is made).
+fn selected<'a>(
+    parts: &[Rows<'_>],
+    order: &'a [(usize, usize)],
+    zero_copy: bool,
+) -> std::borrow::Cow<'a, [(usize, usize)]> {
+    if zero_copy {
+        (0..parts[0].batch.num_rows()).map(|r| (0, r)).collect()
+    } else {
+        std::borrow::Cow::Borrowed(order)
     }
 }
 
